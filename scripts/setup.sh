@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set-up on a fresh machine: the CPU build of torch (only where no torch is installed, so a
+# GPU user's CUDA build is kept), then srpo-graph itself with its test extras. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch==2.13.0 (CPU build)"
+  "$PY" -m pip install --quiet "torch==2.13.0"
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+# The tiny default model is built in code (no hub): make it once so later commands start fast.
+"$PY" -c "from srpo_graph.backends.tiny import ensure_tiny_model; print('setup: tiny model at', ensure_tiny_model())"

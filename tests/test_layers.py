@@ -1,0 +1,84 @@
+"""Architecture contract: a stage imports only from stages to its left (DESIGN.md).
+
+Reads every module's imports with ``ast`` (nothing is imported), so a violation is reported
+with the file and line of the offending import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "srpo_graph"
+
+# Pipeline order. Shared helpers (rank 0) may be imported by everyone and import no stage.
+RANK = {
+    "errors": 0,
+    "workflow": 0,
+    "std": 0,
+    "lang": 1,
+    "viz": 2,
+    "backends": 2,
+    "runtime": 3,
+    "compiler": 4,
+    "srpo": 5,
+    "train": 6,
+    "cli": 7,
+}
+# workflow.py draws itself in notebooks through a lazy import of viz (inside a method).
+ALLOWED = {("workflow", "viz")}
+
+
+def _stage_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "srpo_graph" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+
+
+def _violations() -> list[str]:
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        own = rel.parts[0].removesuffix(".py")
+        if own not in RANK:
+            continue
+        for lineno, module in _imports(path):
+            other = _stage_of(module)
+            if other is None or other == own or other not in RANK or (own, other) in ALLOWED:
+                continue
+            if RANK[other] > RANK[own] or (RANK[other] == RANK[own] and RANK[own] > 0):
+                found.append(f"srpo_graph/{rel}:{lineno}: stage '{own}' imports later stage '{other}' ({module})")
+    return found
+
+
+def test_every_stage_module_is_ranked():
+    stages = {p.name.removesuffix(".py") for p in PKG.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    stages -= {"__init__", "__main__"}
+    assert stages <= set(RANK), f"unranked stages: {sorted(stages - set(RANK))}"
+
+
+def test_stages_import_only_leftwards():
+    violations = _violations()
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("bad", ["srpo_graph.train.trainer"])
+def test_the_check_detects_a_backward_import(tmp_path, bad):
+    # The contract test must be able to fail: a lang module importing the trainer is caught.
+    src = tmp_path / "m.py"
+    src.write_text(f"import {bad}\n")
+    assert [m for _, m in _imports(src)] == [bad]
+    assert RANK[_stage_of(bad)] > RANK["lang"]
