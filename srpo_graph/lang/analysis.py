@@ -1,0 +1,229 @@
+"""Graph rules and static facts of a checked workflow.
+
+Stage: lang (check). Consumes the draft :class:`~srpo_graph.workflow.Workflow` the checker
+built (names and types already resolved) and reports, into the checker's diagnostics:
+
+* every agent output is consumed by exactly one transition (``unconsumed: allow`` makes a
+  missing consumer a warning);
+* every node is reachable from ``start`` and can reach ``end``;
+* every cycle passes through a transition with ``max_rounds`` (reported as a path);
+* every unmarked reference (``{x}``, call arguments, route subjects) is produced on every
+  path before it is read (a forward "must" data-flow analysis over the routing graph).
+
+It also proves each transition's possible active-set sizes and a bound on transition firings
+per episode (see Note [Set sizes]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import networkx as nx
+
+from srpo_graph.errors import Diagnostic, DiagnosticSink, Span
+from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, ChoiceType, Transition, Workflow
+
+MAX_ROUTE_SUBSETS = 12  # a choices[...] router with more labels: sizes are bounded, not enumerated
+
+
+@dataclass
+class Analysis:
+    transitions: list[Transition]
+    warnings: list[Diagnostic] = field(default_factory=list)
+    max_firings: int = 0
+    bound_reason: str = ""
+
+
+def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], uses) -> Analysis:
+    """Run the graph rules on ``draft`` (errors go to ``sink``) and prove its static facts."""
+    g = draft.graph()
+    agents = {a.name: a for a in draft.agents}
+    trans = {t.name: t for t in draft.transitions}
+    span_of = lambda n: name_spans.get(n)  # noqa: E731
+
+    # -- consumption: exactly one transition per agent -------------------------------------
+    consumers: dict[str, list[str]] = {a: [] for a in agents}
+    for t in draft.transitions:
+        for a in t.consume:
+            consumers.setdefault(a, []).append(t.name)
+    for a, ts in consumers.items():
+        if not ts:
+            if a in uses.unconsumed_ok:
+                sink.warning(f"the output of agent '{a}' is not consumed by any transition (allowed)", span_of(a),
+                             code="unconsumed")
+            else:
+                sink.error(f"the output of agent '{a}' is not consumed by any transition", span_of(a),
+                           "consume it in a transition (`consume: " + a + "`), or write `unconsumed: allow` in the"
+                           " agent: an output nobody consumes gets no credit", "unconsumed")
+        for extra in ts[1:]:
+            sink.error(f"agent '{a}' is consumed by two transitions ('{ts[0]}' and '{extra}')",
+                       uses.consume_spans.get((extra, a), span_of(extra)),
+                       "an output belongs to exactly one active set: consume it in one transition", "double-consume")
+
+    # -- reachability ----------------------------------------------------------------------
+    nodes = list(agents) + list(trans)
+    reach = nx.descendants(g, "start") if "start" in g else set()
+    for n in nodes:
+        if n not in reach and draft.start:
+            kind = "agent" if n in agents else "transition"
+            sink.error(f"{kind} '{n}' is unreachable from start", span_of(n),
+                       "activate it from a transition (or list it in `start:`), or delete it", "unreachable")
+    if not uses.incomplete:
+        to_end = nx.ancestors(g, END) if END in g else set()
+        for n in nodes:
+            if n in reach and n not in to_end and consumers.get(n, [None]):
+                kind = "agent" if n in agents else "transition"
+                sink.error(f"{kind} '{n}' cannot reach end", span_of(n),
+                           "every path must be able to finish: activate `end` (or a route case `-> end`) downstream",
+                           "no-end")
+
+    # -- cycles: each must pass through a transition with max_rounds --------------------------
+    h = g.copy()
+    h.remove_nodes_from([n for n in ("start", END)] + [t.name for t in draft.transitions if t.max_rounds])
+    for scc in nx.strongly_connected_components(h):
+        if len(scc) < 2:
+            continue
+        cycle = nx.find_cycle(h.subgraph(scc))
+        path = [cycle[0][0]] + [e[1] for e in cycle]
+        first_t = next((n for n in path if n in trans), path[0])
+        sink.error(f"unbounded cycle: {' -> '.join(path)}", span_of(first_t),
+                   f"add `max_rounds: N` to a transition on the cycle (e.g. '{first_t}')", "unbounded-cycle")
+
+    # -- set sizes and the data-flow of references -------------------------------------------
+    events = _activation_events(draft)
+    with_sizes = []
+    for t in draft.transitions:
+        sizes = sorted({len(e & set(t.consume)) for e in events} - {0})
+        with_sizes.append(t.model_copy(update={"set_sizes": tuple(sizes) or (len(t.consume),)}))
+    _check_availability(draft, with_sizes, events, sink, uses)
+    bound, reason = _firing_bound(g, draft.model_copy(update={"transitions": tuple(with_sizes)}))
+    return Analysis(with_sizes, [], bound, reason)
+
+
+# Note [Set sizes]
+# An active set is the fresh outputs a transition takes when it fires. Agents are activated in
+# groups ("activation events"): the start list, a transition's fixed list, the targets of one
+# route label, or for a choices[...] router the union over any non-empty subset of labels.
+# A transition fires once none of its consumed agents is pending, so the outputs of one event
+# are consumed together: the possible sizes are |event ∩ consume| over all events (non-zero).
+
+
+def _activation_events(w: Workflow) -> list[frozenset[str]]:
+    events = [frozenset(w.start)]
+    for t in w.transitions:
+        act = t.activate
+        if isinstance(act, ActivateAgents):
+            events.append(frozenset(act.agents))
+        elif isinstance(act, ActivateRoute):
+            groups = [frozenset(targets) - {END} for _, targets in act.cases]
+            multi = _is_multi(w, act)
+            if multi and len(groups) <= MAX_ROUTE_SUBSETS:
+                for k in range(1, len(groups) + 1):
+                    for combo in combinations(groups, k):
+                        events.append(frozenset().union(*combo))
+            elif multi:
+                events.append(frozenset().union(*groups))
+                events.extend(groups)
+            else:
+                events.extend(groups)
+    return events
+
+
+def _is_multi(w: Workflow, act: ActivateRoute) -> bool:
+    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
+    t = agent.output if agent is not None else None
+    for f in act.on.path[1:]:
+        t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
+    return isinstance(t, ChoiceType) and t.multi
+
+
+def _check_availability(w: Workflow, trans: list[Transition], events, sink: DiagnosticSink, uses) -> None:
+    """Forward must-analysis: the names certainly produced before each node runs."""
+    tools = {tc.name for t in trans for tc in t.tools}
+    top = frozenset({a.name for a in w.agents} | tools)
+    by_agent_sources: dict[str, list[str | None]] = {a.name: [] for a in w.agents}
+    for a in w.start:
+        by_agent_sources.setdefault(a, []).append(None)
+    for t in trans:
+        act = t.activate
+        targets = act.agents if isinstance(act, ActivateAgents) else (
+            [x for _, ts in act.cases for x in ts] if isinstance(act, ActivateRoute) else [])
+        for a in targets:
+            if a != END:
+                by_agent_sources.setdefault(a, []).append(t.name)
+    full = {t.name: min(t.set_sizes) == len(t.consume) for t in trans}
+    a_in = {a: top for a in by_agent_sources}
+    t_out = {t.name: top for t in trans}
+    t_in = {t.name: top for t in trans}
+    changed = True
+    while changed:
+        changed = False
+        for a, sources in by_agent_sources.items():
+            if not sources:
+                continue
+            new = frozenset.intersection(*[frozenset() if s is None else t_out[s] for s in sources])
+            if new != a_in[a]:
+                a_in[a], changed = new, True
+        for t in trans:
+            outs = [a_in.get(c, top) | {c} for c in t.consume]
+            if not outs:
+                continue
+            new_in = frozenset.union(*outs) if full[t.name] else frozenset.intersection(*outs)
+            new_out = new_in | {tc.name for tc in t.tools}
+            if new_in != t_in[t.name] or new_out != t_out[t.name]:
+                t_in[t.name], t_out[t.name], changed = new_in, new_out, True
+
+    def need(ref, have, where: str) -> None:
+        head = ref.path[0]
+        if ref.optional or head == "task" or head not in top or head in have:
+            return
+        sink.error(f"'{ref}' is not produced on every path before {where}", ref.span,
+                   f"make sure '{head}' always runs first, or write {{{ref}?}} to read it only when present",
+                   "not-produced")
+
+    for a, refs in uses.agent_refs.items():
+        for r in refs:
+            need(r, a_in.get(a, top), f"agent '{a}' runs")
+    for t in trans:
+        names = [tc.name for tc in t.tools]
+        for k, r in uses.tool_refs.get(t.name, []):
+            need(r, t_in[t.name] | set(names[:k]), f"tool '{names[k] if k < len(names) else '?'}' runs")
+        for r in uses.reward_refs.get(t.name, []):
+            need(r, t_out[t.name], f"transition '{t.name}' gives its reward")
+        if t.name in uses.route_refs:
+            need(uses.route_refs[t.name], t_in[t.name], f"transition '{t.name}' routes")
+    enders = [t.name for t in trans if isinstance(t.activate, ActivateEnd) or (
+        isinstance(t.activate, ActivateRoute) and (any(END in ts for _, ts in t.activate.cases)
+                                                   or len(t.activate.cases) < _num_options(w, t.activate)))]
+    at_end = frozenset.intersection(*[t_out[n] for n in enders]) if enders else top
+    for r in uses.terminal_refs:
+        need(r, at_end, "the episode ends")
+
+
+def _num_options(w: Workflow, act: ActivateRoute) -> int:
+    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
+    t = agent.output if agent is not None else None
+    for f in act.on.path[1:]:
+        t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
+    return len(t.options) if isinstance(t, ChoiceType) else 0
+
+
+def _firing_bound(g: nx.MultiDiGraph, w: Workflow) -> tuple[int, str]:
+    """An upper bound on transition firings per episode, and why."""
+    simple = nx.DiGraph(g)
+    if not nx.is_directed_acyclic_graph(simple):
+        return w.max_steps, "max_steps; the graph has bounded cycles"
+    # paths[n]: how often n can run. A transition whose sets are always full fires once per
+    # wave of its consumed agents (max); one with variable sets may fire once per agent (sum).
+    full = {t.name: min(t.set_sizes, default=0) == len(t.consume) for t in w.transitions}
+    paths = {n: 0 for n in simple}
+    paths["start"] = 1
+    for n in nx.topological_sort(simple):
+        preds = [paths[p] for p in simple.predecessors(n)]
+        if n != "start" and preds:
+            paths[n] = max(preds) if full.get(n) else sum(preds)
+    total = sum(paths[t.name] for t in w.transitions)
+    if total <= w.max_steps:
+        return total, "the graph is acyclic"
+    return w.max_steps, "max_steps"

@@ -1,0 +1,83 @@
+"""CLI commands of the lang stage: ``check``, ``fmt`` and ``viz`` (registered by ``srpo_graph.cli``).
+
+Each command runs one stage on ``.wf`` files and raises the project's errors (the CLI maps them
+to exit codes and prints them without a traceback). Heavy imports (matplotlib) stay inside the
+functions so ``srpo-graph check`` starts fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from srpo_graph.errors import SrpoGraphError, WorkflowCheckError, render
+
+
+@click.command("check")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+def check_cmd(files: tuple[Path, ...]) -> None:
+    """Parse and type-check FILES; print a summary of each workflow (exit 2 on errors)."""
+    from srpo_graph.lang.checker import check_module
+    from srpo_graph.lang.parser import parse, read_source
+    from srpo_graph.lang.summary import summary
+
+    failures: list[SrpoGraphError] = []
+    for path in files:
+        try:
+            text = read_source(path)
+            result = check_module(parse(text, str(path)), text)
+        except SrpoGraphError as exc:
+            failures.append(exc)
+            continue
+        if result.warnings:
+            click.echo(render(result.warnings, text), err=True)
+        click.echo(summary(result.workflow, result.max_firings, result.bound_reason))
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise WorkflowCheckError("\n".join(str(f) for f in failures) + f"\n{len(failures)} of {len(files)} files failed")
+
+
+@click.command("fmt")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--check", "check_only", is_flag=True, help="Exit 1 if a file is not formatted; change nothing.")
+@click.option("--write", "-w", is_flag=True, help="Rewrite the files in place (default: print to stdout).")
+def fmt_cmd(files: tuple[Path, ...], check_only: bool, write: bool) -> None:
+    """Print FILES in canonical form (or --write them, or --check them)."""
+    from srpo_graph.lang.fmt import format_source
+    from srpo_graph.lang.parser import read_source
+
+    unformatted = []
+    for path in files:
+        text = read_source(path)
+        out = format_source(text, str(path))
+        if check_only:
+            if out != text:
+                unformatted.append(path)
+                click.echo(f"{path}: would reformat", err=True)
+        elif write:
+            if out != text:
+                path.write_text(out, encoding="utf-8")
+                click.echo(f"{path}: reformatted", err=True)
+        else:
+            click.echo(out, nl=False)
+    if unformatted:
+        raise click.exceptions.Exit(1)
+
+
+@click.command("viz")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Output file: .svg, .png, .dot or .mmd (Mermaid).")
+def viz_cmd(file: Path, output: Path) -> None:
+    """Draw the routing graph of FILE into OUTPUT (format from its suffix)."""
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.viz import write_graph
+
+    workflow = load_workflow(file)
+    write_graph(workflow, output)
+    click.echo(f"wrote {output}")
+
+
+COMMANDS: list = [check_cmd, fmt_cmd, viz_cmd]

@@ -1,0 +1,74 @@
+"""The short, human summary ``srpo-graph check`` prints for a valid workflow.
+
+Stage: lang (check). Consumes a checked :class:`~srpo_graph.workflow.Workflow` (and optionally
+the checker's episode bound); produces text. Knows nothing of parsing.
+"""
+
+from __future__ import annotations
+
+from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, Workflow, type_str
+
+
+def _sizes(sizes: tuple[int, ...]) -> str:
+    if not sizes:
+        return "?"
+    lo, hi = min(sizes), max(sizes)
+    return str(lo) if lo == hi else f"{lo}..{hi}"
+
+
+def _activation(t) -> str:
+    act = t.activate
+    if isinstance(act, ActivateEnd):
+        return END
+    if isinstance(act, ActivateAgents):
+        return ", ".join(act.agents)
+    cases = "; ".join(f"{label} -> {', '.join(ts)}" for label, ts in act.cases)
+    return f"route {act.on} {{{cases}}}"
+
+
+def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: str = "") -> str:
+    """A few lines: agents and policies, transitions with set sizes, routers, the episode bound.
+
+    >>> from srpo_graph.lang.parser import parse
+    >>> from srpo_graph.lang.checker import check
+    >>> w = check(parse('workflow w\\nimport std\\npolicy p = "tiny"\\nagent a { policy: p prompt: "x" }\\n'
+    ...                 'transition t { consume: a activate: end }\\nstart: a'))
+    >>> print(summary(w))  # doctest: +NORMALIZE_WHITESPACE
+    w  (<string>)
+      policies:    p = "tiny"
+      agents:      a [p] -> text
+      transitions: t  consumes a  set size 1  -> end
+      start:       a
+      episode:     at most 32 transition firings (max_steps)
+    """
+    w = workflow
+    lines = [f"{w.name}  ({w.path})" + (f"  {w.description}" if w.description else "")]
+    lines.append("  policies:    " + ", ".join(f'{p.name} = "{p.model}"' for p in w.policies))
+    agents = [f"{a.name} [{a.policy}] -> {type_str(a.output)}" for a in w.agents]
+    lines.append("  agents:      " + ("\n               ".join(agents) if agents else "none"))
+    rows = []
+    for t in w.transitions:
+        policies = sorted({w.agent_by_name[a].policy for a in t.consume if a in w.agent_by_name})
+        extra = []
+        if t.tools:
+            extra.append("tools " + ", ".join(f"{tc.name}={tc.call.qualname}" for tc in t.tools))
+        if t.reward is not None:
+            extra.append(f"reward {t.reward.qualname}")
+        if t.max_rounds:
+            extra.append(f"max_rounds {t.max_rounds}")
+        label = "set size" if len(set(t.set_sizes)) <= 1 else "set sizes"
+        pol = f" [{', '.join(policies)}]" if len(policies) > 1 else ""
+        rows.append(f"{t.name}  consumes {', '.join(t.consume)}{pol}  {label} {_sizes(t.set_sizes)}"
+                    f"  -> {_activation(t)}" + ("  (" + "; ".join(extra) + ")" if extra else ""))
+    lines.append("  transitions: " + "\n               ".join(rows))
+    routers = [t for t in w.transitions if isinstance(t.activate, ActivateRoute)]
+    if routers:
+        lines.append("  routers:     " + "\n               ".join(
+            f"{t.activate.on} -> " + " | ".join(sorted({x for _, ts in t.activate.cases for x in ts})) for t in routers))
+    lines.append("  start:       " + ", ".join(w.start))
+    if w.reward is not None:
+        lines.append(f"  reward:      {w.reward.qualname} (terminal)")
+    bound = w.max_steps if max_firings is None else max_firings
+    reason = bound_reason or "max_steps"
+    lines.append(f"  episode:     at most {bound} transition firing{'s' if bound != 1 else ''} ({reason})")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""The lang CLI as a user runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "srpo_graph.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_check_ok_and_bad_file() -> None:
+    ok = _run("check", "workflows/coord_seq.wf")
+    assert ok.returncode == 0, ok.stderr
+    assert "hand_off  consumes a  set size 1  -> b" in ok.stdout
+    bad = _run("check", "tests/lang/golden/bad/unbounded_cycle.wf")
+    assert bad.returncode == 2
+    assert "tests/lang/golden/bad/unbounded_cycle.wf:15:12: error: unbounded cycle" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_fmt_check_and_viz(tmp_path: Path) -> None:
+    assert _run("fmt", "--check", "workflows/coord_seq.wf").returncode == 0
+    messy = tmp_path / "m.wf"
+    messy.write_text((ROOT / "workflows/coord_seq.wf").read_text().replace("  policy: tiny", "policy:tiny"))
+    assert _run("fmt", "--check", str(messy)).returncode == 1
+    assert _run("fmt", "--write", str(messy)).returncode == 0
+    assert messy.read_text() == (ROOT / "workflows/coord_seq.wf").read_text()
+    out = tmp_path / "g.mmd"
+    r = _run("viz", "workflows/coord_mixed.wf", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().startswith("flowchart TD")
