@@ -1,0 +1,192 @@
+"""The embedded ``transformers`` backend: in-process batched sampling with a KV cache.
+
+Backends stage. Consumes :class:`GenerationRequest` batches (token ids in); produces
+:class:`Completion` objects (token ids and the sampler's log-probs out). It knows nothing about
+workflows. Any Hugging Face causal LM works; ``"tiny"`` is the built-in default model.
+
+The sampling loop is our own (not ``model.generate``) so that the log-probs of record are
+exactly those of the distribution sampled (see Note [Log-probs of record] in
+``srpo_graph.backends.sampling``) and every request draws from its own seeded generator.
+Requests are sorted by prompt length and cut into chunks of ``max_batch_size``; each chunk is
+left-padded, prefilled once and decoded step by step until every row stopped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from typing import Any, Sequence
+
+import torch
+
+from srpo_graph.backends.base import Completion, GenerationRequest
+from srpo_graph.backends.sampling import RowParams, sample
+from srpo_graph.errors import BackendError
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class TransformersBackend:
+    """Sample from an in-process Hugging Face causal LM.
+
+    Args:
+        model: a ``PreTrainedModel`` (causal LM).
+        tokenizer: its tokenizer.
+        device: where the model runs.
+        max_batch_size: most rows decoded together.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, device: str = "cpu", max_batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.weight_version = 0
+        self.model.to(self.device)
+        self.model.eval()
+        eos = getattr(model.config, "eos_token_id", None)
+        eos = eos if isinstance(eos, (list, tuple)) else [eos]
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos = [*eos, tokenizer.eos_token_id]
+        self.eos_ids = tuple(sorted({int(e) for e in eos if e is not None}))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both
+        params = inspect.signature(type(model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, device: str = "cpu", dtype: Any = None, **kw: Any) -> "TransformersBackend":
+        """Load a model by name or path (``"tiny"`` = the built-in tiny model).
+
+        Raises:
+            BackendError: when the model or tokenizer cannot be loaded.
+        """
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        from srpo_graph.backends import resolve_model
+        from srpo_graph.backends.tiny import load_tokenizer
+
+        path = resolve_model(name_or_path)
+        hf_logging.disable_progress_bar()
+        try:
+            tokenizer = load_tokenizer(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else torch.float32)
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"cannot load model {name_or_path!r} ({path}): {exc}") from None
+        return cls(model, tokenizer, device=device, **kw)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Sample every request; results in request order (see the module docstring)."""
+        for i, r in enumerate(requests):
+            if not r.prompt_ids or r.max_new_tokens < 1:
+                raise BackendError(f"request {i} ({r.request_id!r}): empty prompt or max_new_tokens < 1")
+            bad = [t for t in (*r.prompt_ids, *(r.allowed_token_ids or ())) if not 0 <= t < self.vocab_size]
+            if bad:
+                raise BackendError(f"request {i} ({r.request_id!r}): token ids {bad[:5]} outside the vocabulary")
+        order = sorted(range(len(requests)), key=lambda i: (len(requests[i].prompt_ids), i))
+        out: list[Completion | None] = [None] * len(requests)
+        with torch.inference_mode():
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = order[start : start + self.max_batch_size]
+                for i, c in zip(chunk, self._generate_chunk([requests[i] for i in chunk])):
+                    out[i] = c
+        return out  # type: ignore[return-value]
+
+    def _row_params(self, reqs: Sequence[GenerationRequest]) -> RowParams:
+        gens = []
+        for r in reqs:
+            g = torch.Generator()
+            g.manual_seed(r.seed if r.seed is not None else random.getrandbits(63))
+            gens.append(g)
+        allowed = None
+        if any(r.allowed_token_ids is not None for r in reqs):
+            allowed = torch.ones(len(reqs), self.vocab_size, dtype=torch.bool)
+            for row, r in enumerate(reqs):
+                if r.allowed_token_ids is not None:
+                    allowed[row] = False
+                    allowed[row, list(r.allowed_token_ids)] = True
+            allowed = allowed.to(self.device)
+        return RowParams(
+            temperature=torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=self.device),
+            top_k=torch.tensor([r.top_k for r in reqs], dtype=torch.long, device=self.device),
+            top_p=torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=self.device),
+            allowed=allowed,
+            generators=gens,
+        )
+
+    def _generate_chunk(self, reqs: Sequence[GenerationRequest]) -> list[Completion]:
+        n = len(reqs)
+        width = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for row, r in enumerate(reqs):  # left padding: every prompt ends at the last column
+            ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        params = self._row_params(reqs)
+        stops = [set(r.stop_token_ids) | set(self.eos_ids) for r in reqs]
+        limit = torch.tensor([r.max_new_tokens for r in reqs], device=self.device)
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[list[float]] = [[] for _ in reqs]
+        finish: list[str | None] = [None] * n
+
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        past, step = _cache_of(out), 0
+        logits = out.logits[:, -1, :]
+        next_pos = positions[:, -1] + 1
+        while True:
+            tok, lp = sample(logits, params)
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+            for row in range(n):
+                if finish[row] is not None:
+                    continue
+                tokens[row].append(tok_l[row])
+                logprobs[row].append(lp_l[row])
+                if tok_l[row] in stops[row]:
+                    finish[row] = "stop"
+                elif len(tokens[row]) >= reqs[row].max_new_tokens:
+                    finish[row] = "length"
+            step += 1
+            if all(f is not None for f in finish) or step >= int(limit.max()):
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{self._cache_kw: past},
+            )
+            past, logits, next_pos = _cache_of(out), out.logits[:, -1, :], next_pos + 1
+        return [
+            Completion(tuple(t), tuple(l), f or "length", self.weight_version)  # type: ignore[arg-type]
+            for t, l, f in zip(tokens, logprobs, finish)
+        ]
+
+    # ------------------------------------------------------------------ weights
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Sample from ``model``'s weights from now on, tagged ``version``.
+
+        When ``model`` is the very object this backend samples from (the trainer shares it),
+        nothing is copied; otherwise its state dict is loaded into ours.
+        """
+        if model is not self.model:
+            try:
+                self.model.load_state_dict(model.state_dict())
+            except RuntimeError as exc:
+                raise BackendError(f"sync_weights: the model does not match the backend's: {exc}") from None
+        self.model.eval()
+        self.weight_version = int(version)
+
+    def close(self) -> None:
+        """Nothing to release (the model is garbage-collected with the backend)."""

@@ -1,0 +1,133 @@
+"""CLI commands of the runtime stage: ``run``, ``show``, ``init-model``.
+
+Listed in ``COMMANDS`` and registered by ``srpo_graph.cli``. Heavy imports (torch,
+transformers) happen inside the commands so ``srpo-graph check`` starts fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from srpo_graph.errors import ConfigError
+
+
+def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[str, str]:
+    """``--model NAME`` (every policy) and ``--model POLICY=NAME`` -> policy -> model.
+
+    >>> parse_model_overrides(("tiny",), ["p", "q"])
+    {'p': 'tiny', 'q': 'tiny'}
+    >>> parse_model_overrides(("tiny", "q=/models/x"), ["p", "q"])
+    {'p': 'tiny', 'q': '/models/x'}
+    """
+    out: dict[str, str] = {}
+    pairs = [v.partition("=") for v in values]
+    for pol, eq, name in pairs:  # bare names first: they apply to every policy
+        if not (eq and pol.isidentifier()):
+            out.update({p: pol + eq + name for p in policies})
+    for pol, eq, name in pairs:  # then POLICY=NAME, whatever the order on the command line
+        if eq and pol.isidentifier():
+            if pol not in policies:
+                raise ConfigError(f"--model {pol}={name}: the workflow has no policy {pol!r} (policies: {', '.join(policies)})")
+            out[pol] = name
+    return out
+
+
+@click.command("run")
+@click.argument("workflow_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="JSONL task file.")
+@click.option("--samples", default=8, show_default=True, help="Episodes per task (the group size G).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Trace JSONL to write.")
+@click.option("--backend", "backend_kind", type=click.Choice(["transformers", "sglang"]), default="transformers", show_default=True)
+@click.option("--model", "models", multiple=True, help="NAME for every policy, or POLICY=NAME (repeatable).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--limit", type=int, default=None, help="Only the first N tasks.")
+@click.option("--url", default=None, help="SGLang server/router address (with --backend sglang).")
+@click.option("--device", default="cpu", show_default=True, help="transformers backend device.")
+@click.option("--max-concurrent", type=int, default=None, help="Most episodes alive at once (default: all).")
+@click.option("--threads", type=int, default=None,
+              help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, url, device, max_concurrent,
+            threads, quiet):
+    """Run every task SAMPLES times and write one trace line per episode."""
+    from rich.console import Console
+
+    from srpo_graph.backends import load_backend
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.runtime.tasks import load_tasks
+    from srpo_graph.runtime.trace import write_traces
+
+    wf = load_workflow(workflow_file)
+    tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
+    chosen = {p.name: p.model for p in wf.policies}
+    chosen.update(parse_model_overrides(models, list(chosen)))
+    if backend_kind == "transformers":
+        import torch
+
+        # the tiny model is far faster on one thread; on a busy CPU more threads can be 50x slower
+        if threads or all(m == "tiny" for m in chosen.values()):
+            torch.set_num_threads(threads or 1)
+    kw = {"url": url} if backend_kind == "sglang" else {"device": device}
+    by_model = {m: load_backend(backend_kind, m, **kw) for m in dict.fromkeys(chosen.values())}
+    backends = {p: by_model[m] for p, m in chosen.items()}
+    try:
+        result = run(wf, tasks, backends, samples=samples, seed=seed, progress=not quiet, max_concurrent=max_concurrent)
+    finally:
+        for b in by_model.values():
+            b.close()
+    write_traces(out_file, result.episodes)
+    s = result.stats
+    Console(stderr=True).print(
+        f"[bold]{wf.name}[/]: {s.episodes} episodes ({len(tasks)} tasks x {samples}), mean reward "
+        f"{s.mean_reward:.3f}, {s.tokens_generated} tokens generated in {s.seconds:.2f}s "
+        f"({s.tokens_per_second:,.0f} tokens/s, {s.generate_calls} batches), failures {s.failures}, "
+        f"truncated {s.truncated} -> {out_file}"
+    )
+    failed = [e for e in result.episodes if e.status == "failed"]
+    if failed:
+        Console(stderr=True).print(f"[yellow]first failure ({failed[0].task_id}/{failed[0].sample}):[/] {failed[0].error}")
+
+
+@click.command("show")
+@click.argument("traces_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--episode", "index", type=int, default=None, help="Show only this episode (0-based line).")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False), default=None, help="Write an HTML view of the episode(s).")
+@click.option("--max", "max_shown", default=5, show_default=True, help="Episodes printed when --episode is not given.")
+def show_cmd(traces_file, index, html_file, max_shown):
+    """Print episodes readably: who said what, which transition consumed which outputs, rewards."""
+    from rich.console import Console
+
+    from srpo_graph.runtime.show import episode_html, print_episode
+    from srpo_graph.runtime.trace import read_traces
+
+    episodes = read_traces(traces_file)
+    if index is not None:
+        if not 0 <= index < len(episodes):
+            raise ConfigError(f"--episode {index}: {traces_file} has {len(episodes)} episodes (0..{len(episodes) - 1})")
+        chosen = [(index, episodes[index])]
+    else:
+        chosen = list(enumerate(episodes))[:max_shown]
+    console = Console()
+    for i, ep in chosen:
+        print_episode(console, ep, i)
+    if index is None and len(episodes) > max_shown:
+        console.print(f"... {len(episodes) - max_shown} more episodes (use --episode N)")
+    if html_file:
+        Path(html_file).write_text(episode_html([ep for _, ep in chosen], Path(traces_file).name), encoding="utf-8")
+        console.print(f"wrote {html_file}")
+
+
+@click.command("init-model")
+@click.argument("directory", type=click.Path(file_okay=False), required=False)
+def init_model_cmd(directory):
+    """Build the tiny default model into DIRECTORY (default: the cache used for policy "tiny")."""
+    from srpo_graph.backends.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model(directory)
+    click.echo(f"tiny model ready at {path}")
+
+
+COMMANDS: list = [run_cmd, show_cmd, init_model_cmd]

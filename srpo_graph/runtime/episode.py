@@ -1,0 +1,248 @@
+"""One episode as a state machine: the firing rules of ``srpo_graph.workflow``, nothing else.
+
+Runtime stage. Consumes a :class:`~srpo_graph.workflow.Workflow`, a task and the completions the
+executor hands it; produces an :class:`~srpo_graph.runtime.trace.Episode`. It never calls a
+backend and never blocks: it says which agents are *pending* (want a generation), accepts their
+outputs, fires every transition that is ready (declaration order), and, when a transition has
+tools, hands back a job for the executor's thread pool and waits for its result.
+
+Bounds are checked eagerly: when a firing activates an agent whose consumer can no longer fire
+(``max_steps`` reached, or its ``max_rounds`` used up) the episode ends ``truncated`` at once,
+so no output is generated that no transition could consume.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.render import State, call_args
+from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
+from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, Call, Transition, Workflow
+
+
+class Callables:
+    """Imports the Python functions a workflow calls (``Call.module``), once, thread-safely.
+
+    The ``.wf`` file's directory is put on ``sys.path`` so that ``import my_tools`` finds a
+    module next to it. An import that fails is remembered and re-raised for every episode
+    that needs it (each such episode is marked failed; the run goes on).
+    """
+
+    def __init__(self, workflow: Workflow):
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], Callable[..., Any] | Exception] = {}
+        if workflow.path and workflow.path != "<string>":
+            folder = str(Path(workflow.path).resolve().parent)
+            if folder not in sys.path:
+                sys.path.append(folder)
+
+    def get(self, call: Call) -> Callable[..., Any]:
+        key = (call.module, call.function)
+        with self._lock:
+            if key not in self._cache:
+                try:
+                    fn = getattr(importlib.import_module(call.module), call.function)
+                    if not callable(fn):
+                        raise TypeError(f"{call.module}.{call.function} is not callable")
+                    self._cache[key] = fn
+                except Exception as exc:  # noqa: BLE001 - any import error fails the episodes that need it
+                    self._cache[key] = RuntimeFailure(f"cannot import {call.qualname} ({call.module}): {exc!r}")
+            found = self._cache[key]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+
+class EpisodeRun:
+    """The mutable state of one running episode (see the module docstring)."""
+
+    def __init__(self, workflow: Workflow, callables: Callables, task_id: str, task: dict[str, Any],
+                 group_id: str, sample: int, seed: int):
+        self.wf, self.callables = workflow, callables
+        self.task_id, self.group_id, self.sample, self.seed = task_id, group_id, sample, seed
+        self.state = State(task=dict(task))
+        self.pending: list[str] = []  # activated agents without an output yet, in activation order
+        self.fresh: dict[str, list[str]] = {}  # agent -> unconsumed output ids
+        self.outputs: list[Output] = []
+        self.records: list[TransitionRecord] = []
+        self.rounds: Counter[str] = Counter()
+        self.transition_rewards = 0.0
+        self.end_activated = False
+        self.status: str | None = None  # set when the episode is over
+        self.error: str | None = None
+        self.reward = 0.0
+        self.waiting: tuple[Transition, list[str]] | None = None  # a firing whose tools run
+        self._activate(self.wf.start)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None
+
+    @property
+    def steps(self) -> int:
+        return len(self.records) + (1 if self.waiting else 0)
+
+    def wants_generation(self) -> list[str]:
+        """Agents to generate now (none while a tool runs or once the episode is over)."""
+        return [] if self.done or self.waiting else list(self.pending)
+
+    # ------------------------------------------------------------------ events
+
+    def add_output(self, output: Output, extract_text: str) -> None:
+        """Accept the generation of a pending agent; extract its typed value."""
+        agent = self.wf.agent_by_name[output.agent]
+        try:
+            fn = self.callables.get(agent.extractor)
+            args, kwargs = call_args(agent.extractor, self.state)
+            try:
+                value = fn(extract_text, *args, **kwargs)
+            except ValueError:
+                value = None  # the output holds no such value: documented, not a failure
+        except Exception as exc:  # noqa: BLE001
+            self.outputs.append(output)
+            self.fail(f"extractor {agent.extractor.qualname} of agent {agent.name!r}: {exc!r}")
+            return
+        self.outputs.append(output.model_copy(update={"value": value}))
+        self.pending.remove(agent.name)
+        self.fresh.setdefault(agent.name, []).append(output.id)
+        self.state.values[agent.name] = value
+
+    def fail(self, error: str) -> None:
+        if not self.done:
+            self.status, self.error, self.reward, self.waiting = "failed", error, 0.0, None
+
+    def advance(self) -> Callable[[], dict[str, Any]] | None:
+        """Fire every ready transition; return a tool job to run (the episode then waits) or None."""
+        while not self.done and self.waiting is None:
+            ready = next((t for t in self.wf.transitions if self._is_ready(t)), None)
+            if ready is None:
+                if not self.pending:
+                    if self.end_activated:
+                        self._finish("ok")
+                    else:
+                        self.fail("episode stalled: nothing pending, no transition ready, `end` never activated")
+                return None
+            if len(self.records) >= self.wf.max_steps or (
+                ready.max_rounds is not None and self.rounds[ready.name] >= ready.max_rounds
+            ):
+                self._finish("truncated")
+                return None
+            consumed = [oid for a in ready.consume for oid in self.fresh.pop(a, [])]
+            if ready.tools:
+                try:
+                    job = self._tool_job(ready)
+                except Exception as exc:  # noqa: BLE001 - e.g. the tool's module does not import
+                    self.fail(f"tool of transition {ready.name!r}: {exc}")
+                    return None
+                self.waiting = (ready, consumed)
+                return job
+            self._complete_firing(ready, consumed, None)
+        return None
+
+    def tool_done(self, results: dict[str, Any] | None, error: BaseException | None) -> None:
+        """Resume after the executor ran the tool job returned by :meth:`advance`."""
+        if self.waiting is None or self.done:
+            return
+        transition, consumed = self.waiting
+        self.waiting = None
+        if error is not None:
+            self.fail(f"tool of transition {transition.name!r}: {error!r}")
+            return
+        self.state.vars.update(results or {})
+        self._complete_firing(transition, consumed, results)
+
+    # ------------------------------------------------------------------ internals
+
+    def _is_ready(self, t: Transition) -> bool:
+        return any(self.fresh.get(a) for a in t.consume) and not any(a in self.pending for a in t.consume)
+
+    def _tool_job(self, t: Transition) -> Callable[[], dict[str, Any]]:
+        # arguments are evaluated now, in order, each tool seeing the results of the earlier ones
+        state = State(task=self.state.task, values=dict(self.state.values), vars=dict(self.state.vars))
+        fns = [self.callables.get(tc.call) for tc in t.tools]
+
+        def job() -> dict[str, Any]:
+            results: dict[str, Any] = {}
+            for tc, fn in zip(t.tools, fns):
+                args, kwargs = call_args(tc.call, state)
+                results[tc.name] = state.vars[tc.name] = fn(*args, **kwargs)
+            return results
+
+        return job
+
+    def _complete_firing(self, t: Transition, consumed: list[str], tool_results: dict[str, Any] | None) -> None:
+        try:
+            reward = self._call_reward(t.reward) if t.reward is not None else None
+            activated = self._activation(t)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(f"transition {t.name!r}: {exc!r}")
+            return
+        self.records.append(TransitionRecord(
+            id=f"t{len(self.records)}", name=t.name, step=len(self.records), consumed=consumed,
+            activated=list(activated), tool_results=tool_results, reward=reward,
+        ))
+        self.rounds[t.name] += 1
+        self.transition_rewards += reward or 0.0
+        self._activate(activated)
+        agents = [a for a in activated if a != END]
+        if agents and (len(self.records) >= self.wf.max_steps or any(self._exhausted(a) for a in agents)):
+            self._finish("truncated")
+
+    def _exhausted(self, agent: str) -> bool:
+        t = self.wf.transition_by_name.get(self.wf.consumer_of.get(agent, ""))
+        return t is not None and t.max_rounds is not None and self.rounds[t.name] >= t.max_rounds
+
+    def _activation(self, t: Transition) -> tuple[str, ...]:
+        act = t.activate
+        if isinstance(act, ActivateEnd):
+            return (END,)
+        if isinstance(act, ActivateAgents):
+            return act.agents
+        assert isinstance(act, ActivateRoute)
+        value = self.state.get(act.on)
+        labels = value if isinstance(value, list) else [value]
+        targets: list[str] = []
+        for label in labels:
+            # a None choice, or a label the route does not declare, activates `end` only
+            for a in act.targets(label) if isinstance(label, str) else (END,):
+                if a not in targets:
+                    targets.append(a)
+        return tuple(targets) or (END,)
+
+    def _activate(self, names: tuple[str, ...] | list[str]) -> None:
+        for a in names:
+            if a == END:
+                self.end_activated = True
+            elif a not in self.pending:
+                self.pending.append(a)
+
+    def _call_reward(self, call: Call) -> float:
+        args, kwargs = call_args(call, self.state)
+        value = float(self.callables.get(call)(*args, **kwargs))
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"reward {call.qualname} returned {value}")
+        return value
+
+    def _finish(self, status: str) -> None:
+        try:
+            terminal = self._call_reward(self.wf.reward) if self.wf.reward is not None else 0.0
+        except Exception as exc:  # noqa: BLE001
+            self.fail(f"terminal reward {self.wf.reward.qualname}: {exc!r}")  # type: ignore[union-attr]
+            return
+        self.status, self.reward = status, terminal + self.transition_rewards
+
+    def to_episode(self, workflow_ref: WorkflowRef) -> Episode:
+        """The trace record (call once the episode is over)."""
+        return Episode(
+            workflow=workflow_ref, task_id=self.task_id, group_id=self.group_id, sample=self.sample,
+            seed=self.seed, outputs=self.outputs, transitions=self.records, reward=self.reward,
+            status=self.status or "failed", error=self.error,
+        )

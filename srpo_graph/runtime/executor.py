@@ -1,0 +1,219 @@
+"""Run a workflow on tasks: many episodes at once, one big generation batch per round.
+
+Runtime stage. Consumes a checked :class:`~srpo_graph.workflow.Workflow`, tasks and one
+:class:`~srpo_graph.backends.base.Backend` per policy; produces :class:`RunResult` (trace
+:class:`~srpo_graph.runtime.trace.Episode` objects and run statistics).
+
+The loop, one round at a time:
+
+1. every live episode fires what is ready (``EpisodeRun.advance``); a firing with tools is
+   submitted to a thread pool and that episode waits, the others go on;
+2. the pending agents of **all** episodes become one batch of requests per backend (policies
+   sharing a backend object share the batch), rendered and tokenized once, sampled in one call;
+3. outputs go back to their episodes; finished tool jobs are applied; when nothing can be
+   generated the loop waits for the first tool to finish.
+
+Every request carries a seed derived from (run seed, task, sample, output index), and the
+transformers backend draws each request from its own generator, so results do not depend on
+how episodes happened to be batched: a run is reproducible with any ``max_concurrent``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from pydantic import BaseModel
+
+from srpo_graph.backends.base import Backend, GenerationRequest
+from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.episode import Callables, EpisodeRun
+from srpo_graph.runtime.prompts import AgentPlan, plan_agents, trim_at_stop
+from srpo_graph.runtime.render import render
+from srpo_graph.runtime.tasks import Task
+from srpo_graph.runtime.trace import Episode, Output, WorkflowRef
+from srpo_graph.workflow import Workflow
+
+
+class RunStats(BaseModel):
+    """Summary of a run."""
+
+    episodes: int
+    mean_reward: float
+    tokens_generated: int
+    seconds: float
+    failures: int
+    truncated: int
+    generate_calls: int = 0  # backend.generate calls (batches)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class RunResult:
+    """Episodes in (task, sample) order, and the run's statistics."""
+
+    episodes: list[Episode]
+    stats: RunStats
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any parts (same parts, same seed, on every machine).
+
+    >>> derive_seed(0, "task-1", 3) == derive_seed(0, "task-1", 3) != derive_seed(0, "task-1", 4)
+    True
+    """
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def run(
+    workflow: Workflow,
+    tasks: Sequence[Task],
+    backends: Mapping[str, Backend],
+    *,
+    samples: int,
+    seed: int = 0,
+    policy_versions: Mapping[str, int] | None = None,
+    progress: bool = False,
+    max_concurrent: int | None = None,
+    tool_workers: int = 8,
+) -> RunResult:
+    """Run every task ``samples`` times (a group per task).
+
+    Args:
+        workflow: a checked workflow.
+        tasks: the tasks (see :func:`~srpo_graph.runtime.tasks.load_tasks`).
+        backends: policy name -> backend, for every policy of the workflow.
+        samples: G, episodes per task (``sample`` 0..G-1, ``group_id`` = ``"<task id>@<seed>"``).
+        seed: the run seed (per-request seeds derive from it).
+        policy_versions: the weight version recorded per policy (default: the backend's).
+        progress: show a progress bar (rich).
+        max_concurrent: most episodes alive at once (default: all).
+        tool_workers: threads running tools.
+    Returns:
+        The episodes (task-major) and statistics.
+    Raises:
+        RuntimeFailure: a policy without a backend, or an ``allow`` token the tokenizer lacks.
+    """
+    if samples < 1:
+        raise RuntimeFailure(f"samples must be >= 1, got {samples}")
+    missing = [p.name for p in workflow.policies if p.name not in backends]
+    if missing:
+        raise RuntimeFailure(f"no backend for policies {missing} of workflow {workflow.name!r}")
+    plans = plan_agents(workflow, backends)
+    callables = Callables(workflow)
+    versions = dict(policy_versions or {})
+    ref = WorkflowRef(name=workflow.name, hash=workflow.source_hash)
+    runs = [
+        EpisodeRun(workflow, callables, t.id, t.fields, f"{t.id}@{seed}", s, derive_seed(seed, t.id, s))
+        for t in tasks for s in range(samples)
+    ]
+    limit = max_concurrent or len(runs)
+    started = time.perf_counter()
+    stats = {"tokens": 0, "calls": 0}
+    bar = _Progress(len(runs)) if progress else None
+    futures: dict[Future, EpisodeRun] = {}
+    with ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="srpo-tool") as pool:
+
+        def step(ep: EpisodeRun) -> None:
+            job = ep.advance()
+            if job is not None:
+                futures[pool.submit(job)] = ep
+
+        admitted = 0
+        live: list[EpisodeRun] = []
+        while admitted < len(runs) or live:
+            while admitted < len(runs) and len(live) < limit:
+                live.append(runs[admitted])
+                step(runs[admitted])
+                admitted += 1
+            for fut in [f for f in futures if f.done()]:
+                ep = futures.pop(fut)
+                ep.tool_done(fut.result() if fut.exception() is None else None, fut.exception())
+                step(ep)
+            work = [(ep, a) for ep in live for a in ep.wants_generation()]
+            if work:
+                _generate_round(work, plans, backends, versions, stats)
+                for ep in {id(ep): ep for ep, _ in work}.values():
+                    step(ep)
+            elif futures:
+                wait(list(futures), return_when=FIRST_COMPLETED)
+            still = [ep for ep in live if not ep.done]
+            if bar is not None:
+                bar.advance(len(live) - len(still))
+            live = still
+    if bar is not None:
+        bar.close()
+    episodes = [ep.to_episode(ref) for ep in runs]
+    seconds = time.perf_counter() - started
+    return RunResult(episodes, RunStats(
+        episodes=len(episodes),
+        mean_reward=sum(e.reward for e in episodes) / len(episodes) if episodes else 0.0,
+        tokens_generated=stats["tokens"], seconds=seconds,
+        failures=sum(e.status == "failed" for e in episodes),
+        truncated=sum(e.status == "truncated" for e in episodes),
+        generate_calls=stats["calls"],
+    ))
+
+
+def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan],
+                    backends: Mapping[str, Backend], versions: Mapping[str, int], stats: dict[str, int]) -> None:
+    """Render, tokenize and sample every pending agent of every episode; hand outputs back."""
+    batches: dict[int, list[tuple[EpisodeRun, str, GenerationRequest]]] = {}
+    for ep, agent in work:
+        plan = plans[agent]
+        try:
+            text = render(plan.agent.template, ep.state)
+        except Exception as exc:  # noqa: BLE001 - e.g. an absent reference
+            ep.fail(f"prompt of agent {agent!r}: {exc}")
+            continue
+        n = len(ep.outputs)
+        req = plan.request(plan.encode(text), seed=derive_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}")
+        batches.setdefault(id(backends[plan.agent.policy]), []).append((ep, agent, req))
+    for items in batches.values():
+        backend = backends[plans[items[0][1]].agent.policy]
+        completions = backend.generate([req for _, _, req in items])
+        stats["calls"] += 1
+        for (ep, agent, req), comp in zip(items, completions):
+            if ep.done:
+                continue
+            plan = plans[agent]
+            ids, lps, finish, text = trim_at_stop(plan, comp)
+            stats["tokens"] += len(comp.completion_ids)
+            policy = plan.agent.policy
+            out = Output(
+                id=f"o{len(ep.outputs)}", agent=agent, policy=policy,
+                policy_version=versions.get(policy, getattr(backend, "weight_version", 0)),
+                step=len(ep.records), prompt_ids=list(req.prompt_ids), completion_ids=list(ids),
+                logprobs=list(lps), temperature=req.temperature,
+                allowed_token_ids=list(req.allowed_token_ids) if req.allowed_token_ids is not None else None,
+                text=text, finish_reason=finish,
+            )
+            ep.add_output(out, text)
+
+
+class _Progress:
+    """A rich progress bar over episodes (only created when asked for)."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+        self._p.start()
+        self._task = self._p.add_task("run", total=total)
+
+    def advance(self, n: int) -> None:
+        if n:
+            self._p.advance(self._task, n)
+
+    def close(self) -> None:
+        self._p.stop()
+
+
+__all__ = ["RunResult", "RunStats", "derive_seed", "run"]

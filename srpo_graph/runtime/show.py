@@ -1,0 +1,127 @@
+"""Readable views of trace episodes: a rich console rendering and a self-contained HTML page.
+
+Runtime stage. Consumes :class:`~srpo_graph.runtime.trace.Episode` objects; produces text for a
+terminal or an HTML document. Events are shown in order: each output (agent, policy, step,
+text, extracted value, tokens, summed log-prob) and each transition (the outputs it consumed --
+its active set --, tool results, reward, what it activated).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any, Sequence
+
+from srpo_graph.runtime.trace import Episode
+
+_STATUS_COLOR = {"ok": "green", "truncated": "yellow", "failed": "red"}
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    s = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    s = s.replace("\n", "⏎")
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def timeline(ep: Episode) -> list[tuple[str, Any]]:
+    """Outputs and transitions interleaved in the order they happened (by step).
+
+    Returns:
+        ``("output", Output)`` and ``("transition", TransitionRecord)`` pairs.
+    """
+    events: list[tuple[int, int, int, str, Any]] = []
+    for i, o in enumerate(ep.outputs):
+        events.append((o.step, 0, i, "output", o))
+    for i, t in enumerate(ep.transitions):
+        events.append((t.step, 1, i, "transition", t))
+    return [(kind, obj) for *_, kind, obj in sorted(events, key=lambda e: e[:3])]
+
+
+def print_episode(console: Any, ep: Episode, index: int | None = None) -> None:
+    """Print one episode with rich."""
+    from rich.panel import Panel
+    from rich.table import Table
+
+    outs = {o.id: o for o in ep.outputs}
+    table = Table(show_header=True, header_style="bold", expand=True, box=None)
+    table.add_column("step", justify="right", width=4)
+    table.add_column("event", width=18)
+    table.add_column("details", ratio=1)
+    for kind, obj in timeline(ep):
+        if kind == "output":
+            lp = sum(obj.logprobs)
+            table.add_row(
+                str(obj.step), f"[cyan]{obj.id}[/] [bold]{obj.agent}[/]",
+                f"[dim]{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+{len(obj.completion_ids)} tok, "
+                f"logp {lp:.2f}, {obj.finish_reason}[/]\n{_short(obj.text)!s} [magenta]→ {_short(obj.value)}[/]",
+            )
+        else:
+            members = ", ".join(f"{c} ({outs[c].agent})" if c in outs else c for c in obj.consumed)
+            lines = [f"consumed {{{members}}}  (set size {len(obj.consumed)}) → activates {', '.join(obj.activated)}"]
+            for name, value in (obj.tool_results or {}).items():
+                lines.append(f"[blue]tool {name}[/] = {_short(value)}")
+            if obj.reward is not None:
+                lines.append(f"[green]reward {obj.reward:g}[/]")
+            table.add_row(str(obj.step), f"[yellow]{obj.id}[/] [bold]{obj.name}[/]", "\n".join(lines))
+    color = _STATUS_COLOR[ep.status]
+    title = (f"{'#' + str(index) + ' ' if index is not None else ''}{ep.workflow.name} · task {ep.task_id} · "
+             f"sample {ep.sample} · [{color}]{ep.status}[/] · reward {ep.reward:g}")
+    body: Any = table
+    if ep.error:
+        from rich.console import Group
+        from rich.text import Text
+
+        body = Group(table, Text(f"error: {ep.error}", style="red"))
+    console.print(Panel(body, title=title, title_align="left"))
+
+
+def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces") -> str:
+    """A self-contained HTML page showing each episode as an event timeline.
+
+    >>> "<html" in episode_html([])
+    True
+    """
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>",
+        "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
+        "table{border-collapse:collapse;width:100%;margin-bottom:2em}"
+        "td,th{border-bottom:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}"
+        ".out{background:#f4f8ff}.tr{background:#fffbea}.ok{color:#080}.truncated{color:#a60}.failed{color:#c00}"
+        "code{white-space:pre-wrap}.dim{color:#777;font-size:90%}",
+        "</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
+    for ep in episodes:
+        outs = {o.id: o for o in ep.outputs}
+        parts.append(
+            f"<h2>{html.escape(ep.workflow.name)} · task {html.escape(ep.task_id)} · sample {ep.sample} · "
+            f"<span class='{ep.status}'>{ep.status}</span> · reward {ep.reward:g}</h2>"
+        )
+        if ep.error:
+            parts.append(f"<p class='failed'>error: {html.escape(ep.error)}</p>")
+        parts.append("<table><tr><th>step</th><th>event</th><th>details</th></tr>")
+        for kind, obj in timeline(ep):
+            if kind == "output":
+                parts.append(
+                    f"<tr class='out'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.agent)}</b></td><td>"
+                    f"<code>{html.escape(obj.text)}</code> → <b>{html.escape(_short(obj.value))}</b>"
+                    f"<div class='dim'>{html.escape(obj.policy)} v{obj.policy_version} · {len(obj.prompt_ids)} prompt"
+                    f" + {len(obj.completion_ids)} completion tokens · logp {sum(obj.logprobs):.3f} ·"
+                    f" {obj.finish_reason}</div></td></tr>"
+                )
+            else:
+                members = ", ".join(f"{c} ({html.escape(outs[c].agent)})" if c in outs else c for c in obj.consumed)
+                extra = "".join(
+                    f"<div>tool <b>{html.escape(k)}</b> = <code>{html.escape(_short(v, 400))}</code></div>"
+                    for k, v in (obj.tool_results or {}).items()
+                )
+                if obj.reward is not None:
+                    extra += f"<div class='ok'>reward {obj.reward:g}</div>"
+                parts.append(
+                    f"<tr class='tr'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.name)}</b></td>"
+                    f"<td>active set {{{members}}} → {html.escape(', '.join(obj.activated))}{extra}</td></tr>"
+                )
+        parts.append("</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,162 @@
+"""The SGLang client against a local test-double server (sglang_double.py: NOT SGLang, which
+needs a GPU), plus a real-server test that runs only when SRPO_GRAPH_SGLANG_URL is set."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from srpo_graph.backends.base import Backend, GenerationRequest
+from srpo_graph.errors import BackendError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_double import FakeSGLang, toy_logprob, toy_next  # noqa: E402
+
+
+def backend(server, **kw):
+    from srpo_graph.backends.sglang import SGLangBackend
+
+    kw.setdefault("backoff", 0.01)
+    return SGLangBackend(server.url, tokenizer=None, **kw)
+
+
+def expected(prompt, n, stops=()):
+    seq, out = list(prompt), []
+    for _ in range(n):
+        out.append(toy_next(seq))
+        seq.append(out[-1])
+        if out[-1] in stops:
+            break
+    return out
+
+
+def test_request_format_and_response(tmp_path):
+    with FakeSGLang() as server:
+        b = backend(server)
+        assert isinstance(b, Backend)
+        reqs = [GenerationRequest((1, 4, 14 + i), max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=0,
+                                  stop_token_ids=(2,), seed=i) for i in range(12)]
+        comps = b.generate(reqs)
+        gens = [body for path, body in server.requests if path == "/generate"]
+        assert len(gens) == 12  # one request per sample
+        body = next(g for g in gens if g["input_ids"] == [1, 4, 14])
+        assert body == {"input_ids": [1, 4, 14], "return_logprob": True, "sampling_params": {
+            "max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "stop_token_ids": [2],
+            "skip_special_tokens": False, "no_stop_trim": True}}
+        for r, c in zip(reqs, comps):  # order kept, ids and log-probs exactly as sent
+            assert list(c.completion_ids) == expected(r.prompt_ids, 5, (2,))
+            assert list(c.logprobs) == [toy_logprob(t) for t in c.completion_ids]
+            assert c.finish_reason == ("stop" if c.completion_ids[-1] == 2 else "length")
+        assert b.stats["retractions"] == 12
+        b.close()
+
+
+def test_old_retraction_counter_name_and_seed_option():
+    with FakeSGLang(retraction_key="total_retractions") as server:
+        b = backend(server, send_seed=True)
+        b.generate([GenerationRequest((1, 2), 2, top_k=5, seed=9)])
+        assert b.stats["retractions"] == 1
+        params = server.requests[-1][1]["sampling_params"]
+        assert params["sampling_seed"] == 9 and params["top_k"] == 5
+
+
+def test_retries_after_503_and_dropped_connections():
+    with FakeSGLang() as server:
+        b = backend(server, max_retries=4)
+        server.fail_next, server.drop_next = 2, 0
+        c1 = b.generate([GenerationRequest((5, 6), 3)])[0]
+        server.drop_next = 2
+        c2 = b.generate([GenerationRequest((5, 6), 3)])[0]
+        assert c1 == c2 and list(c1.completion_ids) == expected((5, 6), 3)
+        assert b.stats["retries"] == 4
+        server.fail_next = 10
+        with pytest.raises(BackendError, match="failed after 3 attempts; last: HTTP 503"):
+            backend(server, max_retries=2).generate([GenerationRequest((5, 6), 3)])
+
+
+def test_timeout_is_a_backend_error():
+    with FakeSGLang() as server:
+        b = backend(server, timeout=0.2)
+        server.delay = 1.0
+        with pytest.raises(BackendError, match="did not answer within 0.2s"):
+            b.generate([GenerationRequest((1,), 1)])
+        server.delay = 0.0
+
+
+def test_health_failure_is_clear():
+    with FakeSGLang() as server:
+        server.healthy = False
+        with pytest.raises(BackendError, match="/health answered HTTP 503"):
+            backend(server)
+    with pytest.raises(BackendError, match="no server answers at .*docs/sglang.md"):
+        backend(server)  # shut down: nothing listens on that port any more
+
+
+def test_constrained_requests_are_refused_before_sending():
+    with FakeSGLang() as server:
+        b = backend(server)
+        with pytest.raises(BackendError, match="needs the transformers backend"):
+            b.generate([GenerationRequest((1,), 1), GenerationRequest((1,), 1, allowed_token_ids=(3, 4))])
+        assert not [p for p, _ in server.requests if p == "/generate"]
+
+
+def test_client_errors_are_not_retried():
+    from srpo_graph.backends.sglang import SGLangBackend
+
+    class Extra(SGLangBackend):
+        def payload(self, req):
+            p = super().payload(req)
+            p["sampling_params"]["bogus"] = 1
+            return p
+
+    with FakeSGLang() as server:
+        with pytest.raises(BackendError, match="HTTP 400"):
+            Extra(server.url, None, backoff=0.01).generate([GenerationRequest((1,), 1)])
+        assert len([p for p, _ in server.requests if p == "/generate"]) == 1
+
+
+@pytest.mark.parametrize("pause_routes", [True, False])
+def test_weight_sync_from_disk(tmp_path, tiny_dir, pause_routes):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
+    with FakeSGLang(pause_routes=pause_routes) as server:
+        b = backend(server, weight_dir=tmp_path / "w")
+        b.sync_weights(model, 3)
+        paths = [p for p, _ in server.requests]
+        assert paths == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+        body = server.requests[1][1]
+        assert body == {"model_path": str(tmp_path / "w" / "v3"), "weight_version": "3", "flush_cache": True}
+        assert (tmp_path / "w" / "v3" / "model.safetensors").exists()
+        assert b.weight_version == 3
+        assert b.generate([GenerationRequest((1, 2), 1)])[0].weight_version == 3  # the server's tag
+        b.sync_weights(model, 4)
+        b.sync_weights(model, 5)
+        assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v4", "v5"]
+
+
+def test_load_backend_needs_a_url():
+    from srpo_graph.backends import load_backend
+
+    with pytest.raises(BackendError, match="needs --url"):
+        load_backend("sglang", "tiny")
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not os.environ.get("SRPO_GRAPH_SGLANG_URL"), reason="needs a real SGLang server (SRPO_GRAPH_SGLANG_URL)")
+def test_real_server_round_trip():
+    """Against a real server: ids and log-probs come back, one per token, finite and <= 0."""
+    from srpo_graph.backends.sglang import SGLangBackend
+    from srpo_graph.backends.tiny import load_tokenizer
+
+    url = os.environ["SRPO_GRAPH_SGLANG_URL"]
+    tok = load_tokenizer(os.environ.get("SRPO_GRAPH_SGLANG_MODEL", "Qwen/Qwen2.5-0.5B-Instruct"))
+    b = SGLangBackend(url, tok)
+    prompt = tuple(tok("The capital of France is")["input_ids"])
+    comps = b.generate([GenerationRequest(prompt, 8, temperature=1.0, stop_token_ids=(tok.eos_token_id,))] * 4)
+    for c in comps:
+        assert 1 <= len(c.completion_ids) <= 8 and len(c.logprobs) == len(c.completion_ids)
+        assert all(lp <= 1e-6 for lp in c.logprobs)
