@@ -1,4 +1,4 @@
-"""CLI commands of the lang stage: ``check``, ``fmt`` and ``viz`` (registered by ``srpo_graph.cli``).
+"""CLI commands of the lang stage: ``check`` and ``fmt`` (registered by ``srpo_graph.cli``).
 
 Each command runs one stage on ``.wf`` files and raises the project's errors (the CLI maps them
 to exit codes and prints them without a traceback). Heavy imports (matplotlib) stay inside the
@@ -66,18 +66,4 @@ def fmt_cmd(files: tuple[Path, ...], check_only: bool, write: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
-@click.command("viz")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output file: .svg, .png, .dot or .mmd (Mermaid).")
-def viz_cmd(file: Path, output: Path) -> None:
-    """Draw the routing graph of FILE into OUTPUT (format from its suffix)."""
-    from srpo_graph.lang import load_workflow
-    from srpo_graph.viz import write_graph
-
-    workflow = load_workflow(file)
-    write_graph(workflow, output)
-    click.echo(f"wrote {output}")
-
-
-COMMANDS: list = [check_cmd, fmt_cmd, viz_cmd]
+COMMANDS: list = [check_cmd, fmt_cmd]

@@ -1,0 +1,76 @@
+"""Synthetic, schema-valid episodes for tests and benchmarks (compiler stage helper).
+
+Produces :class:`~srpo_graph.runtime.trace.Episode` objects shaped like a real run: G samples
+per task, each episode a chain of transitions whose active sets have 1..``max_set`` members,
+random prompt/completion lengths, several policies, sampled log-probs that are real
+log-probabilities (of a random categorical), optional transition rewards and allowed-token
+constraints. Deterministic for a given seed. This is not a test double for a model: it only
+stands in for trace *files*, which the compiler treats as data.
+"""
+
+from __future__ import annotations
+
+import random
+
+from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
+
+
+def synthetic_episodes(
+    num_tasks: int = 3,
+    samples: int = 4,
+    *,
+    seed: int = 0,
+    max_set: int = 5,
+    max_events: int = 3,
+    prompt_len: tuple[int, int] = (2, 8),
+    completion_len: tuple[int, int] = (1, 6),
+    policies: tuple[str, ...] = ("p0", "p1"),
+    vocab: int = 32,
+    transition_rewards: bool = True,
+    constrained_share: float = 0.3,
+) -> list[Episode]:
+    """Random episodes: ``num_tasks`` groups of ``samples`` episodes each.
+
+    Transition names are shared across the group (``t0``, ``t1``, ...) so events are
+    comparable across samples; set sizes and lengths vary per episode.
+
+    >>> eps = synthetic_episodes(2, 3, seed=1)
+    >>> len(eps), {e.group_id for e in eps} == {"task0", "task1"}
+    (6, True)
+    """
+    rng = random.Random(seed)
+    out: list[Episode] = []
+    allowed = list(range(4, 14))
+    for task in range(num_tasks):
+        num_events = rng.randint(1, max_events)
+        for g in range(samples):
+            outputs: list[Output] = []
+            transitions: list[TransitionRecord] = []
+            total = 0.0
+            for step in range(num_events):
+                k = rng.randint(1, max_set)
+                consumed = []
+                for j in range(k):
+                    oid = f"o{step}_{j}"
+                    constrained = rng.random() < constrained_share
+                    n = rng.randint(*completion_len)
+                    comp = [rng.choice(allowed) if constrained else rng.randrange(vocab) for _ in range(n)]
+                    outputs.append(Output(
+                        id=oid, agent=f"agent{j % 3}", policy=policies[(step + j) % len(policies)],
+                        policy_version=0, step=step,
+                        prompt_ids=[rng.randrange(vocab) for _ in range(rng.randint(*prompt_len))],
+                        completion_ids=comp, logprobs=[-rng.uniform(0.05, 3.0) for _ in comp],
+                        temperature=rng.choice([1.0, 0.7]),
+                        allowed_token_ids=allowed if constrained else None,
+                        text="", value=None))
+                    consumed.append(oid)
+                r = float(rng.randint(0, 1)) if transition_rewards and rng.random() < 0.5 else None
+                total += r or 0.0
+                transitions.append(TransitionRecord(
+                    id=f"t{step}", name=f"t{step}", step=step, consumed=consumed,
+                    activated=["end"] if step == num_events - 1 else ["next"], reward=r))
+            out.append(Episode(
+                workflow=WorkflowRef(name="synthetic", hash="0" * 64), task_id=f"task{task}",
+                group_id=f"task{task}", sample=g, seed=seed, outputs=outputs, transitions=transitions,
+                reward=total + float(rng.randint(0, 2)), status="ok"))
+    return out

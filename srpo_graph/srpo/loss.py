@@ -1,0 +1,343 @@
+r"""The SRPO objective and its baselines, in one code path (objective stage).
+
+Consumes a :class:`~srpo_graph.compiler.setbatch.SetBatch` and the current policies'
+log-probs on its packed token stream (``new_logprobs[T]``, each member's from its own
+policy's model, see ``logprobs.py``); produces a scalar loss to minimize and
+:class:`LossDiagnostics`. Knows nothing about models, optimizers or traces.
+
+The objective (SRPO, Yang et al. 2026; DESIGN.md). For event e with active set S_e of
+K_e members, member j with completion tokens u, advantage A_e::
+
+    ell_j = sum_u m_u (log pi_theta - log pi_old)        (or the mean over u: "length-normalized")
+    L_e   = K_e^(-alpha) * sum_{j in S_e} ell_j          (alpha = 1/2: the sqrt(K) normalization)
+    rho_e = exp(clamp(L_e, -c, c))
+    s_e   = min(rho_e A_e, clip(rho_e, 1 - eps_low, 1 + eps_high) A_e)
+    J     = (1/D) sum_e w_e * s_e                       loss = -J  (+ kl_coef * KL_k3)
+
+The *ratio unit* chooses what one ratio and one clip cover: ``set`` (SRPO: one per event),
+``member`` (one per output: GSPO with length-normalized log-ratios, or independent members
+sharing their set's advantage) or ``token`` (GRPO / Dr. GRPO / DAPO). The *reduction* gives
+the weights w of the items (events, members or tokens) and the denominator D; see
+Note [Packing and loss normalization] below. Named presets: :meth:`LossConfig.preset`.
+
+Note [Packing and loss normalization]
+    The batch is one packed stream; every per-member, per-set and per-episode quantity is a
+    segment sum (``index_add``) over segment ids, never a Python loop over events. The
+    weights w_i of a reduction are computed inside one event (events are never split),
+    except the per-episode mean, which needs how many events of each episode the
+    *mini-batch* holds: the compiler records that in ``set_episode_events`` and
+    micro-batches keep the mini-batch's counts. The denominator D depends on the whole
+    mini-batch, so the trainer calls :func:`loss_denominator` once per mini-batch and passes
+    it to every micro-batch: the sum of the micro-batch losses then equals the mini-batch
+    loss whatever the split (a test checks it).
+
+Departures from the paper (whose PDF was not available; DESIGN.md):
+    1. eps_low = eps_high = 0.2 and the std eps = 1e-6 are our choices: the paper's values
+       were not recovered.
+    2. The log-ratio is clamped to +-20 before exp (verl's guard); gradients beyond it are 0.
+    3. KL (k3, to a reference policy) is a separate token-level term outside the set ratio,
+       weighted like the items it belongs to; off by default (kl_coef = 0).
+    4. Sampler/trainer mismatch correction (truncated or masked set-level importance weight
+       exp(sum_j sum_u (log pi_old - log mu))) is an addition; off by default.
+    5. Reductions other than the event mean, and the token/member units, exist for the
+       baselines; the paper uses the event mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from srpo_graph.compiler.setbatch import SetBatch
+from srpo_graph.errors import ConfigError
+from srpo_graph.srpo.diagnostics import LossDiagnostics, diagnose
+
+
+class RatioUnit(str, Enum):
+    TOKEN = "token"
+    MEMBER = "member"
+    SET = "set"
+
+
+class MemberLogRatio(str, Enum):
+    SUM = "sum"  # masked token sum (the paper)
+    MEAN = "mean"  # length-normalized (GSPO)
+
+
+class Reduction(str, Enum):
+    EVENT_MEAN = "event_mean"  # mean over events (the paper); items of an event share its weight
+    MEMBER_MEAN = "member_mean"  # mean over members (GRPO's per-output mean)
+    EPISODE_MEAN = "episode_mean"  # mean over events per episode, then over episodes
+    SET_SIZE = "set_size"  # events weighted by K_e, / sum K
+    TOKEN = "token"  # items weighted by their completion tokens, / all completion tokens (DAPO)
+    CONSTANT = "constant"  # plain sum / a constant (Dr. GRPO)
+
+
+class Mismatch(str, Enum):
+    NONE = "none"
+    TIS = "tis"  # truncated importance weight min(exp(H_e), C)
+    MASK = "mask"  # drop the whole event when exp(H_e) leaves [C_low, C]
+
+
+class LossConfig(BaseModel):
+    """Options of :func:`srpo_loss`; the defaults are the SRPO paper's (where known)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ratio_unit: RatioUnit = Field(RatioUnit.SET, description="What one ratio and one clip cover: token | member | set.")
+    alpha: float = Field(0.5, ge=0.0, le=2.0, description=(
+        "Set log-ratio scale K^(-alpha), unitless in [0, 2]: 0.5 = sqrt(K) (paper), 1 = mean, 0 = sum. "
+        "Used only by the set unit."))
+    member_logratio: MemberLogRatio = Field(MemberLogRatio.SUM, description=(
+        "Member log-ratio: token 'sum' (paper) or length-normalized 'mean' (GSPO)."))
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip: ratio >= 1 - eps_low; unitless in [0, 1].")
+    eps_high: float = Field(0.2, ge=0.0, le=10.0, description="Upper clip: ratio <= 1 + eps_high; DAPO uses 0.28.")
+    reduction: Reduction = Field(Reduction.EVENT_MEAN, description="Item weights and denominator; see Reduction.")
+    constant_denominator: float | None = Field(None, gt=0.0, description=(
+        "D of the 'constant' reduction; None = members x longest completion in the mini-batch (TRL's dr_grpo)."))
+    logratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="Log-ratios are clamped to +-this before exp (nats).")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to a reference policy (GRPO: 0.04); 0 = off.")
+    mismatch: Mismatch = Field(Mismatch.NONE, description="Set-level sampler/trainer mismatch correction: none | tis | mask.")
+    mismatch_threshold: float = Field(2.0, gt=1.0, description="C: the TIS cap and the mask's upper bound on exp(H_e).")
+    mismatch_low: float | None = Field(None, gt=0.0, lt=1.0, description="The mask's lower bound; None = 1/C.")
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "srpo": {},
+        "grpo": {"ratio_unit": RatioUnit.TOKEN, "reduction": Reduction.MEMBER_MEAN},
+        "dr_grpo": {"ratio_unit": RatioUnit.TOKEN, "reduction": Reduction.CONSTANT},
+        "dapo": {"ratio_unit": RatioUnit.TOKEN, "reduction": Reduction.TOKEN, "eps_high": 0.28},
+        "gspo": {"ratio_unit": RatioUnit.MEMBER, "member_logratio": MemberLogRatio.MEAN,
+                 "reduction": Reduction.MEMBER_MEAN, "eps_low": 3e-4, "eps_high": 4e-4},
+        "independent": {"ratio_unit": RatioUnit.MEMBER, "reduction": Reduction.MEMBER_MEAN},
+    }
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "LossConfig":
+        """A named configuration: srpo, grpo, dr_grpo, dapo, gspo, independent.
+
+        Dr. GRPO also wants ``CompileConfig(use_std=False)``; DAPO its dynamic sampling
+        (``drop_zero_variance=True``).
+
+        >>> LossConfig.preset("dapo").eps_high
+        0.28
+        """
+        if name not in cls.PRESETS:
+            raise ConfigError(f"unknown loss preset {name!r}; known: {', '.join(cls.PRESETS)}")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+    @model_validator(mode="after")
+    def _check(self) -> "LossConfig":
+        if self.mismatch_low is not None and self.mismatch_low >= self.mismatch_threshold:
+            raise ValueError("mismatch_low must be below mismatch_threshold")
+        return self
+
+
+# --------------------------------------------------------------------------- items
+
+
+@dataclass
+class _Ctx:
+    """Segment ids and sizes of one batch, on the loss device."""
+
+    tok_mem: torch.Tensor  # [T] member of each token
+    comp: torch.Tensor  # [C] indices of completion tokens in the stream
+    comp_mem: torch.Tensor  # [C] their members
+    mem_set: torch.Tensor  # [M]
+    K: torch.Tensor  # [S] set sizes (members present)
+    mem_len: torch.Tensor  # [M] completion tokens per member
+    set_len: torch.Tensor  # [S] completion tokens per set
+    num_sets: int
+    num_members: int
+
+
+@dataclass
+class _Items:
+    """What one ratio covers: ``log_ratio[I]`` of items in events ``event[I]``."""
+
+    log_ratio: torch.Tensor  # [I]
+    event: torch.Tensor  # [I]
+    member: torch.Tensor | None  # [I] or None when an item spans a whole set
+    tokens: torch.Tensor  # [I] completion tokens covered (float)
+    of_token: torch.Tensor  # [C] the item each completion token belongs to
+
+
+def _member_log_ratio(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> torch.Tensor:
+    ell = torch.zeros(ctx.num_members, dtype=d.dtype, device=d.device).index_add_(0, ctx.comp_mem, d)
+    if cfg.member_logratio is MemberLogRatio.MEAN:
+        ell = ell / ctx.mem_len.clamp(min=1).to(d.dtype)
+    return ell  # [M]
+
+
+def _set_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
+    ell = _member_log_ratio(d, ctx, cfg)
+    L = torch.zeros(ctx.num_sets, dtype=d.dtype, device=d.device).index_add_(0, ctx.mem_set, ell)
+    L = L * ctx.K.to(d.dtype).clamp(min=1).pow(-cfg.alpha)
+    return _Items(L, torch.arange(ctx.num_sets, device=d.device), None, ctx.set_len.to(d.dtype),
+                  ctx.mem_set[ctx.comp_mem])
+
+
+def _member_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
+    return _Items(_member_log_ratio(d, ctx, cfg), ctx.mem_set, torch.arange(ctx.num_members, device=d.device),
+                  ctx.mem_len.to(d.dtype), ctx.comp_mem)
+
+
+def _token_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
+    return _Items(d, ctx.mem_set[ctx.comp_mem], ctx.comp_mem, torch.ones_like(d),
+                  torch.arange(d.numel(), device=d.device))
+
+
+UNITS: dict[RatioUnit, Callable[[torch.Tensor, _Ctx, LossConfig], _Items]] = {
+    RatioUnit.SET: _set_items,
+    RatioUnit.MEMBER: _member_items,
+    RatioUnit.TOKEN: _token_items,
+}
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _per_event(items: _Items, ctx: _Ctx) -> torch.Tensor:
+    """[I] how many items the item's event has."""
+    n = torch.bincount(items.event, minlength=ctx.num_sets)
+    return n[items.event].to(items.tokens.dtype)
+
+
+def _w_member_mean(items: _Items, ctx: _Ctx, b: SetBatch) -> torch.Tensor:
+    if items.member is None:  # a set item stands for its K members
+        return ctx.K[items.event].to(items.tokens.dtype)
+    n = torch.bincount(items.member, minlength=ctx.num_members)
+    return 1.0 / n[items.member].to(items.tokens.dtype)
+
+
+WEIGHTS: dict[Reduction, Callable[[_Items, _Ctx, SetBatch], torch.Tensor]] = {
+    Reduction.EVENT_MEAN: lambda it, ctx, b: 1.0 / _per_event(it, ctx),
+    Reduction.MEMBER_MEAN: _w_member_mean,
+    Reduction.EPISODE_MEAN: lambda it, ctx, b: 1.0 / (_per_event(it, ctx) * b.set_episode_events[it.event].to(it.tokens.dtype)),
+    Reduction.SET_SIZE: lambda it, ctx, b: ctx.K[it.event].to(it.tokens.dtype) / _per_event(it, ctx),
+    Reduction.TOKEN: lambda it, ctx, b: it.tokens,
+    Reduction.CONSTANT: lambda it, ctx, b: torch.ones_like(it.tokens),
+}
+
+
+def _d_constant(b: SetBatch, cfg: LossConfig) -> float:
+    if cfg.constant_denominator is not None:
+        return cfg.constant_denominator
+    lengths = torch.zeros(b.num_members, dtype=torch.int64, device=b.loss_mask.device).index_add_(
+        0, b.token_member.to(b.loss_mask.device), b.loss_mask.long())
+    return float(b.num_members * int(lengths.max())) if b.num_members else 1.0
+
+
+DENOMINATORS: dict[Reduction, Callable[[SetBatch, LossConfig], float]] = {
+    Reduction.EVENT_MEAN: lambda b, cfg: float(b.num_sets),
+    Reduction.MEMBER_MEAN: lambda b, cfg: float(b.num_members),
+    Reduction.EPISODE_MEAN: lambda b, cfg: float(torch.unique(b.set_episode).numel()),
+    Reduction.SET_SIZE: lambda b, cfg: float(b.set_size.sum()),
+    Reduction.TOKEN: lambda b, cfg: float(b.loss_mask.sum()),
+    Reduction.CONSTANT: _d_constant,
+}
+
+
+def loss_denominator(batch: SetBatch, config: LossConfig) -> float:
+    """The denominator D of ``config.reduction`` over a whole mini-batch (at least 1).
+
+    Compute it once per mini-batch and pass it to :func:`srpo_loss` for every micro-batch.
+
+    Args:
+        batch: the mini-batch. config: the loss options.
+    Returns:
+        D as a float.
+    """
+    return max(DENOMINATORS[config.reduction](batch, config), 1.0)
+
+
+# --------------------------------------------------------------------------- mismatch
+
+
+def _mismatch_weight(b: SetBatch, ctx: _Ctx, cfg: LossConfig, dt: torch.dtype) -> torch.Tensor:
+    """[S] stop-gradient set-level importance weight pi_old / mu (1 when off)."""
+    if cfg.mismatch is Mismatch.NONE:
+        return torch.ones(ctx.num_sets, dtype=dt, device=ctx.K.device)
+    h_tok = (b.old_logprobs[ctx.comp] - b.sampler_logprobs[ctx.comp]).to(dt)
+    H = torch.zeros(ctx.num_sets, dtype=dt, device=ctx.K.device).index_add_(0, ctx.mem_set[ctx.comp_mem], h_tok)
+    ratio = H.clamp(-cfg.logratio_clamp, cfg.logratio_clamp).exp()
+    C = cfg.mismatch_threshold
+    if cfg.mismatch is Mismatch.TIS:
+        return ratio.clamp(max=C)
+    low = cfg.mismatch_low if cfg.mismatch_low is not None else 1.0 / C
+    return ((ratio >= low) & (ratio <= C)).to(dt)
+
+
+# --------------------------------------------------------------------------- the loss
+
+
+def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = LossConfig(), *,
+              denominator: float | None = None, ref_logprobs: torch.Tensor | None = None,
+              entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, LossDiagnostics]:
+    """The SRPO loss (to minimize) of one (micro-)batch.
+
+    Args:
+        new_logprobs: [T] log pi_theta of every token of the packed stream (only completion
+            tokens are read), with grad; float32 or float64.
+        batch: the SetBatch (moved to ``new_logprobs``'s device if needed).
+        config: :class:`LossConfig`.
+        denominator: D from :func:`loss_denominator` on the whole mini-batch; None = this batch's.
+        ref_logprobs: [T] reference-policy log-probs, needed when ``kl_coef > 0``.
+        entropy: [T] per-token entropy of pi_theta, for the diagnostics only.
+    Returns:
+        (loss, diagnostics): a scalar tensor and :class:`LossDiagnostics`.
+    Raises:
+        ValueError: shapes disagree, or ``kl_coef > 0`` without ``ref_logprobs``.
+
+    >>> from srpo_graph.compiler.compile import compile
+    >>> from srpo_graph.compiler.synthetic import synthetic_episodes
+    >>> b = compile(synthetic_episodes(2, 2, seed=0))
+    >>> loss, diag = srpo_loss(b.old_logprobs.clone(), b)   # pi = pi_old: ratio 1, loss = -mean(A)
+    >>> round(loss.item(), 5) == round(-b.set_advantage.mean().item(), 5), diag.ratio_max.item()
+    (True, 1.0)
+    """
+    b = batch.to(new_logprobs.device)
+    if new_logprobs.shape != (b.num_tokens,):
+        raise ValueError(f"new_logprobs has shape {tuple(new_logprobs.shape)}, the batch has {b.num_tokens} tokens")
+    if config.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs (the reference policy's log-probs)")
+    dt = torch.promote_types(new_logprobs.dtype, torch.float32)
+    dev = new_logprobs.device
+    D = loss_denominator(b, config) if denominator is None else float(denominator)
+
+    tok_mem = b.token_member  # [T]
+    comp = b.loss_mask.nonzero().squeeze(1)  # [C]
+    comp_mem = tok_mem[comp]
+    mem_len = torch.bincount(comp_mem, minlength=b.num_members)
+    ctx = _Ctx(tok_mem, comp, comp_mem, b.member_set, b.set_size, mem_len,
+               torch.zeros(b.num_sets, dtype=torch.int64, device=dev).index_add_(0, b.member_set, mem_len),
+               b.num_sets, b.num_members)
+
+    d = new_logprobs[comp].to(dt) - b.old_logprobs[comp].to(dt)  # [C] token log-ratios
+    items = UNITS[config.ratio_unit](d, ctx, config)
+    c = config.logratio_clamp
+    ratio = items.log_ratio.clamp(-c, c).exp()  # [I]
+    adv = b.set_advantage.to(dt)[items.event]
+    surr = torch.minimum(ratio * adv, ratio.clamp(1 - config.eps_low, 1 + config.eps_high) * adv)
+    w = WEIGHTS[config.reduction](items, ctx, b).to(dt)
+    w_mis = _mismatch_weight(b, ctx, config, dt)[items.event]
+    pg_loss = -(w * w_mis * surr).sum() / D
+
+    kl_loss = torch.zeros((), dtype=dt, device=dev)
+    k3 = None
+    if ref_logprobs is not None:
+        x = ref_logprobs[comp].to(dt) - new_logprobs[comp].to(dt)
+        k3 = x.exp() - x - 1  # [C]
+        tok_w = (w / items.tokens.clamp(min=1))[items.of_token]
+        kl_loss = config.kl_coef * (tok_w * k3).sum() / D
+    loss = pg_loss + kl_loss
+
+    with torch.no_grad():
+        diag = diagnose(b, item_size=ctx.K[items.event], ratio=ratio, log_ratio=items.log_ratio, adv=adv,
+                        d=d, comp=comp, comp_mem=comp_mem, eps_low=config.eps_low, eps_high=config.eps_high,
+                        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3, entropy=entropy,
+                        set_weight=_mismatch_weight(b, ctx, config, dt))
+    return loss, diag

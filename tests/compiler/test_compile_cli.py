@@ -1,0 +1,60 @@
+"""``srpo-graph compile`` and ``srpo-graph inspect`` on real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from srpo_graph.cli import app
+from srpo_graph.compiler.setbatch import SetBatch
+from srpo_graph.compiler.synthetic import synthetic_episodes
+from srpo_graph.runtime.trace import write_traces
+
+
+def test_compile_then_inspect_subprocess(tmp_path):
+    traces = tmp_path / "t.jsonl"
+    write_traces(traces, synthetic_episodes(2, 3, seed=1))
+    out = tmp_path / "b.safetensors"
+    r = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "compile", str(traces), "-o", str(out),
+                        "--micro-batch-tokens", "64"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    b = SetBatch.load(out)
+    assert b.num_micro_batches > 1 and "events" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "inspect", str(out), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["events"] == b.num_sets and sum(summary["set_size_histogram"].values()) == b.num_sets
+    assert 0 < summary["real_token_share_padded"] < 1
+
+
+def test_bad_line_is_reported_with_file_and_line(tmp_path):
+    traces = tmp_path / "t.jsonl"
+    eps = synthetic_episodes(1, 2, seed=2)
+    write_traces(traces, eps)
+    bad = json.loads(eps[0].to_json())
+    bad["outputs"][0]["logprobs"] = bad["outputs"][0]["logprobs"] + [-1.0]
+    with traces.open("a") as fh:
+        fh.write(json.dumps(bad) + "\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors")])
+    assert r.exit_code == 4  # TraceError
+    assert f"{traces}:3" in r.output and "outputs.0" in r.output
+    r = runner.invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors"), "--skip-bad"])
+    assert r.exit_code == 0, r.output
+    assert SetBatch.load(tmp_path / "b.safetensors").stats["skipped_bad_lines"] == 1
+
+
+def test_inspect_table_and_bad_file(tmp_path):
+    traces = tmp_path / "t.jsonl"
+    write_traces(traces, synthetic_episodes(2, 2, seed=3))
+    runner = CliRunner()
+    assert runner.invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors")]).exit_code == 0
+    r = runner.invoke(app, ["inspect", str(tmp_path / "b.safetensors")])
+    assert r.exit_code == 0 and "set sizes" in r.output and "dropped incomplete events" in r.output
+    (tmp_path / "junk.safetensors").write_bytes(b"not a file")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "junk.safetensors")])
+    assert r.exit_code == 6 and "not a readable safetensors file" in r.output
