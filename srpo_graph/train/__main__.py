@@ -1,0 +1,35 @@
+"""``python -m srpo_graph.train FILE.wf ...`` (what ``torchrun -m srpo_graph.train`` runs).
+
+The same arguments as ``srpo-graph train``; errors are printed without a traceback and exit
+with the error class's code.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from srpo_graph.errors import SrpoGraphError
+
+
+def main(argv: list[str] | None = None) -> None:
+    from srpo_graph.train.commands import train_command
+
+    try:
+        train_command.main(args=argv if argv is not None else sys.argv[1:], prog_name="srpo_graph.train",
+                           standalone_mode=False)
+    except SrpoGraphError as exc:
+        print(str(exc), file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

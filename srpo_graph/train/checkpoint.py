@@ -1,0 +1,239 @@
+"""Trainer stage: atomic checkpoints in ``RUN_DIR/checkpoints/step_N/``.
+
+Consumes the trainer's per-policy models, tokenizers, optimizers and schedulers plus the loop
+state (step, data cursor); produces a folder that ``--resume`` reads back exactly. No pickle:
+
+    step_N/
+      policies/<policy>/      model (save_pretrained, safetensors) + tokenizer
+      optim/<policy>.safetensors   optimizer tensors (Adam moments, step counters)
+      optim/<policy>.json          optimizer param groups + scheduler state
+      rng.safetensors              torch (and CUDA) RNG states
+      state.json                   step, data cursor, python/numpy RNG states, metrics so far
+      COMPLETE                     written last: a folder without it is never loaded
+
+Atomicity: everything is written into ``checkpoints/.tmp-step_N-<pid>``, fsynced, then the
+folder is renamed to ``step_N`` (a rename is atomic on POSIX). A crash leaves either the old set
+of checkpoints or a ``.tmp-`` folder that :func:`latest_checkpoint` ignores and the next save
+removes. Only the newest ``keep_last`` complete checkpoints are kept.
+
+This module knows nothing about rollouts or losses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from srpo_graph.errors import ConfigError
+
+COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class LoopState:
+    """What the loop needs besides weights and optimizers to continue exactly."""
+
+    step: int  # steps completed
+    cursor: int  # batches of tasks consumed from the seeded training order (see data.task_indices)
+    skipped_updates: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- optimizer state
+
+
+def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, st in sd["state"].items():
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{idx}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        _, idx, key = name.split(".", 2)
+        state.setdefault(int(idx), {})[key] = value
+    for idx, st in meta["scalars"].items():
+        state.setdefault(int(idx), {}).update(st)
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = s
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+    return tensors, meta
+
+
+def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("cuda."))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``run_dir/checkpoints``, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    if root.is_dir():
+        for p in root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and (p / COMPLETE).is_file():
+                found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint, or None. Half-written folders are ignored.
+
+    >>> latest_checkpoint("/nonexistent") is None
+    True
+    """
+    found = checkpoint_dirs(run_dir)
+    return found[-1][1] if found else None
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    state: LoopState,
+    *,
+    models: Mapping[str, Any],
+    tokenizers: Mapping[str, Any],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    schedulers: Mapping[str, Any],
+    keep_last: int = 2,
+) -> Path:
+    """Write ``run_dir/checkpoints/step_{state.step}`` atomically; prune to ``keep_last``.
+
+    Args:
+        run_dir: the run folder.
+        state: step, cursor and counters to restore.
+        models, tokenizers, optimizers, schedulers: per policy name.
+        keep_last: complete checkpoints kept (the newest).
+    Returns:
+        The checkpoint folder.
+    Raises:
+        ValueError: a model has a non-finite parameter (a corrupted model is never saved).
+    """
+    for name, model in models.items():
+        for pname, p in model.named_parameters():
+            if not torch.isfinite(p).all():
+                raise ValueError(f"refusing to checkpoint policy {name!r}: parameter {pname} is not finite")
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / f"step_{state.step}"
+    tmp = root / f".tmp-step_{state.step}-{os.getpid()}"
+    (tmp / "optim").mkdir(parents=True)
+    for name, model in models.items():
+        model.save_pretrained(tmp / "policies" / name, safe_serialization=True)
+        tokenizers[name].save_pretrained(tmp / "policies" / name)
+        tensors, meta = _optimizer_to_files(optimizers[name])
+        save_file(tensors, tmp / "optim" / f"{name}.safetensors")
+        meta["scheduler"] = schedulers[name].state_dict() if name in schedulers else None
+        (tmp / "optim" / f"{name}.json").write_text(json.dumps(meta))
+    rng_tensors, rng_meta = _rng_state()
+    save_file(rng_tensors, tmp / "rng.safetensors")
+    payload = {"step": state.step, "cursor": state.cursor, "skipped_updates": state.skipped_updates,
+               "extra": state.extra, "rng": rng_meta, "policies": sorted(models)}
+    (tmp / "state.json").write_text(json.dumps(payload))
+    (tmp / COMPLETE).write_text(json.dumps({"step": state.step}))
+    _fsync_tree(tmp)
+    if final.exists():  # e.g. the same step saved again after a resume
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    for _, old in checkpoint_dirs(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def policy_path(checkpoint: str | Path, policy: str) -> Path:
+    """Where a checkpoint keeps one policy's model (load it with ``from_pretrained``)."""
+    return Path(checkpoint) / "policies" / policy
+
+
+def load_checkpoint(
+    checkpoint: str | Path,
+    *,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    schedulers: Mapping[str, Any],
+    restore_rng: bool = True,
+) -> LoopState:
+    """Restore optimizer/scheduler/RNG state from a complete checkpoint.
+
+    The models themselves are loaded by the caller from :func:`policy_path` (``from_pretrained``).
+
+    Raises:
+        ConfigError: the folder is not a complete checkpoint or lacks a policy.
+    """
+    ck = Path(checkpoint)
+    if not (ck / COMPLETE).is_file():
+        raise ConfigError(f"{ck}: error: not a complete checkpoint (no {COMPLETE} marker)\n"
+                          "  fix: resume from a run folder; the newest complete checkpoint is used")
+    payload = json.loads((ck / "state.json").read_text())
+    for name, opt in optimizers.items():
+        if name not in payload["policies"]:
+            raise ConfigError(f"{ck}: error: checkpoint has no policy {name!r} (has {payload['policies']})\n"
+                              "  fix: resume with the workflow the run was started with")
+        meta = json.loads((ck / "optim" / f"{name}.json").read_text())
+        opt.load_state_dict(_optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta))
+        if meta.get("scheduler") is not None and name in schedulers:
+            schedulers[name].load_state_dict(meta["scheduler"])
+    if restore_rng:
+        _set_rng_state(load_file(ck / "rng.safetensors"), payload["rng"])
+    return LoopState(step=payload["step"], cursor=payload["cursor"],
+                     skipped_updates=payload.get("skipped_updates", 0), extra=payload.get("extra", {}))

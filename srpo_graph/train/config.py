@@ -1,0 +1,329 @@
+"""Trainer stage: the training configuration (``TrainConfig``), loaded from TOML and overrides.
+
+Consumes a TOML file (optional), ``key=value`` dotted overrides and CLI flags; produces a frozen,
+validated :class:`TrainConfig`. Every field says its unit and valid range. Invalid input raises
+:class:`~srpo_graph.errors.ConfigError` naming the field (what, why, fix), never a raw pydantic
+``ValidationError``. The resolved config is written to ``RUN_DIR/config.toml`` so a run can be
+read back and resumed.
+
+This module knows nothing about models or rollouts; the objective's :class:`LossConfig` and the
+compiler's :class:`CompileConfig` are embedded as the ``loss`` and ``compile`` sections.
+
+>>> cfg = TrainConfig()
+>>> cfg.rollout.samples, cfg.rollout.tasks_per_step, cfg.optim.lr
+(8, 16, 0.001)
+>>> apply_overrides(cfg, ["optim.lr=3e-4", "steps=5"]).optim.lr
+0.0003
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from srpo_graph.compiler.compile import CompileConfig
+from srpo_graph.errors import ConfigError
+from srpo_graph.srpo.loss import LossConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RolloutConfig(_Section):
+    """What is sampled each step and by which engine."""
+
+    tasks: Path | None = Field(
+        None,
+        description="Training task file (JSONL). Default: the file in the workflow's `tasks/` folder whose "
+        "name matches the workflow (e.g. coord_par3.wf -> tasks/coord.jsonl) and whose fields fit it.",
+    )
+    eval_tasks: Path | None = Field(
+        None,
+        description="Held-out task file for evaluation. Default: `<tasks stem>_eval.jsonl` next to the training "
+        "file if it exists, else the last `eval.num_tasks` tasks of the training file are held out (not trained on).",
+    )
+    samples: int = Field(8, ge=1, le=1024, description="G: episodes per task (the group size), 1..1024.")
+    tasks_per_step: int = Field(16, ge=1, le=100_000, description="Tasks per step (a step samples tasks_per_step x samples episodes).")
+    backend: Literal["transformers", "sglang"] = Field(
+        "transformers", description="Inference engine: `transformers` (in-process, shares the trained model) or `sglang` (a server)."
+    )
+    sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang server or sglang-router URL (backend = sglang).")
+    sglang_workers: tuple[str, ...] = Field(
+        (), description="SGLang worker URLs that receive weight updates when `sglang_url` is a router "
+        "(the router has no update route). Empty: the server at `sglang_url` itself.")
+    weight_dir: Path | None = Field(
+        None, description="Where updated weights are saved for SGLang's update_weights_from_disk; must be "
+        "readable by the server. Default: RUN_DIR/weights.")
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per-policy model overrides {policy name: HF name, local path or `tiny`}; e.g. run a math "
+        "workflow on the tiny model with `rollout.models={solver=\"tiny\"}`, or `*` for every policy.",
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, le=1_000_000, description="If set, caps every agent's `max_tokens` (tokens per generation). None: as declared."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU).")
+
+
+class OptimConfig(_Section):
+    """The update: Adam(W) per policy, epochs and mini-batches over each step's SetBatch."""
+
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate, (0, 1]. 1e-3 suits the tiny model; ~1e-6 for billion-parameter LLMs.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas, each in [0, 1).")
+    eps: float = Field(1e-8, gt=0.0, le=1e-2, description="Adam epsilon, (0, 1e-2].")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled (AdamW) weight decay, [0, 1].")
+    grad_clip: float = Field(1.0, ge=0.0, description="Max global grad norm per policy; 0 = no clipping.")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule after warm-up, decaying to 0 at `steps`.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (optimizer steps), >= 0.")
+    epochs: int = Field(2, ge=1, le=100, description="Passes over each step's SetBatch (PPO-style inner epochs), 1..100.")
+    mini_batches: int = Field(1, ge=1, le=4096, description="Optimizer steps per epoch; sets are split into this many mini-batches of whole events.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"each beta must be in [0, 1), got {list(v)}")
+        return v
+
+
+class EvalConfig(_Section):
+    """Periodic evaluation on held-out tasks."""
+
+    every: int = Field(10, ge=0, description="Evaluate every N steps (and after the last); 0 = never.")
+    mode: Literal["greedy", "sampled"] = Field("greedy", description="greedy = temperature 0; sampled = as declared in the .wf.")
+    num_tasks: int = Field(32, ge=1, le=100_000, description="Held-out tasks evaluated (also the number held out when no eval file is given).")
+    samples: int = Field(1, ge=1, le=1024, description="Episodes per eval task (1 for greedy).")
+
+
+class CheckpointConfig(_Section):
+    """Checkpoints in RUN_DIR/checkpoints/step_N (atomic; see checkpoint.py)."""
+
+    every: int = Field(50, ge=0, description="Save every N steps (and after the last); 0 = only at the end.")
+    keep_last: int = Field(2, ge=1, le=1000, description="Keep the newest K complete checkpoints, 1..1000.")
+
+
+class LoggingConfig(_Section):
+    """Metrics, plots, traces and the progress bar."""
+
+    tensorboard: bool = Field(True, description="Write TensorBoard event files to RUN_DIR/tensorboard.")
+    plots: bool = Field(True, description="Draw PNG plots to RUN_DIR/plots (matplotlib, Agg).")
+    plots_every: int = Field(25, ge=0, description="Redraw RUN_DIR/plots/*.png every N steps (and at the end); 0 = only at the end.")
+    traces_every: int = Field(25, ge=0, description="Write the step's episodes to RUN_DIR/traces/step_N.jsonl every N steps (and step 1); 0 = never.")
+    progress: bool = Field(True, description="Show the rich progress bar (rank 0 only).")
+
+
+class DebugConfig(_Section):
+    """Hooks for tests; leave empty in real runs."""
+
+    nonfinite_at_steps: tuple[int, ...] = Field(
+        (), description="Steps (1-based) whose first update gets a NaN loss injected, to exercise the non-finite guard."
+    )
+    stop_after_step: int | None = Field(
+        None, ge=1, description="Stop after this step as if the process were killed (tests of --resume); None = run to `steps`."
+    )
+
+
+class TrainConfig(_Section):
+    """Everything a training run needs besides the workflow file.
+
+    Sections: ``rollout``, ``optim``, ``loss`` (the objective's LossConfig), ``compile`` (the
+    compiler's CompileConfig), ``eval``, ``checkpoint``, ``logging``, ``debug``.
+    """
+
+    steps: int = Field(100, ge=1, le=10_000_000, description="Training steps (rollout -> compile -> update -> sync), >= 1.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for task order, sampling and mini-batch shuffling, 0..2^31-1.")
+    run_dir: Path | None = Field(None, description="Run folder. Default: a new runs/<workflow name>-<date-time> folder.")
+    overwrite: bool = Field(False, description="Replace the outputs of an earlier run found in run_dir (otherwise "
+                            "a fresh run refuses a used folder: resume it, or pick another folder).")
+    nproc: int = Field(1, ge=1, le=1024, description="Data-parallel processes (torchrun); 1 = this process.")
+    rollout: RolloutConfig = RolloutConfig()
+    optim: OptimConfig = OptimConfig()
+    loss: LossConfig = LossConfig()
+    compile: CompileConfig = CompileConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    debug: DebugConfig = DebugConfig()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _field_doc(loc: Sequence[Any]) -> str | None:
+    model: Any = TrainConfig
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            break
+        info = fields[part]
+        model = info.annotation
+    return info.description if info is not None else None
+
+
+def _config_error(exc: ValidationError, source: str) -> ConfigError:
+    lines = []
+    for e in exc.errors()[:5]:
+        loc = list(e["loc"])
+        name = ".".join(str(p) for p in loc) or "<config>"
+        what = f"{source}: error: field `{name}`: {e['msg']}"
+        if e["type"] == "extra_forbidden":
+            what = f"{source}: error: unknown field `{name}`"
+            fix = "fix: remove it or check its spelling (see docs/training.md for every field)"
+        else:
+            doc = _field_doc([p for p in loc if isinstance(p, str)])
+            fix = f"fix: {doc}" if doc else "fix: see docs/training.md"
+            if "input" in e and not isinstance(e["input"], dict):
+                what += f" (got {e['input']!r})"
+        lines += [what, f"  {fix}"]
+    more = len(exc.errors()) - 5
+    if more > 0:
+        lines.append(f"... and {more} more")
+    return ConfigError("\n".join(lines))
+
+
+def validate(data: dict[str, Any], source: str = "<config>") -> TrainConfig:
+    """Build a :class:`TrainConfig` from nested plain data.
+
+    Raises:
+        ConfigError: naming the field, why it is wrong and how to fix it.
+
+    >>> validate({"optim": {"lr": -1}})
+    Traceback (most recent call last):
+    ...
+    srpo_graph.errors.ConfigError: <config>: error: field `optim.lr`: Input should be greater than 0 (got -1)
+      fix: Peak learning rate, (0, 1]. ...
+    """
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, source) from None
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file into plain data; :class:`ConfigError` with line/column if it does not parse."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: error: cannot read config file: {exc.strerror}\n  fix: check the --config path") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: error: not valid TOML: {exc}\n  fix: see https://toml.io for the syntax") from None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b=value``; the value is read as a TOML value (a bare word is a string).
+
+    >>> parse_override("optim.lr=3e-4")
+    (['optim', 'lr'], 0.0003)
+    >>> parse_override("rollout.backend=sglang")
+    (['rollout', 'backend'], 'sglang')
+    """
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: error: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word: take it as a string (paths, enum names)
+    return key.split("."), value
+
+
+def merge_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key=value`` overrides to nested plain data (a copy)."""
+    out = _deep_copy(data)
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = out
+        for k in keys[:-1]:
+            child = node.setdefault(k, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: error: `{k}` is a value, not a section")
+            node = child
+        node[keys[-1]] = value
+    return out
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    return data
+
+
+def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
+    """A new config with ``key=value`` overrides applied and validated."""
+    return validate(merge_overrides(to_data(config), overrides), "override")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """TOML file (optional) + overrides -> validated :class:`TrainConfig`.
+
+    Raises:
+        ConfigError: unreadable or invalid TOML, unknown or invalid field.
+    """
+    data = load_toml(path) if path is not None else {}
+    data = merge_overrides(data, overrides)
+    return validate(data, str(path) if path is not None and not overrides else ("config" if path is None else f"{path} + overrides"))
+
+
+def to_data(config: BaseModel) -> dict[str, Any]:
+    """Plain TOML-able data (paths as strings, tuples as lists, None dropped)."""
+    return _drop_none(config.model_dump(mode="json"))
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def write_config(config: TrainConfig, path: str | Path) -> None:
+    """Write the resolved config as TOML (what ``--resume`` reads back)."""
+    import tomli_w
+
+    Path(path).write_text(tomli_w.dumps(to_data(config)), encoding="utf-8")
+
+
+def config_reference() -> str:
+    """A markdown table of every field (section, name, default, meaning): docs/training.md's reference.
+
+    >>> "| `optim.lr` | `0.001` |" in config_reference()
+    True
+    """
+    rows = ["| field | default | meaning |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = info.get_default(call_default_factory=True)
+            default = getattr(default, "value", default)
+            desc = (info.description or "").replace("|", "\\|").replace("\n", " ")
+            rows.append(f"| `{prefix}{name}` | `{default if default is not None else 'None'}` | {desc} |")
+
+    walk(TrainConfig, "")
+    return "\n".join(rows)
+
+
+def default_run_dir(workflow_name: str, root: Path = Path("runs")) -> Path:
+    """A new, unused run folder ``runs/<workflow name>-<YYYYmmdd-HHMMSS>`` (never an old run's)."""
+    import time
+
+    base = root / f"{workflow_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path

@@ -1,0 +1,139 @@
+"""Trainer stage: which tasks a step trains on, and the workflow as the run uses it.
+
+Consumes the workflow, the rollout config and task files; produces the training and held-out
+task lists, a deterministic task order (a seeded permutation per pass over the tasks, indexed
+by a cursor that checkpoints store), and the workflow with the run's overrides applied (model
+per policy, a cap on max_tokens, greedy evaluation).
+
+Default task file: a ``.wf`` file does not name its tasks; the trainer looks in the ``tasks/``
+folder next to it for ``<stem>.jsonl``, then for the underscore-parts of the stem
+(``coord_par3`` -> ``coord``, ``math_pipeline`` -> ``math``, ``coord_routed`` -> ``routed``),
+and takes the first whose first line has every field the workflow's ``task`` block declares.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from srpo_graph.errors import ConfigError
+from srpo_graph.workflow import Workflow
+
+
+def task_file_candidates(workflow_path: str | Path) -> list[Path]:
+    """Task files tried, in order, for a workflow without an explicit ``--tasks``.
+
+    >>> [p.name for p in task_file_candidates("workflows/coord_routed.wf")]
+    ['coord_routed.jsonl', 'coord.jsonl', 'routed.jsonl']
+    """
+    wf = Path(workflow_path)
+    parts = wf.stem.split("_")
+    names = [wf.stem] + [p for p in parts if p != wf.stem]
+    seen: list[Path] = []
+    for name in names:
+        p = wf.parent / "tasks" / f"{name}.jsonl"
+        if p not in seen:
+            seen.append(p)
+    return seen
+
+
+def _fields_fit(path: Path, workflow: Workflow) -> bool:
+    try:
+        with path.open(encoding="utf-8") as fh:
+            first = json.loads(next((line for line in fh if line.strip()), "{}"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(first, dict) and all(name in first for name, _ in workflow.task_fields)
+
+
+def default_task_file(workflow_path: str | Path, workflow: Workflow) -> Path:
+    """The default training task file for ``workflow_path`` (see the module docstring).
+
+    Raises:
+        ConfigError: none of the candidates exists with the workflow's fields.
+    """
+    candidates = task_file_candidates(workflow_path)
+    for p in candidates:
+        if p.is_file() and _fields_fit(p, workflow):
+            return p
+    fields = ", ".join(name for name, _ in workflow.task_fields) or "(none)"
+    raise ConfigError(
+        f"{workflow_path}: error: no task file found for this workflow (fields: {fields})\n"
+        f"  tried: {', '.join(str(p) for p in candidates)}\n"
+        "  fix: pass --tasks PATH (or rollout.tasks=PATH); `python scripts/make_data.py` generates the examples' tasks"
+    )
+
+
+def split_tasks(tasks: list[Any], eval_tasks: list[Any] | None, num_eval: int) -> tuple[list[Any], list[Any]]:
+    """(train, eval): an explicit eval list, else the last ``num_eval`` tasks held out.
+
+    Holding out never leaves fewer than half the tasks for training.
+
+    >>> split_tasks(list(range(10)), None, 3)
+    ([0, 1, 2, 3, 4, 5, 6], [7, 8, 9])
+    >>> split_tasks(list(range(4)), None, 3)
+    ([0, 1], [2, 3])
+    """
+    if eval_tasks is not None:
+        return tasks, eval_tasks
+    held = min(num_eval, len(tasks) // 2)
+    return (tasks[: len(tasks) - held], tasks[len(tasks) - held :]) if held else (tasks, [])
+
+
+def task_indices(num_tasks: int, cursor: int, count: int, seed: int) -> list[int]:
+    """Indices of the tasks of batch number ``cursor`` (``count`` distinct tasks, at most all).
+
+    Each pass over the tasks is a permutation seeded by ``(seed, pass)`` cut into
+    ``num_tasks // count`` batches (the remainder of a pass is skipped; it differs every pass),
+    so a step never holds a task twice and the order depends only on the seed and the cursor
+    (what a checkpoint stores).
+
+    >>> task_indices(5, 0, 2, seed=1) == task_indices(5, 0, 2, seed=1)
+    True
+    >>> sorted(task_indices(5, 0, 2, 1) + task_indices(5, 1, 2, 1))[:4] == sorted(set(task_indices(5, 0, 2, 1) + task_indices(5, 1, 2, 1)))
+    True
+    >>> sorted(task_indices(3, 7, 10, seed=0))
+    [0, 1, 2]
+    """
+    count = min(count, num_tasks)
+    per_pass = num_tasks // count
+    p, k = divmod(cursor, per_pass)
+    perm = list(range(num_tasks))
+    random.Random(seed * 1_000_003 + p).shuffle(perm)
+    return perm[k * count : (k + 1) * count]
+
+
+def override_workflow(
+    workflow: Workflow,
+    *,
+    models: dict[str, str] | None = None,
+    max_tokens: int | None = None,
+    greedy: bool = False,
+) -> Workflow:
+    """The workflow with the run's overrides: model per policy (``*`` = all), a cap on
+    every agent's ``max_tokens``, and temperature 0 everywhere when ``greedy``.
+
+    Raises:
+        ConfigError: ``models`` names a policy the workflow does not declare.
+    """
+    models = dict(models or {})
+    unknown = sorted(set(models) - {p.name for p in workflow.policies} - {"*"})
+    if unknown:
+        raise ConfigError(
+            f"field `rollout.models`: error: unknown policies {unknown} in workflow {workflow.name!r}\n"
+            f"  fix: use one of {[p.name for p in workflow.policies]} or `*`"
+        )
+    if not models and max_tokens is None and not greedy:
+        return workflow
+    data = workflow.model_dump()
+    for pol in data["policies"]:
+        pol["model"] = models.get(pol["name"], models.get("*", pol["model"]))
+    for agent in data["agents"]:
+        s = agent["sampling"]
+        if max_tokens is not None:
+            s["max_tokens"] = min(s["max_tokens"], max_tokens)
+        if greedy:
+            s["temperature"] = 0.0
+    return Workflow.model_validate(data)

@@ -1,0 +1,166 @@
+"""Trainer stage: data-parallel plumbing (torch.distributed; gloo on CPU, nccl on GPU).
+
+Consumes the environment ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``/``MASTER_PORT``); produces a :class:`DistInfo` and the collective helpers the
+loop uses. It knows nothing about workflows or losses.
+
+How data parallelism keeps the single-process result exactly (see Note [Global denominator]):
+
+* rank 0 runs the rollouts and broadcasts the episodes as JSON bytes (no pickle), so every rank
+  compiles the same SetBatch;
+* every mini-batch's loss denominator is computed once on the *whole* mini-batch;
+* each rank takes a contiguous shard of whole events (:func:`shard_sets`), computes its part of
+  the loss divided by that global denominator and back-propagates;
+* gradients are summed over ranks with ``all_reduce(SUM)`` (:func:`all_reduce_grads`), which
+  equals the single-process gradient of the whole mini-batch up to float summation order. This
+  is what ``DistributedDataParallel`` does with the loss scaled by the world size; doing it
+  by hand keeps one code path for several policies and for ranks that hold no member of a
+  policy. For models too large for one device, wrap each policy in FSDP instead (docs/gpu.md).
+
+Note [Global denominator]: DDP averages gradients over ranks, which equals the global mean only
+if every rank's loss is normalized by the same count and the shards are equal. Event shards are
+not equal (sets differ in size), so we normalize by the global denominator and sum.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: str = "cpu") -> DistInfo:
+    """Join the process group ``torchrun`` prepared (a no-op when WORLD_SIZE is unset or 1).
+
+    Args:
+        device: ``cpu`` (gloo) or ``cuda`` (nccl; each rank takes GPU ``LOCAL_RANK``).
+    Returns:
+        DistInfo.
+
+    >>> init_distributed() if "WORLD_SIZE" not in os.environ else DistInfo()
+    DistInfo(rank=0, world_size=1, local_rank=0)
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    import torch.distributed as dist
+
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        if device == "cuda":
+            torch.cuda.set_device(local)
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+    return DistInfo(rank=rank, world_size=world, local_rank=local)
+
+
+def shutdown(info: DistInfo) -> None:
+    """Leave the process group (if this process joined one)."""
+    if info.enabled:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def broadcast_bytes(data: bytes | None, info: DistInfo) -> bytes:
+    """Rank 0's ``data`` on every rank (length first, then a uint8 tensor)."""
+    if not info.enabled:
+        assert data is not None
+        return data
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data) if info.is_main and data is not None else 0], dtype=torch.int64)
+    dist.broadcast(size, src=0)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    if info.is_main:
+        buf = torch.frombuffer(bytearray(data or b""), dtype=torch.uint8)
+    dist.broadcast(buf, src=0)
+    return bytes(buf.numpy().tobytes())
+
+
+def all_reduce_sum(value: float, info: DistInfo) -> float:
+    """The sum of ``value`` over ranks."""
+    if not info.enabled:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def all_reduce_grads(params: Iterable[torch.nn.Parameter], info: DistInfo) -> None:
+    """Sum every parameter's gradient over ranks (a missing grad counts as zeros).
+
+    One flat buffer per call, so there is one collective per policy and step.
+    """
+    if not info.enabled:
+        return
+    import torch.distributed as dist
+
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+def shard_sets(set_tokens: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """Contiguous shard of whole sets for ``rank``, balanced by tokens.
+
+    >>> [shard_sets([5, 1, 1, 1, 4], r, 2) for r in range(2)]
+    [[0, 1], [2, 3, 4]]
+    >>> shard_sets([3, 3], 0, 1)
+    [0, 1]
+    """
+    total = sum(set_tokens)
+    if world_size <= 1:
+        return list(range(len(set_tokens)))
+    out, used = [], 0
+    for i, n in enumerate(set_tokens):
+        mid = used + n / 2  # a set goes to the rank whose token range holds its midpoint
+        owner = min(int(mid * world_size / total), world_size - 1) if total else i % world_size
+        if owner == rank:
+            out.append(i)
+        used += n
+    return out
+
+
+def launch(nproc: int, argv: Sequence[str]) -> int:
+    """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes.
+
+    Returns:
+        torchrun's exit code.
+    """
+    runner = shutil.which("torchrun")
+    cmd = [runner] if runner else [sys.executable, "-m", "torch.distributed.run"]
+    cmd += ["--standalone", f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
+    return subprocess.call(cmd)

@@ -1,0 +1,130 @@
+"""Trainer stage: per-step metrics to ``RUN_DIR/metrics.jsonl`` and TensorBoard.
+
+Consumes one flat record of numbers per step (``{"step": 3, "reward": 0.41, "loss/clip_frac": ...}``,
+names with ``/`` group related values); produces one JSON line per step and the same scalars as
+TensorBoard events in ``RUN_DIR/tensorboard``. Non-finite numbers are written as ``null`` in JSON
+(JSON has no NaN) and skipped in TensorBoard.
+
+On resume, :func:`truncate_after` drops the lines an interrupted run wrote after its last
+checkpoint, so the resumed file equals an uninterrupted run's.
+
+>>> flatten({"loss": {"clip_frac": 0.1, "by_size": {"2": 0.3}}, "step": 1})
+{'loss/clip_frac': 0.1, 'loss/by_size/2': 0.3, 'step': 1}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+# Fields that depend on wall-clock time: excluded when comparing runs for equality.
+TIMING_PREFIXES = ("time/", "throughput/")
+
+
+def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> one level, keys joined with ``/``."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{name}/"))
+        else:
+            out[name] = value
+    return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f if math.isfinite(f) else None
+
+
+class MetricsWriter:
+    """Appends metric records to ``metrics.jsonl`` and (optionally) TensorBoard.
+
+    Args:
+        run_dir: the run folder.
+        tensorboard: also write TensorBoard event files under ``run_dir/tensorboard``.
+    """
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+
+    def log(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Write one record (must hold ``step``); returns the cleaned, flat record."""
+        flat = {k: _clean(v) for k, v in flatten(record).items()}
+        step = int(flat["step"])
+        self._fh.write(json.dumps(flat) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            for key, value in flat.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        return flat
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a ``metrics.jsonl`` file (missing file: empty list)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def truncate_after(path: str | Path, step: int) -> None:
+    """Keep only the records with ``step <= step`` (used when resuming from a checkpoint)."""
+    p = Path(path)
+    if not p.exists():
+        return
+    kept = [r for r in read_metrics(p) if int(r.get("step", 0)) <= step]
+    tmp = p.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    tmp.replace(p)
+
+
+def deterministic_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record without wall-clock fields (timings, throughput): what resume must reproduce.
+
+    >>> deterministic_fields({"step": 1, "reward": 0.5, "time/rollout": 0.2})
+    {'step': 1, 'reward': 0.5}
+    """
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}
+
+
+def summarize(values: Iterable[float]) -> dict[str, float]:
+    """mean/std/min/max of a sequence (empty -> zeros).
+
+    >>> summarize([1.0, 3.0])
+    {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
+    """
+    xs = [float(v) for v in values]
+    if not xs:
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    return {"mean": mean, "std": std, "min": min(xs), "max": max(xs)}

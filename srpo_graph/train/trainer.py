@@ -1,0 +1,345 @@
+"""Trainer stage: ``train(workflow_path, config) -> RunSummary``, the RL loop.
+
+Consumes a ``.wf`` file and a :class:`~srpo_graph.train.config.TrainConfig`; produces a run
+folder (config.toml, metrics.jsonl, tensorboard/, plots/, traces/, checkpoints/) and a
+:class:`RunSummary`. Per step::
+
+    tasks (seeded cursor) -> runtime.run (G episodes per task, tagged with weight versions)
+      -> compile -> old log-probs recomputed -> epochs x mini-batches x micro-batches (update.py)
+      -> backend.sync_weights(model, version) -> metrics, eval, checkpoint, plots
+
+Several policies: one model, optimizer and scheduler per policy (a shared-policy workflow has
+one); an event spanning policies sends gradient to each. A frozen reference model per policy is
+loaded only when the objective's KL coefficient is non-zero. Departures from a textbook PPO
+loop: no value function (group-relative advantages), models kept in eval mode (no dropout),
+rollouts on rank 0 only under torchrun (episodes broadcast as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from srpo_graph.backends import load_backend, resolve_model
+from srpo_graph.backends.tiny import load_tokenizer
+from srpo_graph.backends.transformers import TransformersBackend
+from srpo_graph.compiler.compile import compile as compile_batch
+from srpo_graph.errors import ConfigError
+from srpo_graph.lang import load_workflow
+from srpo_graph.runtime.executor import run as run_episodes
+from srpo_graph.runtime.tasks import load_tasks
+from srpo_graph.runtime.trace import Episode, write_traces
+from srpo_graph.train import checkpoint as ckpt
+from srpo_graph.train.config import TrainConfig, default_run_dir, write_config
+from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
+from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
+from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
+from srpo_graph.train.plots import draw_plots
+from srpo_graph.train.progress import ProgressBar
+from srpo_graph.train.update import recompute_old_logprobs, update_policies
+
+
+@dataclass
+class RunSummary:
+    """What a finished run reports (also written to RUN_DIR/summary.json)."""
+
+    run_dir: str
+    workflow: str
+    steps: int
+    first_reward: float
+    final_reward: float  # mean reward of the last min(10, steps) steps
+    eval_rewards: list[tuple[int, float]] = field(default_factory=list)
+    skipped_updates: int = 0
+    seconds: float = 0.0
+    checkpoint: str | None = None
+
+
+@dataclass
+class PolicySlot:
+    """One trainable policy: its model, optimizer, scheduler and the backend sampling from it."""
+
+    name: str
+    base: str  # the resolved base model path/name (reference model source)
+    model: Any
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    backend: Any
+    ref_model: Any = None
+    version: int = 0
+
+
+def _lr_lambda(config: TrainConfig, updates_total: int):
+    o = config.optim
+
+    def factor(n: int) -> float:  # n = optimizer steps taken
+        if o.warmup_steps and n < o.warmup_steps:
+            return (n + 1) / o.warmup_steps
+        frac = min(1.0, (n - o.warmup_steps) / max(1, updates_total - o.warmup_steps))
+        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[o.schedule]
+
+    return factor
+
+
+def _device(config: TrainConfig) -> str:
+    if config.rollout.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return config.rollout.device
+
+
+def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None, dist: DistInfo) -> list[PolicySlot]:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    dtype = getattr(torch, config.rollout.dtype)
+    updates_total = config.steps * config.optim.epochs * config.optim.mini_batches
+    kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
+    if config.rollout.backend == "sglang" and len(wf.policies) > 1:
+        raise ConfigError(f"field `rollout.backend`: error: the sglang backend serves one policy, workflow "
+                          f"{wf.name!r} has {len(wf.policies)}\n  fix: use rollout.backend=transformers "
+                          "(one server per policy is not supported yet)")
+    slots = []
+    for pol in wf.policies:
+        base = resolve_model(pol.model)
+        path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model.eval()  # no dropout: see the module docstring of update.py
+        tok = load_tokenizer(path)
+        o = config.optim
+        opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, updates_total))
+        r = config.rollout
+        if r.backend == "transformers":
+            backend = TransformersBackend(model, tok, device=device)
+        elif dist.is_main:  # only rank 0 samples, so only rank 0 talks to the server
+            weight_dir = r.weight_dir or Path(config.run_dir or "runs") / "weights" / pol.name
+            backend = load_backend("sglang", base, url=r.sglang_url, worker_urls=list(r.sglang_workers) or None,
+                                   weight_dir=weight_dir)
+        else:
+            backend = None
+        ref = None
+        if kl != 0.0:
+            ref = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
+            ref.requires_grad_(False)
+        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, backend, ref))
+    return slots
+
+
+def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False):
+    data = None
+    stats = None
+    if dist.is_main:
+        res = run_episodes(wf, tasks, {s.name: s.backend for s in slots}, samples=samples, seed=seed,
+                           policy_versions={s.name: s.version for s in slots}, progress=progress)
+        stats = res.stats
+        data = "\n".join(ep.to_json() for ep in res.episodes).encode()
+    data = broadcast_bytes(data, dist)
+    episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
+    return episodes, stats
+
+
+def _resolve_tasks(workflow_path: Path, wf, config: TrainConfig):
+    r = config.rollout
+    path = r.tasks if r.tasks is not None else default_task_file(workflow_path, wf)
+    tasks = load_tasks(path, wf)
+    eval_path = r.eval_tasks
+    if eval_path is None and Path(path).with_name(f"{Path(path).stem}_eval.jsonl").is_file():
+        eval_path = Path(path).with_name(f"{Path(path).stem}_eval.jsonl")  # make_data.py's held-out split
+    eval_list = load_tasks(eval_path, wf) if eval_path is not None else None
+    train_tasks, eval_tasks = split_tasks(tasks, eval_list, config.eval.num_tasks)
+    if not train_tasks:
+        raise ConfigError(f"{path}: error: no training tasks\n  fix: give a task file with at least 2 tasks")
+    return Path(path), train_tasks, eval_tasks[: config.eval.num_tasks]
+
+
+def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, resume: bool = False) -> RunSummary:
+    """Train the workflow in ``workflow_path`` as ``config`` says.
+
+    Args:
+        workflow_path: a ``.wf`` file.
+        config: the run's configuration (``run_dir`` None = ``runs/<workflow name>``).
+        resume: continue from the newest complete checkpoint in ``config.run_dir``.
+    Returns:
+        RunSummary.
+    Raises:
+        ConfigError: bad configuration, missing task file, nothing to resume.
+        WorkflowSyntaxError, WorkflowCheckError: the workflow does not load.
+    """
+    t_start = time.perf_counter()
+    workflow_path = Path(workflow_path)
+    device = _device(config)
+    dist = init_distributed(device)
+    torch.manual_seed(config.seed)
+    wf_base = load_workflow(workflow_path)
+    wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens)
+    wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
+    run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
+    task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
+    config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update={"tasks": task_path})})
+    resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
+    if resume and resume_from is None:
+        raise ConfigError(f"{run_dir}: error: no complete checkpoint to resume from\n"
+                          "  fix: check the run folder, or start a new run without --resume")
+    slots = _build_slots(wf, config, device, resume_from, dist)
+    state = ckpt.LoopState(step=0, cursor=0)
+    if resume_from is not None:
+        state = ckpt.load_checkpoint(resume_from, optimizers={s.name: s.optimizer for s in slots},
+                                     schedulers={s.name: s.scheduler for s in slots})
+        for s in slots:
+            s.version = int(state.extra.get("versions", {}).get(s.name, state.step))
+            if s.backend is not None:
+                s.backend.sync_weights(s.model, s.version)
+    compile_cfg = config.compile.model_copy(update={"policies": tuple(p.name for p in wf.policies)})
+    writer = None
+    if dist.is_main:
+        if resume_from is None:  # before anything is written: a refused folder keeps all it had
+            _clear_previous_run(run_dir, overwrite=config.overwrite)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # stop_after_step belongs to this invocation only: a resumed run must not stop again
+        write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
+                                               "overwrite": False}),
+                     run_dir / "config.toml")
+        truncate_after(run_dir / "metrics.jsonl", state.step)
+        writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard)
+    rewards: list[float] = [r for r in state.extra.get("rewards", [])]
+    evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
+    last_ckpt = str(resume_from) if resume_from else None
+    bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
+    try:
+        with bar:
+            for step in range(state.step + 1, config.steps + 1):
+                record = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist)
+                state.step = step
+                rewards.append(record["reward"])
+                if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
+                    t0 = time.perf_counter()
+                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, config.seed * 7919 + step, dist, config.eval.samples)
+                    record["eval/reward"] = sum(e.reward for e in eps) / max(1, len(eps))
+                    record["time/eval"] = time.perf_counter() - t0
+                    evals.append((step, record["eval/reward"]))
+                state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots})
+                episodes = record.pop("_episodes")
+                if writer is not None:
+                    writer.log(record)
+                    if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
+                        (run_dir / "traces").mkdir(exist_ok=True)
+                        write_traces(run_dir / "traces" / f"step_{step}.jsonl", episodes)
+                    if config.logging.plots and _due(step, config.logging.plots_every, config.steps):
+                        draw_plots(run_dir)
+                    if _due(step, config.checkpoint.every, config.steps):
+                        last_ckpt = str(ckpt.save_checkpoint(
+                            run_dir, state, models={s.name: s.model for s in slots},
+                            tokenizers={s.name: s.tokenizer for s in slots},
+                            optimizers={s.name: s.optimizer for s in slots},
+                            schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
+                bar.advance(record)
+                if config.debug.stop_after_step is not None and step >= config.debug.stop_after_step:
+                    break
+    finally:
+        if writer is not None:
+            writer.close()
+        shutdown(dist)
+    tail = rewards[-min(10, len(rewards)):] if rewards else [float("nan")]
+    summary = RunSummary(run_dir=str(run_dir), workflow=wf.name, steps=state.step,
+                         first_reward=rewards[0] if rewards else float("nan"), final_reward=sum(tail) / len(tail),
+                         eval_rewards=evals, skipped_updates=state.skipped_updates,
+                         seconds=time.perf_counter() - t_start, checkpoint=last_ckpt)
+    if dist.is_main:
+        (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
+    return summary
+
+
+def _clear_previous_run(run_dir: Path, *, overwrite: bool) -> None:
+    """A fresh (not resumed) run never mixes with an earlier run's outputs in the same folder.
+
+    It refuses the folder (losing nothing) unless ``overwrite`` is set; then the old outputs
+    go, since an old, newer-numbered checkpoint would be what a later ``--resume`` picks.
+    """
+    import shutil
+    import sys
+
+    old = [run_dir / n for n in ("checkpoints", "traces", "plots", "tensorboard", "metrics.jsonl", "summary.json")]
+    old = [p for p in old if p.exists()]
+    if old and not overwrite:
+        raise ConfigError(
+            f"{run_dir}: error: the folder holds an earlier run ({', '.join(p.name for p in old)})\n"
+            f"  why: a fresh run there would mix with it or destroy it\n"
+            f"  fix: continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it"
+        )
+    if old:
+        print(f"srpo-graph train: replacing the previous run in {run_dir} (--overwrite)", file=sys.stderr)
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def _due(step: int, every: int, last: int) -> bool:
+    return step == last or (every > 0 and step % every == 0)
+
+
+def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist) -> dict[str, Any]:
+    r = config.rollout
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    idx = task_indices(len(train_tasks), state.cursor, r.tasks_per_step, config.seed)
+    state.cursor += 1  # batches of tasks consumed
+    episodes, stats = _rollout(wf, [train_tasks[i] for i in idx], slots, config, config.seed * 1_000_003 + step, dist, r.samples)
+    timings["rollout"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    batch = compile_batch(episodes, compile_cfg)
+    timings["compile"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    models = [s.model for s in slots]
+    record: dict[str, Any] = {"step": step}
+    rw = [e.reward for e in episodes]
+    record["reward"] = sum(rw) / max(1, len(rw))
+    record["reward_std"] = summarize(rw)["std"]
+    record["episodes"] = len(episodes)
+    record["episodes_failed"] = sum(e.status == "failed" for e in episodes)
+    record["episodes_truncated"] = sum(e.status == "truncated" for e in episodes)
+    gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
+    record["events"] = batch.num_sets
+    record["tokens"] = batch.num_tokens
+    record["advantage"] = summarize(batch.set_advantage.tolist())
+    for k, v in batch.stats.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            record[f"compile/{k}"] = v
+    if batch.num_sets:
+        batch, mismatch = recompute_old_logprobs(models, batch)
+        record["mismatch"] = mismatch
+        upd = update_policies(
+            models, [s.optimizer for s in slots], [s.scheduler for s in slots], batch, config.loss,
+            epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
+            seed=config.seed * 1_000_003 + step, ref_models=[s.ref_model for s in slots] if slots[0].ref_model is not None else None,
+            dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps)
+        state.skipped_updates += upd.skipped_updates
+        record["loss"] = upd.loss
+        record.update({f"loss/{k}": v for k, v in upd.diagnostics.items()})
+        record["grad_norm"] = upd.grad_norm
+        record["updates"] = upd.num_updates
+        if upd.warnings:
+            record["warning"] = "; ".join(upd.warnings)
+        train_tokens = upd.tokens
+    else:
+        train_tokens = 0
+    record["skipped_updates"] = state.skipped_updates
+    record["lr"] = slots[0].scheduler.get_last_lr()[0]
+    timings["update"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for s in slots:  # every policy's weights move together, so one version number per step
+        s.version = step
+        if s.backend is not None:
+            s.backend.sync_weights(s.model, s.version)
+    timings["sync"] = time.perf_counter() - t0
+    timings["step"] = sum(timings.values())
+    record["time"] = timings
+    record["throughput"] = {"gen_tokens_per_s": gen_tokens / max(timings["rollout"], 1e-9),
+                            "train_tokens_per_s": train_tokens / max(timings["update"], 1e-9)}
+    record["_episodes"] = episodes
+    return record

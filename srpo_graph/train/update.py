@@ -1,0 +1,200 @@
+"""Trainer stage: the policy update on one step's SetBatch (epochs x mini-batches x micro-batches).
+
+Consumes a compiled :class:`~srpo_graph.compiler.setbatch.SetBatch`, one model + optimizer (+
+scheduler) per policy id of ``batch.policies``, and the objective's config; produces updated
+weights and an :class:`UpdateResult` (loss, diagnostics, grad norm per policy, skipped updates).
+
+The order of work, as in CleanRL's PPO loop:
+
+1. ``old_logprobs`` are recomputed with the current weights under ``no_grad``
+   (:func:`recompute_old_logprobs`), micro-batch by micro-batch; for the transformers backend
+   they equal the sampler's (the mismatch is returned and logged).
+2. For each epoch the sets are shuffled (seeded) and cut into ``mini_batches`` mini-batches of
+   whole events (``select_sets``). Each mini-batch gets ONE loss denominator
+   (``loss_denominator``), passed to every micro-batch call, so the gradient does not depend on
+   the micro-batch split or on the number of processes (Note [Global denominator] in
+   ``distributed.py``).
+3. Micro-batches accumulate gradients; then per policy: all-reduce (data parallel), non-finite
+   check, clip, optimizer and scheduler step. A non-finite loss or gradient skips the whole
+   mini-batch update (for every policy) and is counted; the weights stay as they were.
+
+Models stay in ``eval()`` mode: dropout would make the first ratio differ from 1 and the
+sampler's log-probs from the trainer's (the usual choice in LLM RL trainers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from srpo_graph.compiler.setbatch import SetBatch
+from srpo_graph.srpo.logprobs import packed_logprobs
+from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.train.distributed import DistInfo, all_reduce_grads, all_reduce_sum, shard_sets
+
+
+@dataclass
+class UpdateResult:
+    """What one step's update did. Diagnostics are means over the micro-batch loss calls."""
+
+    loss: float = 0.0
+    diagnostics: dict[str, float] = field(default_factory=dict)
+    grad_norm: dict[str, float] = field(default_factory=dict)  # policy -> mean pre-clip norm
+    num_updates: int = 0
+    skipped_updates: int = 0
+    tokens: int = 0  # tokens forwarded with grad (all epochs)
+    warnings: list[str] = field(default_factory=list)
+
+
+def diagnostics_to_dict(diag: Any, prefix: str = "") -> dict[str, float]:
+    """Flatten the objective's diagnostics object into ``{name: float}`` (tensors -> floats).
+
+    >>> diagnostics_to_dict({"clip": {"2": 0.5}, "kl": 0.1})
+    {'clip/2': 0.5, 'kl': 0.1}
+    """
+    if hasattr(diag, "to_dict"):
+        diag = diag.to_dict()
+    elif hasattr(diag, "model_dump"):
+        diag = diag.model_dump()
+    elif hasattr(diag, "__dataclass_fields__"):
+        diag = {k: getattr(diag, k) for k in diag.__dataclass_fields__}
+    out: dict[str, float] = {}
+    if isinstance(diag, dict):
+        for k, v in diag.items():
+            out.update(diagnostics_to_dict(v, f"{prefix}{k}/"))
+        return out
+    name = prefix.rstrip("/")
+    if torch.is_tensor(diag):
+        if diag.numel() == 1:
+            out[name] = float(diag.item())
+        else:
+            for i, v in enumerate(diag.reshape(-1).tolist()):
+                out[f"{name}/{i}"] = float(v)
+    elif isinstance(diag, (list, tuple)):
+        for i, v in enumerate(diag):
+            out.update(diagnostics_to_dict(v, f"{prefix}{i}/"))
+    elif isinstance(diag, (int, float)) and not isinstance(diag, bool):
+        out[name] = float(diag)
+    return out
+
+
+def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch) -> tuple[SetBatch, dict[str, float]]:
+    """``batch`` with ``old_logprobs`` recomputed by the current models, and the mismatch stats.
+
+    Returns:
+        (batch, {"mean_abs": ..., "max_abs": ...}) where the mismatch is |old - sampler| over
+        completion tokens.
+    """
+    parts = []
+    with torch.no_grad():
+        for micro in batch.micro_batches():
+            lp, _ = packed_logprobs(models, micro)
+            parts.append(lp.detach().float().cpu())
+    old = torch.cat(parts) if parts else torch.zeros(0)
+    mask = batch.loss_mask.bool().cpu()
+    diff = (old - batch.sampler_logprobs.float().cpu())[mask].abs()
+    stats = {"mean_abs": float(diff.mean()) if diff.numel() else 0.0,
+             "max_abs": float(diff.max()) if diff.numel() else 0.0}
+    return batch.with_(old_logprobs=old.to(batch.old_logprobs.device)), stats
+
+
+def _mini_batches(batch: SetBatch, num: int, generator: torch.Generator) -> list[torch.Tensor]:
+    order = torch.randperm(batch.num_sets, generator=generator)
+    return [chunk for chunk in torch.tensor_split(order, min(num, max(batch.num_sets, 1))) if chunk.numel()]
+
+
+def update_policies(
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    schedulers: Sequence[Any],
+    batch: SetBatch,
+    loss_config: LossConfig,
+    *,
+    epochs: int,
+    mini_batches: int,
+    grad_clip: float,
+    seed: int,
+    ref_models: Sequence[Any] | None = None,
+    dist: DistInfo = DistInfo(),
+    inject_nonfinite: bool = False,
+) -> UpdateResult:
+    """Run the epochs x mini-batches update on ``batch`` (old_logprobs already set).
+
+    Args:
+        models, optimizers, schedulers: indexed by policy id (``batch.policies``).
+        batch: the step's SetBatch.
+        loss_config: the objective's configuration.
+        epochs, mini_batches: passes over the batch and optimizer steps per pass.
+        grad_clip: max grad norm per policy (0 = none).
+        seed: seeds the mini-batch shuffling (the same on every rank).
+        ref_models: per policy, for the KL term (None when the KL coefficient is 0).
+        dist: data-parallel info; each rank back-propagates its shard of whole events.
+        inject_nonfinite: debug hook, the first micro-batch loss becomes NaN.
+    Returns:
+        UpdateResult.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    result = UpdateResult()
+    sums: dict[str, float] = {}
+    calls = 0
+    norms: dict[str, list[float]] = {name: [] for name in batch.policies}
+    losses: list[float] = []
+    for _ in range(epochs):
+        for chunk in _mini_batches(batch, mini_batches, gen):
+            mb = batch.select_sets(chunk)
+            denom = loss_denominator(mb, loss_config)  # fixed for the whole mini-batch, every rank
+            active = sorted(set(mb.member_policy.tolist()))
+            local = mb
+            if dist.enabled:
+                shard = shard_sets(mb.set_tokens.tolist(), dist.rank, dist.world_size)
+                local = mb.select_sets(shard).with_(set_episode_events=mb.set_episode_events[shard])
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            mb_loss = 0.0
+            for micro in local.micro_batches():
+                new_lp, entropy = packed_logprobs(models, micro)
+                ref_lp = None
+                if ref_models is not None:
+                    with torch.no_grad():
+                        ref_lp, _ = packed_logprobs(ref_models, micro)
+                loss, diag = srpo_loss(new_lp, micro, loss_config, denominator=denom,
+                                       ref_logprobs=ref_lp, entropy=entropy)
+                if inject_nonfinite:
+                    loss, inject_nonfinite = loss * float("nan"), False
+                loss.backward()
+                mb_loss += float(loss.detach())
+                result.tokens += micro.num_tokens
+                for k, v in diagnostics_to_dict(diag).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                calls += 1
+            mb_loss = all_reduce_sum(mb_loss, dist)
+            finite = math.isfinite(mb_loss)
+            step_norms = {}
+            for pid in active:
+                params = [p for p in models[pid].parameters() if p.requires_grad]
+                all_reduce_grads(params, dist)
+                norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+                step_norms[batch.policies[pid]] = float(norm)
+                finite = finite and math.isfinite(float(norm))
+            if not finite:
+                result.skipped_updates += 1
+                result.warnings.append(f"non-finite loss or gradient (loss {mb_loss}); update skipped")
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                continue
+            for pid in active:
+                optimizers[pid].step()
+                if schedulers[pid] is not None:
+                    schedulers[pid].step()
+                norms[batch.policies[pid]].append(step_norms[batch.policies[pid]])
+            losses.append(mb_loss)
+            result.num_updates += 1
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    result.loss = sum(losses) / len(losses) if losses else float("nan")
+    result.diagnostics = {k: v / calls for k, v in sums.items()} if calls else {}
+    result.grad_norm = {k: sum(v) / len(v) for k, v in norms.items() if v}
+    return result

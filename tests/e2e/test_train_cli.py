@@ -1,0 +1,74 @@
+"""The ``srpo-graph train`` command as a subprocess: a real run, a resume, errors with exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run(["srpo-graph", "train", *args], capture_output=True, text=True, cwd=ROOT, env=ENV,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cli_trains_then_resumes(tmp_path):
+    run = tmp_path / "run"
+    small = ["rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2", "logging.tensorboard=false"]
+    proc = _cli("workflows/coord_seq.wf", "--steps", "2", "--run-dir", str(run), *small)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained coord_seq for 2 steps" in proc.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all("reward" in r for r in rows)
+    assert (run / "config.toml").is_file() and (run / "checkpoints" / "step_2" / "COMPLETE").is_file()
+    assert "workflows/tasks/coord.jsonl" in (run / "config.toml").read_text()  # the default task file
+    # extend the same run by one step from its checkpoint (the module entry point torchrun uses)
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.train", "workflows/coord_seq.wf", "--resume", str(run),
+                           "--steps", "3"], capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # a fresh run in the used folder is refused and loses nothing; --overwrite replaces it
+    before = {p: p.read_bytes() for p in (run / "metrics.jsonl", run / "config.toml")}
+    proc = _cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), *small)
+    assert proc.returncode == 7 and "--resume" in proc.stderr and "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    proc = _cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), "--overwrite", *small)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and not (run / "checkpoints" / "step_3").exists()
+
+
+def test_cli_config_errors_exit_7_and_name_the_field(tmp_path):
+    proc = _cli("workflows/coord_seq.wf", "optim.lr=-1", "--run-dir", str(tmp_path / "x"), timeout=120)
+    assert proc.returncode == 7
+    assert "`optim.lr`" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optim]\nlr = \n")
+    proc = _cli("workflows/coord_seq.wf", "--config", str(bad), timeout=120)
+    assert proc.returncode == 7 and str(bad) in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x").exists()  # nothing is written for an invalid config
+
+
+@pytest.mark.slow
+def test_cli_nproc_2_matches_one_process(tmp_path):
+    """`--nproc 2` re-launches under torchrun (gloo): rank 0 samples, both ranks update."""
+    small = ["--steps", "2", "rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2",
+             "logging.tensorboard=false", "logging.plots=false"]
+    rows = {}
+    for n in (1, 2):
+        proc = _cli("workflows/coord_mixed.wf", "--nproc", str(n), "--run-dir", str(tmp_path / f"n{n}"), *small)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows[n] = [json.loads(line) for line in (tmp_path / f"n{n}" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows[2]] == [1, 2]
+    for a, b in zip(rows[1], rows[2]):
+        assert a["reward"] == b["reward"] and a["events"] == b["events"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
+    assert rows[1][1]["eval/reward"] == rows[2][1]["eval/reward"]
