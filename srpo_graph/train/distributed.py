@@ -111,26 +111,43 @@ def all_reduce_sum(value: float, info: DistInfo) -> float:
     return float(t.item())
 
 
-def all_reduce_grads(params: Iterable[torch.nn.Parameter], info: DistInfo) -> None:
+GRAD_BUCKET_ELEMS = 1 << 24  # 16M elements (64 MB in fp32) per all-reduce
+
+
+def all_reduce_grads(params: Iterable[torch.nn.Parameter], info: DistInfo, bucket_elems: int | None = None) -> None:
     """Sum every parameter's gradient over ranks (a missing grad counts as zeros).
 
-    One flat buffer per call, so there is one collective per policy and step.
+    Gradients travel in flat buckets of at most ``bucket_elems`` elements (like DDP's
+    buckets), so the extra memory is one bucket, not a second copy of all gradients.
     """
     if not info.enabled:
         return
     import torch.distributed as dist
 
+    bucket_elems = bucket_elems or GRAD_BUCKET_ELEMS
     params = [p for p in params if p.requires_grad]
+    if not params:
+        return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p))
-        offset += n
+    bucket: list[torch.nn.Parameter] = []
+    size = 0
+    for p in params + [None]:  # None flushes the last bucket
+        if p is not None and (not bucket or (size + p.numel() <= bucket_elems and p.grad.dtype == bucket[0].grad.dtype
+                                             and p.grad.device == bucket[0].grad.device)):
+            bucket.append(p)
+            size += p.numel()
+            continue
+        flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for q in bucket:
+            n = q.numel()
+            q.grad.copy_(flat[offset : offset + n].view_as(q))
+            offset += n
+        if p is not None:
+            bucket, size = [p], p.numel()
 
 
 def shard_sets(set_tokens: Sequence[int], rank: int, world_size: int) -> list[int]:

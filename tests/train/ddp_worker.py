@@ -17,12 +17,14 @@ from srpo_graph.backends.tiny import ensure_tiny_model
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.train import distributed
 from srpo_graph.train.distributed import init_distributed, shutdown
 from srpo_graph.train.update import recompute_old_logprobs, update_policies
 
 
 def main(out: Path) -> None:
     torch.set_num_threads(1)
+    distributed.GRAD_BUCKET_ELEMS = 10_000  # many small buckets: the bucketing must not change the sum
     dist = init_distributed("cpu")
     path = ensure_tiny_model()
     models = []
