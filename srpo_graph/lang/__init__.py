@@ -13,21 +13,66 @@ from srpo_graph.workflow import Workflow
 
 
 def parse(text: str, path: str = "<string>"):
-    """Parse ``.wf`` text into an AST; see :func:`srpo_graph.lang.parser.parse`."""
+    """Parse ``.wf`` text into its syntax tree (see :func:`srpo_graph.lang.parser.parse`).
+
+    Args:
+        text: the source.
+        path: the file name used in spans and error messages.
+
+    Returns:
+        The :class:`~srpo_graph.lang.ast.Module` (names and types not yet checked).
+
+    Raises:
+        WorkflowSyntaxError: the text does not match the grammar.
+
+    >>> parse('workflow w "demo"').header.description.value
+    'demo'
+    """
     from srpo_graph.lang.parser import parse as _parse
 
     return _parse(text, path)
 
 
 def check(module, source: str | None = None, **kw) -> Workflow:
-    """Check an AST into a :class:`Workflow`; see :func:`srpo_graph.lang.checker.check`."""
+    """Check a parsed module into a :class:`Workflow` (see :func:`srpo_graph.lang.checker.check`).
+
+    Args:
+        module: what :func:`parse` returned.
+        source: its text, to render errors (default: the module's own).
+        **kw: ``base_dir``, the directory searched first for imported modules.
+
+    Returns:
+        The checked workflow, with proven active-set sizes.
+
+    Raises:
+        WorkflowCheckError: a name, type or graph rule is broken (every problem is listed).
+
+    >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" }'
+    ...                 ' transition t { consume: a activate: end } start: a'))
+    >>> [a.name for a in w.agents], w.transitions[0].set_sizes
+    (['a'], (1,))
+    """
     from srpo_graph.lang.checker import check as _check
 
     return _check(module, source, **kw)
 
 
 def format_source(text: str, path: str = "<string>") -> str:
-    """The canonical form of ``.wf`` text; see :func:`srpo_graph.lang.fmt.format_source`."""
+    """The canonical form of ``.wf`` text (see :func:`srpo_graph.lang.fmt.format_source`).
+
+    Args:
+        text: the source.
+        path: the file name used in error messages.
+
+    Returns:
+        The formatted text; formatting it again changes nothing.
+
+    Raises:
+        WorkflowSyntaxError: the text does not parse.
+
+    >>> format_source('workflow w  start:a')
+    'workflow w\\n\\nstart: a\\n'
+    """
     from srpo_graph.lang.fmt import format_source as _fmt
 
     return _fmt(text, path)
@@ -45,6 +90,14 @@ def load_workflow(path: str | Path) -> Workflow:
     Raises:
         WorkflowSyntaxError: the file cannot be read, is not UTF-8 or does not parse.
         WorkflowCheckError: a name, type or graph rule is broken (every problem is listed).
+
+    >>> import pathlib, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     f = pathlib.Path(d, "w.wf")
+    ...     _ = f.write_text('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" }'
+    ...                      ' transition t { consume: a activate: end } start: a', encoding="utf-8")
+    ...     load_workflow(f).name
+    'w'
     """
     from srpo_graph.lang.checker import check as _check
     from srpo_graph.lang.parser import parse as _parse

@@ -62,19 +62,25 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
                        "an output belongs to exactly one active set: consume it in one transition", "double-consume")
 
     # -- reachability ----------------------------------------------------------------------
+    # A broken `activate` (missing, or a route on a non-choice) hides edges: the rules below
+    # would only repeat that error as noise, so they wait until it is fixed.
     nodes = list(agents) + list(trans)
     reach = nx.descendants(g, "start") if "start" in g else set()
-    for n in nodes:
-        if n not in reach and draft.start:
-            kind = "agent" if n in agents else "transition"
-            sink.error(f"{kind} '{n}' is unreachable from start", span_of(n),
-                       "activate it from a transition (or list it in `start:`), or delete it", "unreachable")
-    if not uses.incomplete:
-        to_end = nx.ancestors(g, END) if END in g else set()
+    if not uses.incomplete and draft.start:
         for n in nodes:
-            if n in reach and n not in to_end and consumers.get(n, [None]):
+            if n not in reach:
                 kind = "agent" if n in agents else "transition"
-                sink.error(f"{kind} '{n}' cannot reach end", span_of(n),
+                sink.error(f"{kind} '{n}' is unreachable from start: {_why_unreachable(g, n, kind)}", span_of(n),
+                           "activate it from a transition (or list it in `start:`), or delete it", "unreachable")
+    if not uses.incomplete:
+        # an agent nobody consumes ends its branch (and has its own diagnostic above)
+        ends = g.copy()
+        ends.add_edges_from((a, END) for a, ts in consumers.items() if not ts)
+        to_end = nx.ancestors(ends, END) if END in ends else set()
+        for n in nodes:
+            if n in reach and n not in to_end:
+                kind = "agent" if n in agents else "transition"
+                sink.error(f"{kind} '{n}' cannot reach end: {_why_no_end(g, n)}", span_of(n),
                            "every path must be able to finish: activate `end` (or a route case `-> end`) downstream",
                            "no-end")
 
@@ -210,12 +216,18 @@ def _num_options(w: Workflow, act: ActivateRoute) -> int:
 
 
 def _firing_bound(g: nx.MultiDiGraph, w: Workflow) -> tuple[int, str]:
-    """An upper bound on transition firings per episode, and why."""
+    """An upper bound on transition firings per episode, and why.
+
+    Two sound bounds on an acyclic graph; the smaller wins. ``paths``: how often each node can
+    run, over all branches at once (a transition whose sets are always full fires once per
+    wave of its consumed agents, max; one with variable sets may fire once per agent, sum).
+    ``down``: firings downstream of a node when a single-choice router takes one case only
+    (max over cases); a join is counted once per consumed agent, which over-counts and so stays
+    an upper bound.
+    """
     simple = nx.DiGraph(g)
     if not nx.is_directed_acyclic_graph(simple):
         return w.max_steps, "max_steps; the graph has bounded cycles"
-    # paths[n]: how often n can run. A transition whose sets are always full fires once per
-    # wave of its consumed agents (max); one with variable sets may fire once per agent (sum).
     full = {t.name: min(t.set_sizes, default=0) == len(t.consume) for t in w.transitions}
     paths = {n: 0 for n in simple}
     paths["start"] = 1
@@ -223,7 +235,41 @@ def _firing_bound(g: nx.MultiDiGraph, w: Workflow) -> tuple[int, str]:
         preds = [paths[p] for p in simple.predecessors(n)]
         if n != "start" and preds:
             paths[n] = max(preds) if full.get(n) else sum(preds)
-    total = sum(paths[t.name] for t in w.transitions)
+    every_branch = sum(paths[t.name] for t in w.transitions)
+    consumer = {a: t.name for t in w.transitions for a in t.consume}
+    by_name = {t.name: t for t in w.transitions}
+    down: dict[str, int] = {}
+    for n in reversed(list(nx.topological_sort(simple))):
+        if n in by_name:
+            act = by_name[n].activate
+            if isinstance(act, ActivateRoute) and not _is_multi(w, act):
+                later = max((sum(down.get(a, 0) for a in ts) for _, ts in act.cases), default=0)
+            else:
+                later = sum(down.get(a, 0) for a in simple.successors(n))
+            down[n] = 1 + later
+        elif n in consumer:
+            down[n] = down.get(consumer[n], 0)
+    total = min(every_branch, sum(down.get(a, 0) for a in w.start))
     if total <= w.max_steps:
         return total, "the graph is acyclic"
     return w.max_steps, "max_steps"
+
+
+def _names(ns: list[str], limit: int = 5) -> str:
+    return ", ".join(ns[:limit]) + (f" and {len(ns) - limit} more" if len(ns) > limit else "")
+
+
+def _why_unreachable(g: nx.MultiDiGraph, n: str, kind: str) -> str:
+    """Why nothing runs ``n``: the (themselves unreachable) nodes that would."""
+    preds = list(dict.fromkeys(g.predecessors(n)))
+    if kind == "agent":
+        return (f"only unreachable transitions activate it ({_names(preds)})" if preds
+                else "no transition activates it and `start:` does not list it")
+    return f"the agents it consumes never run ({_names(preds)})" if preds else "it consumes no agent"
+
+
+def _why_no_end(g: nx.MultiDiGraph, n: str) -> str:
+    """Why ``n`` never finishes: where its paths lead instead."""
+    order = {m: i for i, m in enumerate(g.nodes)}
+    after = sorted(nx.descendants(g, n) - {n}, key=order.get)
+    return f"its paths only lead to {_names(after)}" if after else "nothing follows it"

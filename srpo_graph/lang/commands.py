@@ -23,6 +23,7 @@ def check_cmd(files: tuple[Path, ...]) -> None:
     from srpo_graph.lang.summary import summary
 
     failures: list[SrpoGraphError] = []
+    shown = 0
     for path in files:
         try:
             text = read_source(path)
@@ -32,7 +33,10 @@ def check_cmd(files: tuple[Path, ...]) -> None:
             continue
         if result.warnings:
             click.echo(render(result.warnings, text), err=True)
+        if shown:
+            click.echo()  # a blank line between workflows
         click.echo(summary(result.workflow, result.max_firings, result.bound_reason))
+        shown += 1
     if len(failures) == 1:
         raise failures[0]
     if failures:

@@ -17,7 +17,14 @@ INDENT = "  "
 
 
 def format_source(text: str, path: str = "<string>") -> str:
-    """Format ``.wf`` text canonically.
+    """Format ``.wf`` text canonically (comments kept, blocks indented, one item a line).
+
+    Args:
+        text: the source.
+        path: the file name used in error messages.
+
+    Returns:
+        The canonical text; ``format_source(format_source(x)) == format_source(x)``.
 
     Raises:
         WorkflowSyntaxError: the text does not parse.
@@ -33,7 +40,18 @@ def format_source(text: str, path: str = "<string>") -> str:
 
 
 def format_module(m: ast.Module) -> str:
-    """Format a parsed module (see :func:`format_source`)."""
+    """Format a parsed module (see :func:`format_source`).
+
+    Args:
+        m: the module, with its comments.
+
+    Returns:
+        The canonical text.
+
+    >>> from srpo_graph.lang.parser import parse
+    >>> format_module(parse("workflow w # hi"))
+    'workflow w  # hi\\n'
+    """
     return _Emitter(m).run()
 
 

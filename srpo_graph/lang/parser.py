@@ -3,8 +3,9 @@
 Stage: lang (parse). Consumes source text (or a file's bytes), produces an
 :class:`~srpo_graph.lang.ast.Module`. Knows the grammar (``srpo_graph/grammar/workflow.lark``,
 loaded from the installed package so a wheel works) and nothing about names or types: those
-are the checker's. Every Lark exception becomes a :class:`WorkflowSyntaxError` with a
-``path:line:col``, the source line, a caret and, for common mistakes, a hint.
+are the checker's; the tree -> AST step is :mod:`srpo_graph.lang.build`. Every Lark exception
+becomes a :class:`WorkflowSyntaxError` with a ``path:line:col``, the source line, a caret and,
+for common mistakes, a hint.
 """
 
 from __future__ import annotations
@@ -15,18 +16,25 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from srpo_graph.errors import Diagnostic, Span, WorkflowSyntaxError
 from srpo_graph.lang import ast
-from srpo_graph.lang.templates import decode_string, split_template
+from srpo_graph.lang.build import BuildAst, tok_span
 
 _comments: contextvars.ContextVar[list[Token]] = contextvars.ContextVar("wf_comments")
 
 
 def grammar_text() -> str:
-    """The grammar source, read from the installed package (works from a wheel)."""
+    """The grammar source, read from the installed package (works from a wheel).
+
+    Returns:
+        The Lark grammar text of ``srpo_graph/grammar/workflow.lark``.
+
+    >>> "workflow" in grammar_text()
+    True
+    """
     return resources.files("srpo_graph").joinpath("grammar/workflow.lark").read_text(encoding="utf-8")
 
 
@@ -70,11 +78,11 @@ def parse(text: str, path: str = "<string>") -> ast.Module:
             tree = _lark().parse(text)
         except UnexpectedInput as exc:
             raise _syntax_error(exc, text, path) from None
-        comments = tuple(ast.Comment(t.value.rstrip(), _tok_span(t, path)) for t in _comments.get())
+        comments = tuple(ast.Comment(t.value.rstrip(), tok_span(t, path)) for t in _comments.get())
     finally:
         _comments.reset(token)
     try:
-        return _Build(path, text, comments).transform(tree)
+        return BuildAst(path, text, comments).transform(tree)
     except VisitError as exc:  # a bad template or escape found while building nodes
         if isinstance(exc.orig_exc, WorkflowSyntaxError):
             raise exc.orig_exc from None
@@ -84,9 +92,19 @@ def parse(text: str, path: str = "<string>") -> ast.Module:
 def read_source(path: str | Path) -> str:
     """Read a ``.wf`` file as UTF-8.
 
+    Args:
+        path: the file.
+
+    Returns:
+        Its text.
+
     Raises:
         WorkflowSyntaxError: the file is not UTF-8 (pointing at the first bad byte's line and
             column) or cannot be read.
+
+    >>> read_source("/no/such/file.wf")
+    Traceback (most recent call last):
+    srpo_graph.errors.WorkflowSyntaxError: /no/such/file.wf: error: cannot read the file: No such file or directory
     """
     p = Path(path)
     try:
@@ -109,7 +127,21 @@ def read_source(path: str | Path) -> str:
 
 
 def parse_file(path: str | Path) -> ast.Module:
-    """Read (as UTF-8) and parse a ``.wf`` file; see :func:`parse`."""
+    """Read (as UTF-8) and parse a ``.wf`` file.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The :class:`~srpo_graph.lang.ast.Module`, its spans pointing into ``path``.
+
+    Raises:
+        WorkflowSyntaxError: the file cannot be read, is not UTF-8 or does not parse.
+
+    >>> parse_file("/no/such/file.wf")
+    Traceback (most recent call last):
+    srpo_graph.errors.WorkflowSyntaxError: /no/such/file.wf: error: cannot read the file: No such file or directory
+    """
     return parse(read_source(path), str(path))
 
 
@@ -226,7 +258,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
     else:
         found = f"{_describe(tok.type)} {tok.value!r}" if tok.type in ("NAME", "STRING", "INT", "SIGNED_NUMBER") \
             else repr(str(tok.value))
-        span = _tok_span(tok, path)
+        span = tok_span(tok, path)
     expected = sorted({_describe(t) for t in exc.expected})
     if label is not None:
         message = f"{label[0]} (found {found})"
@@ -263,244 +295,3 @@ def _unclosed_brace(text: str) -> tuple[int, int] | None:
             line += newlines
             line_start = m.start() + s.rfind("\n") + 1
     return stack[-1] if stack else None
-
-
-# --------------------------------------------------------------------------- building nodes
-
-
-def _tok_span(tok: Token, path: str) -> Span:
-    return Span(path=path, line=tok.line, col=tok.column, end_line=tok.end_line, end_col=tok.end_column)
-
-
-class _Build(Transformer):
-    """Lark tree -> AST nodes. Builds nodes and nothing else (no names resolved, no checks)."""
-
-    def __init__(self, path: str, source: str, comments: tuple[ast.Comment, ...]):
-        super().__init__()
-        self.path, self.source, self.comments = path, source, comments
-
-    def _span(self, meta) -> Span:
-        if getattr(meta, "empty", True):
-            return Span(path=self.path, line=1, col=1, end_line=1, end_col=1)
-        return Span(path=self.path, line=meta.line, col=meta.column, end_line=meta.end_line, end_col=meta.end_column)
-
-    def _name(self, tok: Token) -> ast.Name:
-        return ast.Name(str(tok), _tok_span(tok, self.path))
-
-    def _string(self, tok: Token) -> ast.StringLit:
-        span = _tok_span(tok, self.path)
-        triple = tok.value.startswith('"""')
-        raw = tok.value[3:-3] if triple else tok.value[1:-1]
-        return ast.StringLit(decode_string(raw, span, triple), span)
-
-    # -- module ----------------------------------------------------------------
-    @v_args(meta=True)
-    def start(self, meta, children):
-        header, *items = children
-        return ast.Module(header, tuple(items), self.comments, self.source, self._span(meta))
-
-    @v_args(meta=True)
-    def header(self, meta, children):
-        name, desc = children
-        return ast.Header(self._name(name), self._string(desc) if desc is not None else None, self._span(meta))
-
-    @v_args(meta=True)
-    def import_stmt(self, meta, children):
-        dotted, alias = children
-        return ast.ImportStmt(dotted, self._name(alias) if alias is not None else None, self._span(meta))
-
-    def dotted_name(self, children):
-        return tuple(self._name(t) for t in children)
-
-    @v_args(meta=True)
-    def task_block(self, meta, children):
-        return ast.TaskBlock(tuple(children), self._span(meta))
-
-    @v_args(meta=True)
-    def field_decl(self, meta, children):
-        return ast.FieldDecl(self._name(children[0]), children[1], self._span(meta))
-
-    @v_args(meta=True)
-    def policy_decl(self, meta, children):
-        return ast.PolicyDecl(self._name(children[0]), self._string(children[1]), self._span(meta))
-
-    # -- agents ----------------------------------------------------------------
-    @v_args(meta=True)
-    def agent_decl(self, meta, children):
-        return ast.AgentDecl(self._name(children[0]), tuple(children[1:]), self._span(meta))
-
-    @v_args(meta=True)
-    def policy_item(self, meta, children):
-        return ast.PolicyItem(self._name(children[0]), self._span(meta))
-
-    @v_args(meta=True)
-    def prompt_item(self, meta, children):
-        tok = children[0]
-        span = _tok_span(tok, self.path)
-        triple = tok.value.startswith('"""')
-        raw = tok.value[3:-3] if triple else tok.value[1:-1]
-        parts = split_template(raw, span, triple)
-        return ast.PromptItem(ast.Template(parts, triple, span), self._span(meta))
-
-    @v_args(meta=True)
-    def sample_item(self, meta, children):
-        return ast.SampleItem(tuple(children), self._span(meta))
-
-    @v_args(meta=True)
-    def sample_entry(self, meta, children):
-        return ast.SampleEntry(self._name(children[0]), children[1], self._span(meta))
-
-    @v_args(meta=True)
-    def output_item(self, meta, children):
-        return ast.OutputItem(children[0], children[1], self._span(meta))
-
-    @v_args(meta=True)
-    def unconsumed_item(self, meta, children):
-        return ast.UnconsumedItem(self._name(children[0]), self._span(meta))
-
-    # -- transitions ------------------------------------------------------------
-    @v_args(meta=True)
-    def transition_decl(self, meta, children):
-        return ast.TransitionDecl(self._name(children[0]), tuple(children[1:]), self._span(meta))
-
-    @v_args(meta=True)
-    def consume_item(self, meta, children):
-        return ast.ConsumeItem(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def tool_item(self, meta, children):
-        return ast.ToolItem(self._name(children[0]), children[1], self._span(meta))
-
-    @v_args(meta=True)
-    def reward_item(self, meta, children):
-        return ast.RewardItem(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def activate_item(self, meta, children):
-        return ast.ActivateItem(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def max_rounds_item(self, meta, children):
-        return ast.MaxRoundsItem(ast.NumberLit(int(children[0]), _tok_span(children[0], self.path)), self._span(meta))
-
-    @v_args(meta=True)
-    def activate_end(self, meta, children):
-        return ast.ActivateEnd(self._span(meta))
-
-    @v_args(meta=True)
-    def activate_agents(self, meta, children):
-        return ast.ActivateAgents(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def activate_route(self, meta, children):
-        return ast.ActivateRoute(children[0], children[1], self._span(meta))
-
-    def route_cases(self, children):
-        return tuple(children)
-
-    @v_args(meta=True)
-    def route_case(self, meta, children):
-        tok = children[0]
-        label = tok.value[:-2].rstrip()
-        span = Span(path=self.path, line=tok.line, col=tok.column, end_line=tok.line, end_col=tok.column + len(label))
-        return ast.RouteCase(ast.Name(label, span), tuple(children[1:]), self._span(meta))
-
-    def target(self, children):
-        return self._name(children[0])
-
-    # -- workflow-level ---------------------------------------------------------
-    @v_args(meta=True)
-    def start_stmt(self, meta, children):
-        return ast.StartStmt(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def reward_stmt(self, meta, children):
-        return ast.RewardStmt(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def max_steps_stmt(self, meta, children):
-        return ast.MaxStepsStmt(ast.NumberLit(int(children[0]), _tok_span(children[0], self.path)), self._span(meta))
-
-    def name_list(self, children):
-        return tuple(self._name(t) for t in children)
-
-    # -- types -------------------------------------------------------------------
-    @v_args(meta=True)
-    def text_type(self, meta, _):
-        return ast.SimpleType("text", self._span(meta))
-
-    @v_args(meta=True)
-    def int_type(self, meta, _):
-        return ast.SimpleType("int", self._span(meta))
-
-    @v_args(meta=True)
-    def float_type(self, meta, _):
-        return ast.SimpleType("float", self._span(meta))
-
-    @v_args(meta=True)
-    def bool_type(self, meta, _):
-        return ast.SimpleType("bool", self._span(meta))
-
-    @v_args(meta=True)
-    def choice_type(self, meta, children):
-        return ast.ChoiceTypeExpr(children[0], False, self._span(meta))
-
-    @v_args(meta=True)
-    def choices_type(self, meta, children):
-        return ast.ChoiceTypeExpr(children[0], True, self._span(meta))
-
-    @v_args(meta=True)
-    def list_type(self, meta, children):
-        return ast.ListTypeExpr(children[0], self._span(meta))
-
-    @v_args(meta=True)
-    def record_type(self, meta, children):
-        return ast.RecordTypeExpr(tuple(children), self._span(meta))
-
-    @v_args(meta=True)
-    def record_field(self, meta, children):
-        return ast.RecordField(self._name(children[0]), children[1], self._span(meta))
-
-    def label_list(self, children):
-        return tuple(children)
-
-    # -- calls and values ----------------------------------------------------------
-    @v_args(meta=True)
-    def call(self, meta, children):
-        module, function, args = children
-        return ast.Call(self._name(module), self._name(function), args or (), args is not None, self._span(meta))
-
-    def call_args(self, children):
-        return tuple(c for c in children if c is not None)
-
-    @v_args(meta=True)
-    def arg(self, meta, children):
-        name, value = children
-        return ast.Arg(self._name(name) if name is not None else None, value, self._span(meta))
-
-    @v_args(meta=True)
-    def ref(self, meta, children):
-        optional = bool(children) and children[-1].type == "OPTIONAL"
-        names = children[:-1] if optional else children
-        return ast.Ref(tuple(str(t) for t in names), optional, self._span(meta))
-
-    def string(self, children):
-        return self._string(children[0])
-
-    def signed_number(self, children):
-        tok = children[0]
-        text = tok.value
-        value: int | float = float(text) if any(c in text for c in ".eE") else int(text)
-        return ast.NumberLit(value, _tok_span(tok, self.path))
-
-    @v_args(meta=True)
-    def true(self, meta, _):
-        return ast.BoolLit(True, self._span(meta))
-
-    @v_args(meta=True)
-    def false(self, meta, _):
-        return ast.BoolLit(False, self._span(meta))
-
-    @v_args(meta=True)
-    def value_list(self, meta, children):
-        return ast.ListLit(tuple(c for c in children if c is not None), self._span(meta))

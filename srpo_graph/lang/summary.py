@@ -29,6 +29,14 @@ def _activation(t) -> str:
 def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: str = "") -> str:
     """A few lines: agents and policies, transitions with set sizes, routers, the episode bound.
 
+    Args:
+        workflow: a checked workflow.
+        max_firings: the proven bound on transition firings (default: ``max_steps``).
+        bound_reason: why that bound holds, shown in parentheses.
+
+    Returns:
+        The text ``srpo-graph check`` prints.
+
     >>> from srpo_graph.lang.parser import parse
     >>> from srpo_graph.lang.checker import check
     >>> w = check(parse('workflow w\\nimport std\\npolicy p = "tiny"\\nagent a { policy: p prompt: "x" }\\n'

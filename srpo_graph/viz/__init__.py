@@ -12,14 +12,42 @@ from srpo_graph.workflow import Workflow
 
 
 def to_svg(workflow: Workflow) -> str:
-    """The routing graph as an SVG document (matplotlib; imported lazily)."""
+    """The routing graph as an SVG document (matplotlib, imported lazily; no Graphviz).
+
+    Args:
+        workflow: a checked workflow.
+
+    Returns:
+        The SVG text; deterministic (no date, fixed ids), so it can be committed or diffed.
+
+    >>> from srpo_graph.lang import parse, check
+    >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" }'
+    ...                 ' transition t { consume: a activate: end } start: a'))
+    >>> svg = to_svg(w)
+    >>> svg.startswith("<?xml") and "|S|=1" in svg
+    True
+    """
     from srpo_graph.viz.render import to_svg as _svg
 
     return _svg(workflow)
 
 
 def to_png(workflow: Workflow, dpi: int = 110) -> bytes:
-    """The routing graph as PNG bytes (matplotlib; imported lazily)."""
+    """The routing graph as PNG bytes (matplotlib, imported lazily; no Graphviz).
+
+    Args:
+        workflow: a checked workflow.
+        dpi: resolution of the image.
+
+    Returns:
+        The PNG file's bytes.
+
+    >>> from srpo_graph.lang import parse, check
+    >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" }'
+    ...                 ' transition t { consume: a activate: end } start: a'))
+    >>> to_png(w, dpi=40)[:4]
+    b'\\x89PNG'
+    """
     from srpo_graph.viz.render import to_png as _png
 
     return _png(workflow, dpi)
@@ -31,8 +59,22 @@ FORMATS = {".svg": to_svg, ".png": to_png, ".dot": to_dot, ".gv": to_dot, ".mmd"
 def write_graph(workflow: Workflow, path: str | Path) -> Path:
     """Draw ``workflow`` into ``path``; the format follows the suffix (.svg .png .dot .gv .mmd).
 
+    Args:
+        workflow: a checked workflow.
+        path: the file to write (replaced if it exists).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
     Raises:
         ValueError: the suffix names no known format.
+
+    >>> from srpo_graph.lang import parse, check
+    >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" }'
+    ...                 ' transition t { consume: a activate: end } start: a'))
+    >>> write_graph(w, "graph.jpg")
+    Traceback (most recent call last):
+    ValueError: unknown picture format '.jpg': use one of .svg, .png, .dot, .gv, .mmd
     """
     path = Path(path)
     fn = FORMATS.get(path.suffix.lower())

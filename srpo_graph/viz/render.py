@@ -19,6 +19,46 @@ from srpo_graph.workflow import END, Workflow
 X_GAP, Y_GAP = 2.6, 1.5
 AGENT_W, AGENT_H = 1.9, 0.62
 BAR_W, BAR_H = 1.9, 0.26
+NOTE_FONT = 7  # points
+NOTE_PAD = 0.12  # between a bar's right end and its note, in data units
+INCH_PER_UNIT = 1.1  # figure inches per data unit (see the figsize below)
+# Note [Transition notes]
+# A transition's note ("|S|=1  r=equals") sits to the RIGHT of its bar, vertically centred, in a
+# white box no taller than the bar. Arcs leave a bar through its top or bottom edge (layers are
+# 1.5 apart, neighbours 2.6+ apart, so the line from the centre always exits there) and route
+# labels sit mid-way between layers, so usually nothing else is drawn there; the horizontal gap
+# between neighbours grows to fit the widest note. An arc that skips layers (e.g. a route straight
+# to `end`) can pass beside a bar: then the note goes to the LEFT, the first side that meets no
+# arc, route label, node or earlier note (tests/viz checks the rendered geometry).
+
+
+def _note(t) -> str:
+    """The annotation of a transition: set sizes, loop bound, reward."""
+    note = sizes_label(t.set_sizes) + (f"  ≤{t.max_rounds} rounds" if t.max_rounds else "")
+    if t.reward is not None:
+        note += f"  r={t.reward.function}"
+    return note
+
+
+def _note_width(text: str) -> float:
+    """A generous estimate of the note's width in data units (DejaVu Sans ~0.6 em per char)."""
+    return len(text) * NOTE_FONT * 0.62 / 72 / INCH_PER_UNIT + 0.1
+
+
+def _node_box(n: str, xy: tuple[float, float], kind: str) -> tuple[float, float, float, float]:
+    """The region a node (with its own caption) covers, in data units."""
+    x, y = xy
+    half_w, half_h = {"agent": (AGENT_W / 2, AGENT_H / 2), "transition": (BAR_W / 2, BAR_H / 2)}.get(kind, (0.7, 0.2))
+    return (x - half_w, y - half_h, x + half_w, y + half_h)
+
+
+def _blocked(box, arrows, taken) -> bool:
+    """Whether ``box`` (x0, y0, x1, y1) meets an arc's path or another drawn thing."""
+    x0, y0, x1, y1 = box
+    m = 0.05  # margin
+    if any(x0 - m <= px <= x1 + m and y0 - m <= py <= y1 + m for pts in arrows for px, py in pts):
+        return True
+    return any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in taken)
 
 
 def _figure(w: Workflow):
@@ -26,14 +66,18 @@ def _figure(w: Workflow):
     from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 
     lay = layout(w)
-    pos = {n: (x * X_GAP, -y * Y_GAP) for n, (x, y) in lay.pos.items()}
+    notes = {t.name: _note(t) for t in w.transitions}
+    widest = max((_note_width(s) for s in notes.values()), default=0.0)
+    x_gap = max(X_GAP, BAR_W / 2 + NOTE_PAD + widest + 0.15 + AGENT_W / 2)  # Note [Transition notes]
+    pos = {n: (x * x_gap, -y * Y_GAP) for n, (x, y) in lay.pos.items()}
     xs = [p[0] for p in pos.values()]
-    width = max(xs) - min(xs) + 2 * X_GAP
+    margin = max(X_GAP * 0.9, BAR_W / 2 + NOTE_PAD + widest + 0.1)  # room for a note on either side
+    left, right = min(xs) - margin, max(xs) + margin
     height = len(lay.layers) * Y_GAP + 1.2
-    fig = Figure(figsize=(max(4.0, width * 1.1), max(3.0, height * 0.95)), dpi=100)
+    fig = Figure(figsize=(max(4.0, (right - left) * INCH_PER_UNIT), max(3.0, height * 0.95)), dpi=100)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_axis_off()
-    ax.set_xlim(min(xs) - X_GAP * 0.9, max(xs) + X_GAP * 0.9)
+    ax.set_xlim(left, right)
     ax.set_ylim(-(len(lay.layers) - 1) * Y_GAP - 0.8, 1.3)
     ax.set_aspect("equal")
     colors = policy_colors(w)
@@ -54,11 +98,6 @@ def _figure(w: Workflow):
             p = Rectangle((x - BAR_W / 2, y - BAR_H / 2), BAR_W, BAR_H, fc="#333333", ec="#111111", zorder=3)
             ax.add_patch(p)
             ax.text(x, y, n, ha="center", va="center", fontsize=8, color="white", zorder=4)
-            note = sizes_label(t.set_sizes) + (f"  ≤{t.max_rounds} rounds" if t.max_rounds else "")
-            if t.reward is not None:
-                note += f"  r={t.reward.function}"
-            ax.text(x + 0.12, y - BAR_H / 2 - 0.04, note, ha="left", va="top", fontsize=7, color="#333333", zorder=4,
-                    bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.85))
         elif n == "start":
             p = Circle((x, y), 0.13, fc="black", zorder=3)
             ax.add_patch(p)
@@ -72,6 +111,7 @@ def _figure(w: Workflow):
     style = {"start": ("#555555", ":"), "consume": ("#888888", "-"), "activate": ("#111111", "-"),
              "route": ("#c0392b", "--")}
     seen_pairs: dict[tuple[str, str], int] = {}
+    arrows, taken = [], [_node_box(n, pos[n], kinds.get(n, n)) for n in pos]
     for u, v, data in w.graph().edges(data=True):
         color, ls = style[data["kind"]]
         k = seen_pairs.get((u, v), 0)
@@ -82,6 +122,7 @@ def _figure(w: Workflow):
                                 mutation_scale=12, color=color, ls=ls, lw=1.3,
                                 connectionstyle=f"arc3,rad={rad}", zorder=2)
         ax.add_patch(arrow)
+        arrows.append(arrow.get_path().interpolated(40).vertices)  # data coordinates, clipped at the nodes
         if data["kind"] == "route":
             (x1, y1), (x2, y2) = pos[u], pos[v]
             mx, my = (x1 + x2) / 2, (y1 + y2) / 2
@@ -89,10 +130,23 @@ def _figure(w: Workflow):
                 mx, my = mx + rad * (y2 - y1) * 0.5, my - rad * (x2 - x1) * 0.5
             ax.text(mx, my, data.get("label", ""), fontsize=8, color=color, ha="center", va="center", zorder=5,
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
+            half = _note_width(data.get("label", "")) / 2
+            taken.append((mx - half, my - 0.15, mx + half, my + 0.15))
+    for t in w.transitions:  # Note [Transition notes]: right of the bar, else left, whichever is clear
+        x, y = pos[t.name]
+        width = _note_width(notes[t.name])
+        for side in (1, -1, 1):
+            near = x + side * (BAR_W / 2 + NOTE_PAD)
+            box = (min(near, near + side * width), y - BAR_H / 2, max(near, near + side * width), y + BAR_H / 2)
+            if not _blocked(box, arrows, taken):
+                break
+        taken.append(box)
+        ax.text(near, y, notes[t.name], ha="left" if side > 0 else "right", va="center", fontsize=NOTE_FONT,
+                color="#333333", zorder=6, bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#bbbbbb", lw=0.6))
     handles = [Patch(fc=colors[p.name], ec="#222222", label=f"{p.name} = {p.model}") for p in w.policies]
     if handles:
         ax.legend(handles=handles, loc="upper right", fontsize=7, title="policies", title_fontsize=7, frameon=False)
-    ax.text(min(xs) - X_GAP * 0.85, 1.15, w.name, fontsize=11, ha="left", va="top", weight="bold")
+    ax.text(left + X_GAP * 0.05, 1.15, w.name, fontsize=11, ha="left", va="top", weight="bold")
     return fig
 
 

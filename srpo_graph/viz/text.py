@@ -13,7 +13,14 @@ PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 
 
 def policy_colors(w: Workflow) -> dict[str, str]:
-    """One colour per policy, in declaration order."""
+    """One colour per policy, in declaration order (the palette repeats after nine).
+
+    Args:
+        w: a workflow.
+
+    Returns:
+        ``{policy name: "#rrggbb"}``.
+    """
     return {p.name: PALETTE[i % len(PALETTE)] for i, p in enumerate(w.policies)}
 
 

@@ -35,3 +35,15 @@ def test_fmt_check_and_viz(tmp_path: Path) -> None:
     r = _run("viz", "workflows/coord_mixed.wf", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert out.read_text().startswith("flowchart TD")
+
+
+def test_check_prints_tight_bounds_and_separates_workflows() -> None:
+    # coord_routed: dispatch, then ONE of done_a/b/c -> 2 firings (not 4: a router takes one case);
+    # coord_mixed: pair, then close -> 2; search has a bounded cycle -> max_steps
+    r = _run("check", "workflows/coord_routed.wf", "workflows/coord_mixed.wf", "workflows/search.wf")
+    assert r.returncode == 0, r.stderr
+    blocks = r.stdout.split("\n\n")
+    assert len(blocks) == 3
+    assert "at most 2 transition firings (the graph is acyclic)" in blocks[0]
+    assert "at most 2 transition firings (the graph is acyclic)" in blocks[1]
+    assert "(max_steps; the graph has bounded cycles)" in blocks[2]

@@ -56,3 +56,33 @@ def test_unknown_format(tmp_path: Path) -> None:
     w = load_workflow(ROOT / "workflows" / "coord_seq.wf")
     with pytest.raises(ValueError, match="unknown picture format"):
         write_graph(w, tmp_path / "g.jpg")
+
+
+@pytest.mark.parametrize("stem", [p.stem for p in EXAMPLES])
+def test_transition_notes_overlap_no_arc_or_label(stem: str) -> None:
+    """Each transition's note box is clear of every arc and every other text (rendered geometry)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.patches import FancyArrowPatch
+
+    from srpo_graph.viz.render import _figure, _note
+
+    w = load_workflow(ROOT / "workflows" / f"{stem}.wf")
+    fig = _figure(w)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    note_texts = {_note(t) for t in w.transitions}
+    notes = [t for t in ax.texts if t.get_text() in note_texts]
+    assert len(notes) == len(w.transitions)
+    others = [t for t in ax.texts if t not in notes]
+    arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+    assert arrows
+    for note in notes:
+        box = note.get_bbox_patch().get_window_extent(renderer)
+        for other in others:
+            assert not box.overlaps(other.get_window_extent(renderer)), (note.get_text(), other.get_text())
+        for arrow in arrows:
+            dense = arrow.get_transform().transform(arrow.get_path().interpolated(50).vertices)  # data -> pixels
+            inside = [(x, y) for x, y in dense if box.contains(x, y)]
+            assert not inside, (note.get_text(), inside[:3])

@@ -1,0 +1,153 @@
+"""Check one agent declaration: policy, prompt template, sampling parameters, output and extractor.
+
+Stage: lang (check). Consumes an :class:`~srpo_graph.lang.ast.AgentDecl` and the checker's
+:class:`~srpo_graph.lang.scope.Scope`; produces an :class:`~srpo_graph.workflow.Agent` (built even
+when it has errors, so the graph rules still run) and records its template references for the
+path analysis. Problems go to the scope's diagnostics.
+"""
+
+from __future__ import annotations
+
+from srpo_graph.errors import Span
+from srpo_graph.lang import ast
+from srpo_graph.lang.callables import return_annotation, returns_fit
+from srpo_graph.lang.scope import ITEM_WORD, Scope, close_names, ret_str
+from srpo_graph.workflow import (
+    Agent,
+    Call,
+    ChoiceType,
+    Literal_,
+    Ref,
+    Sampling,
+    Template,
+    TextPart,
+    TextType,
+    WfType,
+    type_str,
+)
+
+# Extractor used when an output has no `via`: {type kind: std function}.
+DEFAULT_EXTRACTORS = {"text": "text", "int": "last_int", "choice": "choice", "record": "json_record"}
+# The sampling parameters a `sample { }` block accepts, and the Python type of each value.
+SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "stop": list, "allow": list}
+# Range rules on the numeric parameters: {key: (predicate, what the message says)}.
+SAMPLING_RANGES = {
+    "temperature": (lambda x: x > 0, "must be > 0"),
+    "top_p": (lambda x: 0 < x <= 1, "must be in (0, 1]"),
+    "top_k": (lambda x: x >= 0, "must be >= 0 (0 = off)"),
+    "max_tokens": (lambda x: x >= 1, "must be >= 1"),
+}
+
+
+def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
+    """The agent ``a`` declares (its output type is already in ``scope.agent_types``)."""
+    name = a.name.value
+    by_kind: dict[type, list] = {}
+    for i in a.items:
+        by_kind.setdefault(type(i), []).append(i)
+    for kind, its in by_kind.items():
+        for extra in its[1:]:
+            scope.err(f"agent '{name}' sets `{ITEM_WORD[kind]}` twice", extra.span, code="duplicate-name")
+    pol = by_kind.get(ast.PolicyItem, [None])[0]
+    prompt = by_kind.get(ast.PromptItem, [None])[0]
+    if pol is None:
+        scope.err(f"agent '{name}' has no policy", a.name.span,
+                 f"add `policy: NAME`; declared policies: {', '.join(scope.policies) or 'none'}", "missing-policy")
+    elif pol.policy.value not in scope.policies:
+        scope.err(f"unknown policy '{pol.policy.value}'", pol.policy.span,
+                 close_names(pol.policy.value, scope.policies) or "declare it: policy NAME = \"model\"",
+                 "unknown-policy")
+    if prompt is None:
+        scope.err(f"agent '{name}' has no prompt", a.name.span, 'add `prompt: "..."`', "missing-prompt")
+    refs: list[Ref] = []
+    parts = []
+    if prompt is not None:
+        for p in prompt.template.parts:
+            if isinstance(p, ast.Ref):
+                scope.ref_type(p)
+                r = Ref(path=p.path, optional=p.optional, span=p.span)
+                refs.append(r)
+                parts.append(r)
+            else:
+                parts.append(TextPart(text=p.text))
+    scope.uses.agent_refs[name] = refs
+    sampling = sampling_of(scope, by_kind.get(ast.SampleItem, [None])[0])
+    out = by_kind.get(ast.OutputItem, [None])[0]
+    out_type = scope.agent_types.get(name, TextType())
+    extractor = extractor_of(scope, name, out, out_type)
+    for u in by_kind.get(ast.UnconsumedItem, []):
+        if u.value.value != "allow":
+            scope.err(f"unknown value '{u.value.value}' for `unconsumed`", u.value.span,
+                     "the only value is `unconsumed: allow`", "bad-value")
+        else:
+            scope.uses.unconsumed_ok.add(name)
+    # an agent with errors is still built (its problems are reported) so the graph rules run
+    return Agent.model_construct(
+        node="agent", name=name, policy=pol.policy.value if pol else "",
+        template=Template(parts=tuple(parts), span=prompt.template.span if prompt else None),
+        sampling=sampling, output=out_type, span=a.span,
+        extractor=extractor or Call(module="?", alias="?", function="?"),
+    )
+
+def extractor_of(scope: Scope, agent: str, out: ast.OutputItem | None, t: WfType) -> Call | None:
+    """The extractor of an output of type ``t``: its `via`, or the default for ``t`` (None: reported)."""
+    options = tuple(Literal_(value=o) for o in t.options) if isinstance(t, ChoiceType) else ()
+    if out is None or out.via is None:
+        kind = "choice" if isinstance(t, ChoiceType) else t.kind
+        fn_name = DEFAULT_EXTRACTORS.get(kind)
+        if isinstance(t, ChoiceType) and t.multi:
+            fn_name = "choices"
+        if fn_name is None:
+            scope.err(f"no default extractor for a {type_str(t)} output", out.type.span if out else None,
+                     "name one: `output: TYPE via module.function`", "missing-extractor")
+            return None
+        return Call(module="srpo_graph.std", alias="std", function=fn_name, args=options,
+                    span=out.span if out else None)
+    refs: list[Ref] = []
+    for a in out.via.args:
+        if isinstance(a.value, ast.Ref):
+            scope.err("an extractor's arguments must be literals", a.span,
+                     "the extractor sees only the completion text and these constants", "bad-call")
+    extra = options if (isinstance(t, ChoiceType) and not out.via.args) else ()
+    call = scope.call(out.via, "extractor", refs, leading=(TextType(),), extra_args=extra)
+    if call is None:
+        return Call(module="?", alias=out.via.module.value, function=out.via.function.value)
+    mod = scope.modules.get(out.via.module.value, (None, None, None))[1]
+    fn = getattr(mod, out.via.function.value, None) if mod is not None else None
+    if fn is not None and callable(fn) and not returns_fit(t, return_annotation(fn)):
+        scope.err(f"extractor {call.qualname} returns {ret_str(fn)}, but the output is declared {type_str(t)}",
+                 out.via.span, "change the output type or use an extractor that returns it", "type-mismatch")
+    return call
+
+def sampling_of(scope: Scope, s: ast.SampleItem | None) -> Sampling:
+    """The sampling parameters of a `sample { }` block (bad entries are reported and left out)."""
+    if s is None:
+        return Sampling()
+    values: dict = {}
+    seen: dict[str, Span] = {}
+    for e in s.entries:
+        key = e.key.value
+        if key not in SAMPLING_KEYS:
+            scope.err(f"unknown sampling parameter '{key}'", e.key.span,
+                     close_names(key, SAMPLING_KEYS), "unknown-name")
+            continue
+        if not scope.unique(e.key, seen, "sampling parameter"):
+            continue
+        want, v = SAMPLING_KEYS[key], e.value
+        if want is list:
+            items = v.items if isinstance(v, ast.ListLit) else (v,)
+            if not all(isinstance(x, ast.StringLit) and x.value for x in items):
+                scope.err(f"`{key}` takes a list of non-empty strings", e.value.span, code="type-mismatch")
+                continue
+            values[key] = tuple(x.value for x in items)
+        elif not isinstance(v, ast.NumberLit) or (want is int and not isinstance(v.value, int)):
+            scope.err(f"`{key}` takes {'an integer' if want is int else 'a number'}", e.value.span,
+                     code="type-mismatch")
+        else:
+            values[key] = want(v.value)
+    for key, (ok, why) in SAMPLING_RANGES.items():
+        if key in values and not ok(values[key]):
+            entry = next(e for e in s.entries if e.key.value == key)
+            scope.err(f"`{key}` {why}", entry.value.span, code="bad-value")
+            del values[key]
+    return Sampling(**values)

@@ -1,0 +1,255 @@
+"""Turn Lark's parse tree into the syntax tree of :mod:`srpo_graph.lang.ast`.
+
+Stage: lang (parse). Consumes the tree :func:`srpo_graph.lang.parser.parse` gets from Lark,
+produces an :class:`~srpo_graph.lang.ast.Module`: one frozen node per grammar rule, each with
+its :class:`~srpo_graph.errors.Span`. Builds nodes and nothing else: no name is resolved and
+nothing is checked here, except what the text itself must satisfy (string escapes and
+template holes, decoded by :mod:`srpo_graph.lang.templates`).
+"""
+
+from __future__ import annotations
+
+from lark import Token, Transformer, v_args
+
+from srpo_graph.errors import Span
+from srpo_graph.lang import ast
+from srpo_graph.lang.templates import decode_string, split_template
+
+
+def tok_span(tok: Token, path: str) -> Span:
+    """The span of one token."""
+    return Span(path=path, line=tok.line, col=tok.column, end_line=tok.end_line, end_col=tok.end_column)
+
+
+class BuildAst(Transformer):
+    """Lark tree -> AST nodes. Builds nodes and nothing else (no names resolved, no checks)."""
+
+    def __init__(self, path: str, source: str, comments: tuple[ast.Comment, ...]):
+        super().__init__()
+        self.path, self.source, self.comments = path, source, comments
+
+    def _span(self, meta) -> Span:
+        if getattr(meta, "empty", True):
+            return Span(path=self.path, line=1, col=1, end_line=1, end_col=1)
+        return Span(path=self.path, line=meta.line, col=meta.column, end_line=meta.end_line, end_col=meta.end_column)
+
+    def _name(self, tok: Token) -> ast.Name:
+        return ast.Name(str(tok), tok_span(tok, self.path))
+
+    def _string(self, tok: Token) -> ast.StringLit:
+        span = tok_span(tok, self.path)
+        triple = tok.value.startswith('"""')
+        raw = tok.value[3:-3] if triple else tok.value[1:-1]
+        return ast.StringLit(decode_string(raw, span, triple), span)
+
+    # -- module ----------------------------------------------------------------
+    @v_args(meta=True)
+    def start(self, meta, children):
+        header, *items = children
+        return ast.Module(header, tuple(items), self.comments, self.source, self._span(meta))
+
+    @v_args(meta=True)
+    def header(self, meta, children):
+        name, desc = children
+        return ast.Header(self._name(name), self._string(desc) if desc is not None else None, self._span(meta))
+
+    @v_args(meta=True)
+    def import_stmt(self, meta, children):
+        dotted, alias = children
+        return ast.ImportStmt(dotted, self._name(alias) if alias is not None else None, self._span(meta))
+
+    def dotted_name(self, children):
+        return tuple(self._name(t) for t in children)
+
+    @v_args(meta=True)
+    def task_block(self, meta, children):
+        return ast.TaskBlock(tuple(children), self._span(meta))
+
+    @v_args(meta=True)
+    def field_decl(self, meta, children):
+        return ast.FieldDecl(self._name(children[0]), children[1], self._span(meta))
+
+    @v_args(meta=True)
+    def policy_decl(self, meta, children):
+        return ast.PolicyDecl(self._name(children[0]), self._string(children[1]), self._span(meta))
+
+    # -- agents ----------------------------------------------------------------
+    @v_args(meta=True)
+    def agent_decl(self, meta, children):
+        return ast.AgentDecl(self._name(children[0]), tuple(children[1:]), self._span(meta))
+
+    @v_args(meta=True)
+    def policy_item(self, meta, children):
+        return ast.PolicyItem(self._name(children[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def prompt_item(self, meta, children):
+        tok = children[0]
+        span = tok_span(tok, self.path)
+        triple = tok.value.startswith('"""')
+        raw = tok.value[3:-3] if triple else tok.value[1:-1]
+        parts = split_template(raw, span, triple)
+        return ast.PromptItem(ast.Template(parts, triple, span), self._span(meta))
+
+    @v_args(meta=True)
+    def sample_item(self, meta, children):
+        return ast.SampleItem(tuple(children), self._span(meta))
+
+    @v_args(meta=True)
+    def sample_entry(self, meta, children):
+        return ast.SampleEntry(self._name(children[0]), children[1], self._span(meta))
+
+    @v_args(meta=True)
+    def output_item(self, meta, children):
+        return ast.OutputItem(children[0], children[1], self._span(meta))
+
+    @v_args(meta=True)
+    def unconsumed_item(self, meta, children):
+        return ast.UnconsumedItem(self._name(children[0]), self._span(meta))
+
+    # -- transitions ------------------------------------------------------------
+    @v_args(meta=True)
+    def transition_decl(self, meta, children):
+        return ast.TransitionDecl(self._name(children[0]), tuple(children[1:]), self._span(meta))
+
+    @v_args(meta=True)
+    def consume_item(self, meta, children):
+        return ast.ConsumeItem(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def tool_item(self, meta, children):
+        return ast.ToolItem(self._name(children[0]), children[1], self._span(meta))
+
+    @v_args(meta=True)
+    def reward_item(self, meta, children):
+        return ast.RewardItem(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def activate_item(self, meta, children):
+        return ast.ActivateItem(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def max_rounds_item(self, meta, children):
+        return ast.MaxRoundsItem(ast.NumberLit(int(children[0]), tok_span(children[0], self.path)), self._span(meta))
+
+    @v_args(meta=True)
+    def activate_end(self, meta, children):
+        return ast.ActivateEnd(self._span(meta))
+
+    @v_args(meta=True)
+    def activate_agents(self, meta, children):
+        return ast.ActivateAgents(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def activate_route(self, meta, children):
+        return ast.ActivateRoute(children[0], children[1], self._span(meta))
+
+    def route_cases(self, children):
+        return tuple(children)
+
+    @v_args(meta=True)
+    def route_case(self, meta, children):
+        tok = children[0]
+        label = tok.value[:-2].rstrip()
+        span = Span(path=self.path, line=tok.line, col=tok.column, end_line=tok.line, end_col=tok.column + len(label))
+        return ast.RouteCase(ast.Name(label, span), tuple(children[1:]), self._span(meta))
+
+    def target(self, children):
+        return self._name(children[0])
+
+    # -- workflow-level ---------------------------------------------------------
+    @v_args(meta=True)
+    def start_stmt(self, meta, children):
+        return ast.StartStmt(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def reward_stmt(self, meta, children):
+        return ast.RewardStmt(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def max_steps_stmt(self, meta, children):
+        return ast.MaxStepsStmt(ast.NumberLit(int(children[0]), tok_span(children[0], self.path)), self._span(meta))
+
+    def name_list(self, children):
+        return tuple(self._name(t) for t in children)
+
+    # -- types -------------------------------------------------------------------
+    @v_args(meta=True)
+    def text_type(self, meta, _):
+        return ast.SimpleType("text", self._span(meta))
+
+    @v_args(meta=True)
+    def int_type(self, meta, _):
+        return ast.SimpleType("int", self._span(meta))
+
+    @v_args(meta=True)
+    def float_type(self, meta, _):
+        return ast.SimpleType("float", self._span(meta))
+
+    @v_args(meta=True)
+    def bool_type(self, meta, _):
+        return ast.SimpleType("bool", self._span(meta))
+
+    @v_args(meta=True)
+    def choice_type(self, meta, children):
+        return ast.ChoiceTypeExpr(children[0], False, self._span(meta))
+
+    @v_args(meta=True)
+    def choices_type(self, meta, children):
+        return ast.ChoiceTypeExpr(children[0], True, self._span(meta))
+
+    @v_args(meta=True)
+    def list_type(self, meta, children):
+        return ast.ListTypeExpr(children[0], self._span(meta))
+
+    @v_args(meta=True)
+    def record_type(self, meta, children):
+        return ast.RecordTypeExpr(tuple(children), self._span(meta))
+
+    @v_args(meta=True)
+    def record_field(self, meta, children):
+        return ast.RecordField(self._name(children[0]), children[1], self._span(meta))
+
+    def label_list(self, children):
+        return tuple(children)
+
+    # -- calls and values ----------------------------------------------------------
+    @v_args(meta=True)
+    def call(self, meta, children):
+        module, function, args = children
+        return ast.Call(self._name(module), self._name(function), args or (), args is not None, self._span(meta))
+
+    def call_args(self, children):
+        return tuple(c for c in children if c is not None)
+
+    @v_args(meta=True)
+    def arg(self, meta, children):
+        name, value = children
+        return ast.Arg(self._name(name) if name is not None else None, value, self._span(meta))
+
+    @v_args(meta=True)
+    def ref(self, meta, children):
+        optional = bool(children) and children[-1].type == "OPTIONAL"
+        names = children[:-1] if optional else children
+        return ast.Ref(tuple(str(t) for t in names), optional, self._span(meta))
+
+    def string(self, children):
+        return self._string(children[0])
+
+    def signed_number(self, children):
+        tok = children[0]
+        text = tok.value
+        value: int | float = float(text) if any(c in text for c in ".eE") else int(text)
+        return ast.NumberLit(value, tok_span(tok, self.path))
+
+    @v_args(meta=True)
+    def true(self, meta, _):
+        return ast.BoolLit(True, self._span(meta))
+
+    @v_args(meta=True)
+    def false(self, meta, _):
+        return ast.BoolLit(False, self._span(meta))
+
+    @v_args(meta=True)
+    def value_list(self, meta, children):
+        return ast.ListLit(tuple(c for c in children if c is not None), self._span(meta))
