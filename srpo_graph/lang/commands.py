@@ -16,7 +16,9 @@ from srpo_graph.errors import SrpoGraphError, WorkflowCheckError, render
 
 @click.command("check")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-def check_cmd(files: tuple[Path, ...]) -> None:
+@click.option("--json", "json_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also save each checked Workflow as DIR/<name>.json (the typed spec later stages read).")
+def check_cmd(files: tuple[Path, ...], json_dir: Path | None) -> None:
     """Parse and type-check FILES; print a summary of each workflow (exit 2 on errors)."""
     from srpo_graph.lang.checker import check_module
     from srpo_graph.lang.parser import parse, read_source
@@ -37,6 +39,11 @@ def check_cmd(files: tuple[Path, ...]) -> None:
             click.echo()  # a blank line between workflows
         click.echo(summary(result.workflow, result.max_firings, result.bound_reason))
         shown += 1
+        if json_dir is not None:
+            json_dir.mkdir(parents=True, exist_ok=True)
+            out = json_dir / f"{result.workflow.name}.json"
+            out.write_text(result.workflow.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            click.echo(f"  saved:       {out}")
     if len(failures) == 1:
         raise failures[0]
     if failures:

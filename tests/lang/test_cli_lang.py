@@ -47,3 +47,13 @@ def test_check_prints_tight_bounds_and_separates_workflows() -> None:
     assert "at most 2 transition firings (the graph is acyclic)" in blocks[0]
     assert "at most 2 transition firings (the graph is acyclic)" in blocks[1]
     assert "(max_steps; the graph has bounded cycles)" in blocks[2]
+
+
+def test_check_json_saves_the_typed_workflow(tmp_path: Path) -> None:
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.workflow import Workflow
+
+    proc = _run("check", str(ROOT / "workflows" / "coord_routed.wf"), "--json", str(tmp_path / "specs"))
+    assert proc.returncode == 0, proc.stderr
+    saved = Workflow.model_validate_json((tmp_path / "specs" / "coord_routed.json").read_text(encoding="utf-8"))
+    assert saved == load_workflow(ROOT / "workflows" / "coord_routed.wf")
