@@ -78,7 +78,9 @@ class TransformersBackend:
             tokenizer = load_tokenizer(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else torch.float32)
         except (OSError, ValueError) as exc:
-            raise BackendError(f"cannot load model {name_or_path!r} ({path}): {exc}") from None
+            raise BackendError(f"cannot load model {name_or_path!r} ({path}): {exc}\n(a model must be a local"
+                               " directory or already in the Hugging Face cache; `--model tiny` runs the built-in"
+                               " tiny model)") from None
         return cls(model, tokenizer, device=device, **kw)
 
     # ------------------------------------------------------------------ generation

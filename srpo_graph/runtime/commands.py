@@ -48,17 +48,23 @@ def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[
 @click.option("--max-concurrent", type=int, default=None, help="Most episodes alive at once (default: all).")
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).")
+@click.option("--retries", type=int, default=None,
+              help="sglang: retries of a request on connection errors and 5xx (default 4, with backoff).")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="sglang: seconds to wait for one answer (default 300).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, url, device, max_concurrent,
-            threads, quiet):
-    """Run every task SAMPLES times and write one trace line per episode."""
+            threads, retries, timeout_s, quiet):
+    """Run every task SAMPLES times and write one trace line per episode.
+
+    Episodes are appended to OUT (flushed) as soon as they finish, so a run that stops early
+    -- a backend that stops answering, Ctrl-C -- leaves the finished ones in a valid file; a run
+    that completes rewrites OUT in task order.
+    """
     from rich.console import Console
 
     from srpo_graph.backends import load_backend
     from srpo_graph.lang import load_workflow
-    from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.runtime.trace import write_traces
 
     wf = load_workflow(workflow_file)
     tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
@@ -70,17 +76,21 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
         # the tiny model is far faster on one thread; on a busy CPU more threads can be 50x slower
         if threads or all(m == "tiny" for m in chosen.values()):
             torch.set_num_threads(threads or 1)
-    kw = {"url": url} if backend_kind == "sglang" else {"device": device}
+    kw: dict = {"device": device}
+    if backend_kind == "sglang":
+        kw = {"url": url, **({"max_retries": retries} if retries is not None else {}),
+              **({"timeout": timeout_s} if timeout_s is not None else {})}
     by_model = {m: load_backend(backend_kind, m, **kw) for m in dict.fromkeys(chosen.values())}
     backends = {p: by_model[m] for p, m in chosen.items()}
+    console = Console(stderr=True)
     try:
-        result = run(wf, tasks, backends, samples=samples, seed=seed, progress=not quiet, max_concurrent=max_concurrent)
+        result = run_streaming(wf, tasks, backends, Path(out_file), console, samples=samples, seed=seed,
+                               progress=not quiet, max_concurrent=max_concurrent)
     finally:
         for b in by_model.values():
             b.close()
-    write_traces(out_file, result.episodes)
     s = result.stats
-    Console(stderr=True).print(
+    console.print(
         f"[bold]{wf.name}[/]: {s.episodes} episodes ({len(tasks)} tasks x {samples}), mean reward "
         f"{s.mean_reward:.3f}, {s.tokens_generated} tokens generated in {s.seconds:.2f}s "
         f"({s.tokens_per_second:,.0f} tokens/s, {s.generate_calls} batches), failures {s.failures}, "
@@ -88,15 +98,51 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     )
     failed = [e for e in result.episodes if e.status == "failed"]
     if failed:
-        Console(stderr=True).print(f"[yellow]first failure ({failed[0].task_id}/{failed[0].sample}):[/] {failed[0].error}")
+        console.print(f"[yellow]first failure ({failed[0].task_id}/{failed[0].sample}):[/] {failed[0].error}")
+
+
+def run_streaming(wf, tasks, backends, out: Path, console, **run_kw):
+    """:func:`~srpo_graph.runtime.executor.run`, each finished episode appended to ``out`` at once.
+
+    On success ``out`` is rewritten (atomically) in task-major order. If the run stops -- any
+    exception, Ctrl-C -- the episodes finished so far stay in ``out`` (one flushed JSON line
+    each, so the file is valid), a note says how many, and the exception goes on.
+    """
+    import os
+
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.runtime.trace import write_traces
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with out.open("w", encoding="utf-8") as fh:
+
+        def stream(ep) -> None:
+            nonlocal written
+            fh.write(ep.to_json() + "\n")
+            fh.flush()
+            written += 1
+
+        try:
+            result = run(wf, tasks, backends, on_episode=stream, **run_kw)
+        except BaseException as exc:
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
+            console.print(f"[red]run {what}[/]: the {written} episodes finished before are in {out} (valid JSONL)")
+            raise
+    tmp = out.with_name(out.name + ".tmp")
+    write_traces(tmp, result.episodes)
+    os.replace(tmp, out)
+    return result
 
 
 @click.command("show")
 @click.argument("traces_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--episode", "index", type=int, default=None, help="Show only this episode (0-based line).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False), default=None, help="Write an HTML view of the episode(s).")
+@click.option("--workflow", "workflow_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The .wf the traces came from: --html then draws each episode on its routing graph.")
 @click.option("--max", "max_shown", default=5, show_default=True, help="Episodes printed when --episode is not given.")
-def show_cmd(traces_file, index, html_file, max_shown):
+def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
     """Print episodes readably: who said what, which transition consumed which outputs, rewards."""
     from rich.console import Console
 
@@ -116,7 +162,16 @@ def show_cmd(traces_file, index, html_file, max_shown):
     if index is None and len(episodes) > max_shown:
         console.print(f"... {len(episodes) - max_shown} more episodes (use --episode N)")
     if html_file:
-        Path(html_file).write_text(episode_html([ep for _, ep in chosen], Path(traces_file).name), encoding="utf-8")
+        wf = None
+        if workflow_file:
+            from srpo_graph.lang import load_workflow
+
+            wf = load_workflow(workflow_file)
+            other = sorted({ep.workflow.name for _, ep in chosen} - {wf.name})
+            if other:
+                raise ConfigError(f"--workflow {workflow_file} is workflow {wf.name!r}; the episodes ran {other}")
+        page = episode_html([ep for _, ep in chosen], Path(traces_file).name, workflow=wf)
+        Path(html_file).write_text(page, encoding="utf-8")
         console.print(f"wrote {html_file}")
 
 

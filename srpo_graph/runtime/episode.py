@@ -16,14 +16,27 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.errors import RuntimeFailure
 from srpo_graph.runtime.render import State, call_args
 from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
 from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, Call, Transition, Workflow
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What the executor hands an episode for one pending agent: the request and what came back."""
+
+    request: GenerationRequest
+    completion_ids: tuple[int, ...]  # the kept ids (after multi-token stop strings)
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    text: str  # decoded from the kept ids, for extraction and display only
+    policy_version: int
 
 
 class Callables:
@@ -31,12 +44,24 @@ class Callables:
 
     The ``.wf`` file's directory is put on ``sys.path`` so that ``import my_tools`` finds a
     module next to it. An import that fails is remembered and re-raised for every episode
-    that needs it (each such episode is marked failed; the run goes on).
+    that needs it (each such episode is marked failed; the run goes on). It also indexes which
+    transitions consume each agent (``consumers``), so readiness checks look at those only.
     """
 
     def __init__(self, workflow: Workflow):
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], Callable[..., Any] | Exception] = {}
+        # agent -> indices (declaration order) of the transitions that consume it
+        self.consumers: dict[str, tuple[int, ...]] = {}
+        for i, t in enumerate(workflow.transitions):
+            for a in t.consume:
+                self.consumers[a] = (*self.consumers.get(a, ()), i)
+        # agent -> (its consumer, that transition's max_rounds), for consumers with a bound
+        self.bounded: dict[str, tuple[str, int]] = {}
+        for a, name in workflow.consumer_of.items():
+            t = workflow.transition_by_name.get(name)
+            if t is not None and t.max_rounds is not None:
+                self.bounded[a] = (name, t.max_rounds)
         if workflow.path and workflow.path != "<string>":
             folder = str(Path(workflow.path).resolve().parent)
             if folder not in sys.path:
@@ -44,6 +69,9 @@ class Callables:
 
     def get(self, call: Call) -> Callable[..., Any]:
         key = (call.module, call.function)
+        found = self._cache.get(key)  # a plain dict read is atomic: no lock once imported
+        if found is not None and not isinstance(found, Exception):
+            return found
         with self._lock:
             if key not in self._cache:
                 try:
@@ -71,7 +99,7 @@ class EpisodeRun:
         self.fresh: dict[str, list[str]] = {}  # agent -> unconsumed output ids
         self.outputs: list[Output] = []
         self.records: list[TransitionRecord] = []
-        self.rounds: Counter[str] = Counter()
+        self.rounds: dict[str, int] = {}  # transition -> times fired
         self.transition_rewards = 0.0
         self.end_activated = False
         self.status: str | None = None  # set when the episode is over
@@ -96,23 +124,36 @@ class EpisodeRun:
 
     # ------------------------------------------------------------------ events
 
-    def add_output(self, output: Output, extract_text: str) -> None:
-        """Accept the generation of a pending agent; extract its typed value."""
-        agent = self.wf.agent_by_name[output.agent]
+    def add_output(self, agent_name: str, sampled: Sampled) -> None:
+        """Accept the generation of a pending agent: extract its typed value, record the output."""
+        agent = self.wf.agent_by_name[agent_name]
+        value, error = None, None
         try:
             fn = self.callables.get(agent.extractor)
             args, kwargs = call_args(agent.extractor, self.state)
             try:
-                value = fn(extract_text, *args, **kwargs)
+                value = fn(sampled.text, *args, **kwargs)
             except ValueError:
                 value = None  # the output holds no such value: documented, not a failure
         except Exception as exc:  # noqa: BLE001
-            self.outputs.append(output)
-            self.fail(f"extractor {agent.extractor.qualname} of agent {agent.name!r}: {exc!r}")
+            error = f"extractor {agent.extractor.qualname} of agent {agent.name!r}: {exc!r}"
+        req = sampled.request
+        oid = f"o{len(self.outputs)}"
+        # no re-validation here (it costs O(tokens) per output): every field is typed by
+        # construction and the executor checked the backend's part (``checked_completion``);
+        # the trace reader validates everything
+        self.outputs.append(Output.model_construct(
+            id=oid, agent=agent.name, policy=agent.policy, policy_version=int(sampled.policy_version),
+            step=len(self.records), prompt_ids=list(req.prompt_ids), completion_ids=list(sampled.completion_ids),
+            logprobs=list(sampled.logprobs), temperature=float(req.temperature),
+            allowed_token_ids=None if req.allowed_token_ids is None else list(req.allowed_token_ids),
+            text=sampled.text, value=value, finish_reason=sampled.finish_reason,
+        ))
+        if error is not None:
+            self.fail(error)
             return
-        self.outputs.append(output.model_copy(update={"value": value}))
         self.pending.remove(agent.name)
-        self.fresh.setdefault(agent.name, []).append(output.id)
+        self.fresh.setdefault(agent.name, []).append(oid)
         self.state.values[agent.name] = value
 
     def fail(self, error: str) -> None:
@@ -121,8 +162,12 @@ class EpisodeRun:
 
     def advance(self) -> Callable[[], dict[str, Any]] | None:
         """Fire every ready transition; return a tool job to run (the episode then waits) or None."""
-        while not self.done and self.waiting is None:
-            ready = next((t for t in self.wf.transitions if self._is_ready(t)), None)
+        consumers, transitions = self.callables.consumers, self.wf.transitions
+        while self.status is None and self.waiting is None:
+            # only a transition consuming an agent with fresh outputs (a key of ``fresh``, never
+            # an empty list) can be ready; the first declared one fires
+            candidates = sorted({i for a in self.fresh for i in consumers.get(a, ())})
+            ready = next((t for t in (transitions[i] for i in candidates) if self._is_ready(t)), None)
             if ready is None:
                 if not self.pending:
                     if self.end_activated:
@@ -131,7 +176,7 @@ class EpisodeRun:
                         self.fail("episode stalled: nothing pending, no transition ready, `end` never activated")
                 return None
             if len(self.records) >= self.wf.max_steps or (
-                ready.max_rounds is not None and self.rounds[ready.name] >= ready.max_rounds
+                ready.max_rounds is not None and self.rounds.get(ready.name, 0) >= ready.max_rounds
             ):
                 self._finish("truncated")
                 return None
@@ -162,7 +207,12 @@ class EpisodeRun:
     # ------------------------------------------------------------------ internals
 
     def _is_ready(self, t: Transition) -> bool:
-        return any(self.fresh.get(a) for a in t.consume) and not any(a in self.pending for a in t.consume)
+        fresh, pending, some = self.fresh, self.pending, False
+        for a in t.consume:
+            if a in pending:
+                return False
+            some = some or bool(fresh.get(a))
+        return some
 
     def _tool_job(self, t: Transition) -> Callable[[], dict[str, Any]]:
         # arguments are evaluated now, in order, each tool seeing the results of the earlier ones
@@ -189,7 +239,7 @@ class EpisodeRun:
             id=f"t{len(self.records)}", name=t.name, step=len(self.records), consumed=consumed,
             activated=list(activated), tool_results=tool_results, reward=reward,
         ))
-        self.rounds[t.name] += 1
+        self.rounds[t.name] = self.rounds.get(t.name, 0) + 1
         self.transition_rewards += reward or 0.0
         self._activate(activated)
         agents = [a for a in activated if a != END]
@@ -197,8 +247,8 @@ class EpisodeRun:
             self._finish("truncated")
 
     def _exhausted(self, agent: str) -> bool:
-        t = self.wf.transition_by_name.get(self.wf.consumer_of.get(agent, ""))
-        return t is not None and t.max_rounds is not None and self.rounds[t.name] >= t.max_rounds
+        bound = self.callables.bounded.get(agent)  # (consumer, its max_rounds) when it has one
+        return bound is not None and self.rounds.get(bound[0], 0) >= bound[1]
 
     def _activation(self, t: Transition) -> tuple[str, ...]:
         act = t.activate

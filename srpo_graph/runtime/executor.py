@@ -13,7 +13,8 @@ The loop, one round at a time:
 3. outputs go back to their episodes; finished tool jobs are applied; when nothing can be
    generated the loop waits for the first tool to finish.
 
-Every request carries a seed derived from (run seed, task, sample, output index), and the
+Every request carries a seed derived from (run seed, task, sample, output index) -- the
+episode seed by :func:`derive_seed`, then :func:`output_seed` per output --, and the
 transformers backend draws each request from its own generator, so results do not depend on
 how episodes happened to be batched: a run is reproducible with any ``max_concurrent``.
 """
@@ -21,20 +22,21 @@ how episodes happened to be batched: a run is reproducible with any ``max_concur
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pydantic import BaseModel
 
-from srpo_graph.backends.base import Backend, GenerationRequest
-from srpo_graph.errors import RuntimeFailure
-from srpo_graph.runtime.episode import Callables, EpisodeRun
+from srpo_graph.backends.base import Backend, Completion, GenerationRequest
+from srpo_graph.errors import BackendError, RuntimeFailure, SrpoGraphError
+from srpo_graph.runtime.episode import Callables, EpisodeRun, Sampled
 from srpo_graph.runtime.prompts import AgentPlan, plan_agents, trim_at_stop
 from srpo_graph.runtime.render import render
 from srpo_graph.runtime.tasks import Task
-from srpo_graph.runtime.trace import Episode, Output, WorkflowRef
+from srpo_graph.runtime.trace import Episode, WorkflowRef
 from srpo_graph.workflow import Workflow
 
 
@@ -83,6 +85,7 @@ def run(
     progress: bool = False,
     max_concurrent: int | None = None,
     tool_workers: int = 8,
+    on_episode: Callable[[Episode], None] | None = None,
 ) -> RunResult:
     """Run every task ``samples`` times (a group per task).
 
@@ -96,10 +99,13 @@ def run(
         progress: show a progress bar (rich).
         max_concurrent: most episodes alive at once (default: all).
         tool_workers: threads running tools.
+        on_episode: called with each episode as soon as it is over (in the order they finish),
+            e.g. to stream it to disk, so a run that dies later keeps what it finished.
     Returns:
         The episodes (task-major) and statistics.
     Raises:
         RuntimeFailure: a policy without a backend, or an ``allow`` token the tokenizer lacks.
+        BackendError: the backend failed (episodes finished before went to ``on_episode``).
     """
     if samples < 1:
         raise RuntimeFailure(f"samples must be >= 1, got {samples}")
@@ -114,43 +120,53 @@ def run(
         EpisodeRun(workflow, callables, t.id, t.fields, f"{t.id}@{seed}", s, derive_seed(seed, t.id, s))
         for t in tasks for s in range(samples)
     ]
+    finished: list[Episode | None] = [None] * len(runs)
     limit = max_concurrent or len(runs)
     started = time.perf_counter()
     stats = {"tokens": 0, "calls": 0}
     bar = _Progress(len(runs)) if progress else None
     futures: dict[Future, EpisodeRun] = {}
-    with ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="srpo-tool") as pool:
+    try:
+        with ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="srpo-tool") as pool:
 
-        def step(ep: EpisodeRun) -> None:
-            job = ep.advance()
-            if job is not None:
-                futures[pool.submit(job)] = ep
+            def step(ep: EpisodeRun) -> None:
+                job = ep.advance()
+                if job is not None:
+                    futures[pool.submit(job)] = ep
 
-        admitted = 0
-        live: list[EpisodeRun] = []
-        while admitted < len(runs) or live:
-            while admitted < len(runs) and len(live) < limit:
-                live.append(runs[admitted])
-                step(runs[admitted])
-                admitted += 1
-            for fut in [f for f in futures if f.done()]:
-                ep = futures.pop(fut)
-                ep.tool_done(fut.result() if fut.exception() is None else None, fut.exception())
-                step(ep)
-            work = [(ep, a) for ep in live for a in ep.wants_generation()]
-            if work:
-                _generate_round(work, plans, backends, versions, stats)
-                for ep in {id(ep): ep for ep, _ in work}.values():
+            admitted = 0
+            live: list[tuple[int, EpisodeRun]] = []
+            while admitted < len(runs) or live:
+                while admitted < len(runs) and len(live) < limit:
+                    live.append((admitted, runs[admitted]))
+                    step(runs[admitted])
+                    admitted += 1
+                for fut in [f for f in futures if f.done()]:
+                    ep = futures.pop(fut)
+                    ep.tool_done(fut.result() if fut.exception() is None else None, fut.exception())
                     step(ep)
-            elif futures:
-                wait(list(futures), return_when=FIRST_COMPLETED)
-            still = [ep for ep in live if not ep.done]
-            if bar is not None:
-                bar.advance(len(live) - len(still))
-            live = still
-    if bar is not None:
-        bar.close()
-    episodes = [ep.to_episode(ref) for ep in runs]
+                work = [(ep, a) for _, ep in live for a in ep.wants_generation()]
+                if work:
+                    _generate_round(work, plans, backends, versions, stats)
+                    for ep in {id(ep): ep for ep, _ in work}.values():
+                        step(ep)
+                elif futures:
+                    wait(list(futures), return_when=FIRST_COMPLETED)
+                still = []
+                for i, ep in live:
+                    if not ep.done:
+                        still.append((i, ep))
+                        continue
+                    finished[i] = ep.to_episode(ref)
+                    if on_episode is not None:
+                        on_episode(finished[i])  # type: ignore[arg-type]
+                if bar is not None:
+                    bar.advance(len(live) - len(still))
+                live = still
+    finally:
+        if bar is not None:
+            bar.close()
+    episodes: list[Episode] = finished  # type: ignore[assignment]  # every slot is filled by now
     seconds = time.perf_counter() - started
     return RunResult(episodes, RunStats(
         episodes=len(episodes),
@@ -164,38 +180,91 @@ def run(
 
 def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan],
                     backends: Mapping[str, Backend], versions: Mapping[str, int], stats: dict[str, int]) -> None:
-    """Render, tokenize and sample every pending agent of every episode; hand outputs back."""
-    batches: dict[int, list[tuple[EpisodeRun, str, GenerationRequest]]] = {}
+    """Render, tokenize and sample every pending agent of every episode; hand outputs back.
+
+    The per-output work is kept small: prompts are tokenized in one call per agent (and each
+    distinct text once), completions decoded through a cache, one record built per output.
+    """
+    rendered: list[tuple[EpisodeRun, AgentPlan, str]] = []
     for ep, agent in work:
         plan = plans[agent]
         try:
-            text = render(plan.agent.template, ep.state)
+            rendered.append((ep, plan, render(plan.agent.template, ep.state)))
         except Exception as exc:  # noqa: BLE001 - e.g. an absent reference
             ep.fail(f"prompt of agent {agent!r}: {exc}")
-            continue
-        n = len(ep.outputs)
-        req = plan.request(plan.encode(text), seed=derive_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}")
-        batches.setdefault(id(backends[plan.agent.policy]), []).append((ep, agent, req))
+    by_agent: dict[str, list[int]] = {}
+    for i, (_, plan, _) in enumerate(rendered):
+        by_agent.setdefault(plan.agent.name, []).append(i)
+    prompts: list[tuple[int, ...]] = [()] * len(rendered)
+    for idx in by_agent.values():
+        for i, ids in zip(idx, rendered[idx[0]][1].encode_many([rendered[i][2] for i in idx])):
+            prompts[i] = ids
+    batches: dict[int, list[tuple[EpisodeRun, AgentPlan, GenerationRequest]]] = {}
+    issued: dict[int, int] = {}  # episode -> requests made this round: each output its own seed
+    for (ep, plan, _), prompt in zip(rendered, prompts):
+        k = issued.get(id(ep), 0)
+        issued[id(ep)] = k + 1
+        n = len(ep.outputs) + k
+        req = plan.request(prompt, seed=output_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}")
+        batches.setdefault(id(backends[plan.agent.policy]), []).append((ep, plan, req))
     for items in batches.values():
-        backend = backends[plans[items[0][1]].agent.policy]
-        completions = backend.generate([req for _, _, req in items])
+        policy0 = items[0][1].agent.policy
+        backend = backends[policy0]
+        try:
+            completions = backend.generate([req for _, _, req in items])
+        except SrpoGraphError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a device error: stop the run with a clear message
+            raise BackendError(f"policy {policy0!r}: the backend failed on a batch of {len(items)} requests:"
+                               f" {type(exc).__name__}: {exc}") from exc
         stats["calls"] += 1
-        for (ep, agent, req), comp in zip(items, completions):
+        if len(completions) != len(items):
+            raise BackendError(f"policy {policy0!r}: the backend answered {len(completions)} of {len(items)} requests")
+        default_version = getattr(backend, "weight_version", 0)
+        for (ep, plan, req), comp in zip(items, completions):
+            stats["tokens"] += len(comp.completion_ids)
             if ep.done:
                 continue
-            plan = plans[agent]
-            ids, lps, finish, text = trim_at_stop(plan, comp)
-            stats["tokens"] += len(comp.completion_ids)
-            policy = plan.agent.policy
-            out = Output(
-                id=f"o{len(ep.outputs)}", agent=agent, policy=policy,
-                policy_version=versions.get(policy, getattr(backend, "weight_version", 0)),
-                step=len(ep.records), prompt_ids=list(req.prompt_ids), completion_ids=list(ids),
-                logprobs=list(lps), temperature=req.temperature,
-                allowed_token_ids=list(req.allowed_token_ids) if req.allowed_token_ids is not None else None,
-                text=text, finish_reason=finish,
-            )
-            ep.add_output(out, text)
+            ids, lps, finish, text = trim_at_stop(plan, checked_completion(comp, req))
+            version = versions.get(plan.agent.policy, default_version)
+            ep.add_output(plan.agent.name, Sampled(req, ids, lps, finish, text, version))
+
+
+def checked_completion(comp: Completion, req: GenerationRequest) -> Completion:
+    """What the trace schema needs of a backend's answer (the checks ``Output`` validates).
+
+    Raises:
+        BackendError: log-probs that do not pair with the ids, or are not finite log-probabilities.
+
+    >>> checked_completion(Completion((5,), (-0.1,), "stop"), GenerationRequest((1,), 1)).completion_ids
+    (5,)
+    """
+    lps = comp.logprobs
+    if len(lps) != len(comp.completion_ids) or comp.finish_reason not in ("stop", "length", "abort"):
+        raise BackendError(f"request {req.request_id!r}: {len(lps)} log-probs for {len(comp.completion_ids)} tokens,"
+                           f" finish_reason {comp.finish_reason!r}")
+    if lps and not (max(lps) <= 1e-4 and math.isfinite(sum(lps))):  # sum is NaN/-inf if any is
+        raise BackendError(f"request {req.request_id!r}: log-probs {list(lps)[:8]} are not finite log-probabilities")
+    if not req.prompt_ids:
+        raise BackendError(f"request {req.request_id!r}: empty prompt")
+    return comp
+
+
+def output_seed(episode_seed: int, n: int) -> int:
+    """The sampling seed of an episode's ``n``-th output (splitmix64 of the two; 63 bits).
+
+    >>> output_seed(7, 0) != output_seed(7, 1) != output_seed(8, 0)
+    True
+    >>> 0 <= output_seed(2**63 - 1, 99) < 2**63
+    True
+    """
+    z = (episode_seed + (n + 1) * 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return (z ^ (z >> 31)) >> 1
+
+
+_M64 = (1 << 64) - 1
 
 
 class _Progress:
@@ -216,4 +285,4 @@ class _Progress:
         self._p.stop()
 
 
-__all__ = ["RunResult", "RunStats", "derive_seed", "run"]
+__all__ = ["RunResult", "RunStats", "derive_seed", "output_seed", "run"]

@@ -16,12 +16,16 @@ recorded as sent; completion text is decoded from the sampled ids for extraction
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import RuntimeFailure
 from srpo_graph.workflow import Agent, Workflow
+
+
+_CACHE_LIMIT = 100_000  # entries per cache before it is emptied (bounded memory on long runs)
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -33,18 +37,55 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     Returns:
         The prompt ids.
     """
+    return encode_prompts(tokenizer, [text])[0]
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """:func:`encode_prompt` of many texts in one tokenizer call (no padding: ids are identical).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        texts: rendered prompts.
+    Returns:
+        One id list per text.
+    """
+    if not texts:
+        return []
     if getattr(tokenizer, "chat_template", None):
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-        return list(tokenizer(chat, add_special_tokens=False)["input_ids"])
-    ids = list(tokenizer(text)["input_ids"])
+        chats = [
+            tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+            for t in texts
+        ]
+        return [list(ids) for ids in tokenizer(chats, add_special_tokens=False)["input_ids"]]
     bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is not None and (not ids or ids[0] != bos):
-        ids.insert(0, bos)
-    return ids
+    out = []
+    for ids in tokenizer(list(texts))["input_ids"]:
+        ids = list(ids)
+        if bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+        out.append(ids)
+    return out
+
+
+_SINGLE: "weakref.WeakKeyDictionary[Any, dict[str, int | None]]" = weakref.WeakKeyDictionary()
 
 
 def single_token_id(tokenizer: Any, s: str) -> int | None:
-    """The id of ``s`` when it is exactly one token of ``tokenizer``, else None."""
+    """The id of ``s`` when it is exactly one token of ``tokenizer``, else None.
+
+    Cached per tokenizer object (a run plans its agents once; training re-plans every step),
+    so a tokenizer's vocabulary must not change after its first use here.
+    """
+    try:
+        known = _SINGLE.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that cannot be weakly referenced: no cache
+        known = {}
+    if s not in known:
+        known[s] = _single_token_id(tokenizer, s)
+    return known[s]
+
+
+def _single_token_id(tokenizer: Any, s: str) -> int | None:
     ids = tokenizer(s, add_special_tokens=False)["input_ids"]
     if len(ids) == 1 and ids[0] != getattr(tokenizer, "unk_token_id", None):
         return int(ids[0])
@@ -63,16 +104,27 @@ class AgentPlan:
     allowed_token_ids: tuple[int, ...] | None
     stop_token_ids: tuple[int, ...]
     stop_strings: tuple[str, ...]  # multi-token stops, matched on the decoded text
-    # the G samples of a task send the same first prompts: tokenizing each text once is exact
+    # the G samples of a task send the same prompts and sample the same short completions:
+    # encoding a text (decoding ids) once and reusing the result is exact, both are pure functions
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _decoded: dict = field(default_factory=dict, repr=False, compare=False)
 
     def encode(self, text: str) -> tuple[int, ...]:
         ids = self._cache.get(text)
         if ids is None:
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            ids = self._cache[text] = tuple(encode_prompt(self.tokenizer, text))
+            ids = self.encode_many([text])[0]
         return ids
+
+    def encode_many(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """Ids of many prompts; the ones not seen yet are tokenized in one batched call."""
+        cache = self._cache
+        todo = list(dict.fromkeys(t for t in texts if t not in cache))
+        if todo:
+            if len(cache) + len(todo) > _CACHE_LIMIT:
+                cache.clear()
+            for text, ids in zip(todo, encode_prompts(self.tokenizer, todo)):
+                cache[text] = tuple(ids)
+        return [cache[t] for t in texts]
 
     def request(self, prompt_ids: tuple[int, ...], *, seed: int, request_id: str) -> GenerationRequest:
         s = self.agent.sampling
@@ -82,8 +134,14 @@ class AgentPlan:
             seed=seed, request_id=request_id,
         )
 
-    def decode(self, ids: Any) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int]) -> str:
+        key = tuple(ids)
+        text = self._decoded.get(key)
+        if text is None:
+            if len(self._decoded) > _CACHE_LIMIT:
+                self._decoded.clear()
+            text = self._decoded[key] = self.tokenizer.decode(list(key), skip_special_tokens=True)
+        return text
 
 
 def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str, AgentPlan]:

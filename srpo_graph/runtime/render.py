@@ -113,10 +113,12 @@ def call_args(call: Call, state: State) -> tuple[list[Any], dict[str, Any]]:
     its terminal reward evaluated.
     """
 
-    def ev(e: Ref | Literal_) -> Any:
-        if isinstance(e, Literal_):
-            return e.value
-        value = state.lookup(e)
-        return None if value is _ABSENT else value
+    args = [_arg(a, state) for a in call.args]
+    return args, ({k: _arg(v, state) for k, v in call.kwargs} if call.kwargs else {})
 
-    return [ev(a) for a in call.args], {k: ev(v) for k, v in call.kwargs}
+
+def _arg(e: Ref | Literal_, state: State) -> Any:
+    if isinstance(e, Literal_):
+        return e.value
+    value = state.lookup(e)
+    return None if value is _ABSENT else value

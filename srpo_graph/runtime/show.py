@@ -1,7 +1,7 @@
 """Readable views of trace episodes: a rich console rendering and a self-contained HTML page.
 
 Runtime stage. Consumes :class:`~srpo_graph.runtime.trace.Episode` objects; produces text for a
-terminal or an HTML document. Events are shown in order: each output (agent, policy, step,
+terminal or an HTML document (with the workflow, each episode is also drawn on its graph). Events are shown in order: each output (agent, policy, step,
 text, extracted value, tokens, summed log-prob) and each transition (the outputs it consumed --
 its active set --, tool results, reward, what it activated).
 """
@@ -13,6 +13,7 @@ import json
 from typing import Any, Sequence
 
 from srpo_graph.runtime.trace import Episode
+from srpo_graph.workflow import Workflow
 
 _STATUS_COLOR = {"ok": "green", "truncated": "yellow", "failed": "red"}
 
@@ -75,8 +76,16 @@ def print_episode(console: Any, ep: Episode, index: int | None = None) -> None:
     console.print(Panel(body, title=title, title_align="left"))
 
 
-def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces") -> str:
+def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", workflow: Workflow | None = None) -> str:
     """A self-contained HTML page showing each episode as an event timeline.
+
+    Args:
+        episodes: the episodes to show.
+        title: the page title.
+        workflow: when given, each episode is also drawn on its routing graph
+            (:func:`~srpo_graph.runtime.episode_view.episode_svg`), next to its timeline.
+    Returns:
+        The HTML text.
 
     >>> "<html" in episode_html([])
     True
@@ -88,7 +97,8 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces") 
         "table{border-collapse:collapse;width:100%;margin-bottom:2em}"
         "td,th{border-bottom:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}"
         ".out{background:#f4f8ff}.tr{background:#fffbea}.ok{color:#080}.truncated{color:#a60}.failed{color:#c00}"
-        "code{white-space:pre-wrap}.dim{color:#777;font-size:90%}",
+        "code{white-space:pre-wrap}.dim{color:#777;font-size:90%}"
+        ".row{display:flex;gap:2em;align-items:flex-start}.row table{flex:1}.graph{flex:none}",
         "</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
     ]
@@ -100,6 +110,13 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces") 
         )
         if ep.error:
             parts.append(f"<p class='failed'>error: {html.escape(ep.error)}</p>")
+        parts.append("<div class='row'>")
+        if workflow is not None:
+            from srpo_graph.runtime.episode_view import episode_svg
+
+            stale = "" if ep.workflow.hash == workflow.source_hash else (
+                "<p class='dim'>the .wf file changed since this episode was recorded (hash differs)</p>")
+            parts.append(f"<div class='graph'>{episode_svg(workflow, ep)}{stale}</div>")
         parts.append("<table><tr><th>step</th><th>event</th><th>details</th></tr>")
         for kind, obj in timeline(ep):
             if kind == "output":
@@ -122,6 +139,6 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces") 
                     f"<tr class='tr'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.name)}</b></td>"
                     f"<td>active set {{{members}}} → {html.escape(', '.join(obj.activated))}{extra}</td></tr>"
                 )
-        parts.append("</table>")
+        parts.append("</table></div>")
     parts.append("</body></html>")
     return "\n".join(parts)

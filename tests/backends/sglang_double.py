@@ -8,7 +8,8 @@ documented native API closely enough to test the client's side of the wire
 "model" is a deterministic toy: the next token is a hash of the sequence so far and its
 log-prob is a fixed function of the token, so tests can check the client returns exactly what
 the server sent. Knobs make it fail: answer 503 or drop the connection for the next N
-requests, delay answers (timeouts), report unhealthy, lack the pause routes.
+requests, stop answering for good after N generations, delay answers (timeouts), report
+unhealthy, lack the pause routes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class FakeSGLang:
         self.fail_next = 0  # answer 503 this many times
         self.drop_next = 0  # close the connection without an answer this many times
         self.delay = 0.0
+        self.stop_after: int | None = None  # after this many /generate answers, drop every request (dead server)
+        self.generated = 0
         self.healthy = True
         self.pause_routes = pause_routes
         self.retraction_key = retraction_key
@@ -71,10 +74,13 @@ class FakeSGLang:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with double.lock:
                     double.requests.append((self.path, body))
-                    drop = double.drop_next > 0
-                    double.drop_next -= drop
+                    dead = (self.path == "/generate" and double.stop_after is not None
+                            and double.generated >= double.stop_after)
+                    drop = dead or double.drop_next > 0
+                    double.drop_next -= drop and not dead
                     fail = not drop and double.fail_next > 0
                     double.fail_next -= fail
+                    double.generated += self.path == "/generate" and not drop and not fail
                 if drop:
                     self.close_connection = True
                     self.connection.shutdown(2)
