@@ -36,6 +36,9 @@ def _read(path: Path, skip_bad: bool) -> tuple[list, list[str], int]:
                 bad += 1
                 continue
             where.append(f"{path}:{lineno}")
+    if not episodes:
+        raise TraceError(f"{path}: error: no episodes to compile"
+                         + (f" ({bad} bad lines skipped)" if bad else " (the file has no trace lines)"))
     return episodes, where, bad
 
 
@@ -109,7 +112,8 @@ def inspect_cmd(batch: Path, as_json: bool) -> None:
         ("advantage = 0 share", f"{100 * summary.advantage_zero_share:.1f}%"),
         ("policies", ", ".join(summary.policies)), ("transitions", ", ".join(summary.transitions)),
     ]
-    for k in ("failed_episodes", "dropped_incomplete_events", "zero_variance_groups", "dropped_zero_variance_events"):
+    for k in ("failed_episodes", "truncated_episodes", "dropped_incomplete_events", "empty_events",
+              "zero_variance_groups", "dropped_zero_variance_events", "skipped_bad_lines"):
         rows.append((k.replace("_", " "), summary.stats.get(k, 0)))
     for k, v in rows:
         table.add_row(k, str(v))

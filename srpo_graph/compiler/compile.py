@@ -10,7 +10,8 @@ What it does, in order:
    episodes never went through it): schema version, finite rewards, unique ids, token ids
    >= 0, one log-prob per completion token, finite log-probs, temperatures >= 0 (0 = greedy,
    whose log-probs of record are T = 1's), sampled
-   tokens inside the allowed set, an output consumed by at most one transition. A problem
+   tokens inside the allowed set, an output consumed by at most one transition; and across
+   episodes, one workflow (name and hash) and each (group, sample) once. A problem
    raises :class:`CompileError` naming the episode (or ``file:line``) and the field.
 2. **Select events**: failed episodes are excluded (counted); a transition whose consumed
    output is missing or aborted is dropped whole, never shrunk (counted).
@@ -128,6 +129,23 @@ def _validate(ep: Episode, where: str) -> None:
             consumer[c] = t.id
 
 
+def _check_batch_consistency(ep: Episode, where: str, first_seen: dict[tuple[str, int], str],
+                             first_workflow: tuple[str, str, str] | None) -> None:
+    """One workflow per batch, and each (group, sample) once: both would corrupt the advantages."""
+    if first_workflow is not None:
+        name, digest, at = first_workflow
+        if ep.workflow.name != name:
+            raise _fail(where, "workflow.name", f"{ep.workflow.name!r}, but {at} is from workflow {name!r}; "
+                        "compile one workflow's traces at a time")
+        if ep.workflow.hash != digest:
+            raise _fail(where, "workflow.hash", f"workflow {name!r} changed since {at} (hash {ep.workflow.hash[:12]} "
+                        f"vs {digest[:12]}); traces of different versions cannot share advantage groups")
+    key = (ep.group_id, ep.sample)
+    if key in first_seen:
+        raise _fail(where, "sample", f"group {ep.group_id!r} sample {ep.sample} appears twice (also {first_seen[key]})")
+    first_seen[key] = where
+
+
 # --------------------------------------------------------------------------- returns
 
 
@@ -191,9 +209,13 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
     task_of_group: dict[str, str] = {}
     events: list[_Event] = []
     workflow = ""
+    first_seen: dict[tuple[str, int], str] = {}
+    first_workflow: tuple[str, str, str] | None = None
     for i, ep in enumerate(episodes):
         loc = where[i] if where is not None else f"episode {i} (task {ep.task_id!r}, sample {ep.sample})"
         _validate(ep, loc)
+        _check_batch_consistency(ep, loc, first_seen, first_workflow)
+        first_workflow = first_workflow or (ep.workflow.name, ep.workflow.hash, loc)
         if ep.status == "failed":
             stats["failed_episodes"] += 1
             continue

@@ -74,3 +74,35 @@ def synthetic_episodes(
                 group_id=f"task{task}", sample=g, seed=seed, outputs=outputs, transitions=transitions,
                 reward=total + float(rng.randint(0, 2)), status="ok"))
     return out
+
+
+def one_event_batch(sampled: list[list[float]], advantage: float, *, policy: str = "p0"):
+    """A SetBatch of ONE event whose K members have the given sampled log-probs (worked examples).
+
+    Each member gets a one-token prompt and ``len(sampled[j])`` completion tokens; the event's
+    advantage is set to ``advantage`` (a lone event has no group to be relative to).
+
+    Args:
+        sampled: per member, the sampler's log-prob of each completion token (all <= 0).
+        advantage: A_e.
+        policy: the policy name of every member.
+    Returns:
+        SetBatch with one set of K = len(sampled) members.
+
+    >>> b = one_event_batch([[-1.0, -0.5], [-2.0]], advantage=1.0)
+    >>> b.num_sets, b.set_size.tolist(), int(b.loss_mask.sum())
+    (1, [2], 3)
+    """
+    import torch
+
+    from srpo_graph.compiler.compile import compile
+
+    outputs = [Output(id=f"o{j}", agent=f"a{j}", policy=policy, policy_version=0, step=0, prompt_ids=[1],
+                      completion_ids=[2 + (k % 8) for k in range(len(lps))], logprobs=list(lps), temperature=1.0,
+                      allowed_token_ids=None, text="", value=None) for j, lps in enumerate(sampled)]
+    ep = Episode(workflow=WorkflowRef(name="example", hash="0" * 64), task_id="task", group_id="task", sample=0,
+                 seed=0, outputs=outputs, transitions=[TransitionRecord(
+                     id="t0", name="t0", step=0, consumed=[o.id for o in outputs], activated=["end"], reward=None)],
+                 reward=0.0, status="ok")
+    b = compile([ep])
+    return b.with_(set_advantage=torch.tensor([float(advantage)]))

@@ -76,48 +76,62 @@ def _mean(x: torch.Tensor) -> torch.Tensor:
     return x.float().mean() if x.numel() else torch.zeros((), device=x.device)
 
 
+def _max(x: torch.Tensor, empty: float) -> torch.Tensor:
+    return x.max() if x.numel() else torch.full((), empty, device=x.device)
+
+
 def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_ratio: torch.Tensor,
-             adv: torch.Tensor, d: torch.Tensor, comp: torch.Tensor, comp_mem: torch.Tensor, eps_low: float,
-             eps_high: float, loss: torch.Tensor, pg_loss: torch.Tensor, kl_loss: torch.Tensor,
-             k3: torch.Tensor | None, entropy: torch.Tensor | None, set_weight: torch.Tensor) -> LossDiagnostics:
-    """Assemble :class:`LossDiagnostics` from the loss's intermediates (all detached here)."""
+             adv: torch.Tensor, d: torch.Tensor, old_c: torch.Tensor, comp: torch.Tensor, comp_mem: torch.Tensor,
+             eps_low: float, eps_high: float, loss: torch.Tensor, pg_loss: torch.Tensor, kl_loss: torch.Tensor,
+             k3: torch.Tensor | None, entropy: torch.Tensor | None,
+             set_weight: torch.Tensor | None) -> LossDiagnostics:
+    """Assemble :class:`LossDiagnostics` from the loss's intermediates (detached here).
+
+    Reuses what the loss already gathered (completion positions ``comp``, their members,
+    the token log-ratios ``d`` and old log-probs ``old_c``); only the sampler's log-probs
+    are gathered anew. ``set_weight`` None means the mismatch correction is off (weight 1).
+    """
     ratio, log_ratio, adv, d = ratio.detach(), log_ratio.detach(), adv.detach(), d.detach()
     upper = ((ratio > 1 + eps_high) & (adv > 0)).float()
     lower = ((ratio < 1 - eps_low) & (adv < 0)).float()
-    # set sizes are small integers: bin by the size itself (no sort), then keep sizes present
-    raw_count = torch.bincount(item_size)
-    sizes = raw_count.nonzero().squeeze(1)
-    count = raw_count[sizes].float()
-
-    def by_size(x: torch.Tensor) -> torch.Tensor:
-        return torch.bincount(item_size, weights=x.float(), minlength=raw_count.numel())[sizes] / count
-
-    absmax = torch.zeros(raw_count.numel(), device=ratio.device).scatter_reduce_(
-        0, item_size, log_ratio.abs().float(), reduce="amax", include_self=False)[sizes]
-    set_sizes = b.set_size
-    events_by_size = (set_sizes.unsqueeze(1) == sizes.unsqueeze(0)).sum(0)
+    # set sizes are small integers (at most M): bin by the size itself, all statistics in
+    # one segment sum, then keep the sizes present
+    nbins = b.num_members + 1
+    stats = torch.stack([torch.ones_like(ratio), upper, lower, log_ratio, ratio], 1).float()
+    sums = torch.zeros(nbins, 5, device=ratio.device).index_add_(0, item_size, stats)
+    sizes = sums[:, 0].nonzero().squeeze(1)
+    sums = sums.index_select(0, sizes)
+    by_size = sums[:, 1:] / sums[:, :1]  # [Z, 4]: clip upper, clip lower, log-ratio, ratio means
+    absmax = torch.zeros(nbins, device=ratio.device).scatter_reduce_(
+        0, item_size, log_ratio.abs().float(), reduce="amax", include_self=False).index_select(0, sizes)
+    events_by_size = torch.zeros(nbins, dtype=torch.int64, device=ratio.device).index_add_(
+        0, b.set_size, torch.ones_like(b.set_size)).index_select(0, sizes)
     x = -d.float()  # old - new
-    mismatch = (b.old_logprobs[comp] - b.sampler_logprobs[comp]).abs().float()
+    mismatch = (old_c - b.sampler_logprobs.index_select(0, comp).to(old_c.dtype)).abs().float()
     set_adv = b.set_advantage.float()
     ent_mean = ent_pol = None
     if entropy is not None:
-        ent = entropy.detach()[comp].float()
+        ent = entropy.detach().index_select(0, comp).float()
         ent_mean = _mean(ent)
-        pol = b.member_policy[comp_mem]
-        n_pol = max(len(b.policies), int(pol.max()) + 1 if pol.numel() else 0)
+        pol = b.member_policy.index_select(0, comp_mem)
+        n_pol = len(b.policies)
         ent_pol = torch.bincount(pol, weights=ent, minlength=n_pol) / torch.bincount(pol, minlength=n_pol).clamp(min=1)
+    if set_weight is None:
+        weight_mean, masked_share = torch.ones((), device=ratio.device), torch.zeros((), device=ratio.device)
+    else:
+        weight_mean, masked_share = _mean(set_weight), _mean((set_weight == 0).float())
     return LossDiagnostics(
         loss=loss.detach(), pg_loss=pg_loss.detach(), kl_loss=kl_loss.detach(),
         clip_frac_upper=_mean(upper), clip_frac_lower=_mean(lower),
-        ratio_min=ratio.min() if ratio.numel() else torch.ones(()), ratio_max=ratio.max() if ratio.numel() else torch.ones(()),
+        ratio_min=-_max(-ratio, -1.0), ratio_max=_max(ratio, 1.0),
         approx_kl_k3=_mean(x.exp() - x - 1), approx_kl_mean=_mean(x),
         adv_mean=_mean(set_adv), adv_std=set_adv.std() if set_adv.numel() > 1 else torch.zeros(()),
         adv_zero_share=_mean((set_adv == 0).float()),
-        mismatch_abs_mean=_mean(mismatch), mismatch_abs_max=mismatch.max() if mismatch.numel() else torch.zeros(()),
-        mismatch_weight_mean=_mean(set_weight), mismatch_masked_share=_mean((set_weight == 0).float()),
-        sizes=sizes, clip_upper_by_size=by_size(upper), clip_lower_by_size=by_size(lower),
-        log_ratio_mean_by_size=by_size(log_ratio), log_ratio_absmax_by_size=absmax,
-        ratio_mean_by_size=by_size(ratio), events_by_size=events_by_size,
+        mismatch_abs_mean=_mean(mismatch), mismatch_abs_max=_max(mismatch, 0.0),
+        mismatch_weight_mean=weight_mean, mismatch_masked_share=masked_share,
+        sizes=sizes, clip_upper_by_size=by_size[:, 0], clip_lower_by_size=by_size[:, 1],
+        log_ratio_mean_by_size=by_size[:, 2], log_ratio_absmax_by_size=absmax,
+        ratio_mean_by_size=by_size[:, 3], events_by_size=events_by_size,
         num_events=b.num_sets, num_members=b.num_members, num_tokens=int(comp.numel()),
         num_episodes=int(torch.unique(b.set_episode).numel()),
         zero_variance_groups=int(b.stats.get("zero_variance_groups", 0)),

@@ -15,6 +15,7 @@ renormalized over its allowed tokens when the output was constrained.
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
@@ -44,6 +45,57 @@ def _allowed_mask(batch: SetBatch, vocab: int, device: torch.device) -> torch.Te
     return mask
 
 
+class _SelectedLogSoftmax(torch.autograd.Function):
+    """``log_softmax(x)[r, target[r]]`` and the (detached) entropy of each row, fused.
+
+    Saves only ``x`` and the row log-sum-exps; backward builds one [c, V] block,
+    ``g * (onehot(target) - softmax(x))``, in place. A plain ``log_softmax`` + ``gather``
+    keeps the [c, V] output for backward and builds two more blocks in it (the gather's
+    scatter and the log-softmax gradient); the row-wise passes here are chunked.
+    """
+
+    CHUNK = 256  # rows per pass of the forward's temporaries ([CHUNK, V] each)
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lse = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+        ent = torch.empty_like(lse)
+        for rows, xs in zip(torch.arange(x.shape[0], device=x.device).split(_SelectedLogSoftmax.CHUNK),
+                            x.split(_SelectedLogSoftmax.CHUNK)):
+            lse_c = torch.logsumexp(xs, dim=-1)
+            lse[rows] = lse_c
+            ent[rows] = torch.special.entr((xs - lse_c.unsqueeze(1)).exp_()).sum(-1)  # -p log p, 0 where p = 0
+        lp = x.gather(1, target.unsqueeze(1)).squeeze(1) - lse
+        ctx.save_for_backward(x, lse, target)
+        ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp: torch.Tensor, grad_ent: torch.Tensor) -> tuple[torch.Tensor, None]:
+        x, lse, target = ctx.saved_tensors
+        grad = (x - lse.unsqueeze(1)).exp_().mul_(-grad_lp.unsqueeze(1))
+        grad.scatter_add_(1, target.unsqueeze(1), grad_lp.unsqueeze(1))
+        return grad, None
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (transformers causal LMs do)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _completion_logits(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[len(rows), V] logits of one packed row at positions ``rows`` only.
+
+    With ``logits_to_keep`` the hidden states are gathered at ``rows`` before the lm_head,
+    so no [tokens, V] block is ever built (prompts are usually most of the stream); other
+    modules get the full forward and a gather.
+    """
+    if _keeps_logits(model):
+        return model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False,
+                     logits_to_keep=rows).logits[0]
+    return model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False).logits[0].index_select(0, rows)
+
+
 def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of every completion token under its member's policy.
 
@@ -54,8 +106,10 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch) -> tuple
     Returns:
         (logprobs [T], entropy [T]) float32 on the models' device; 0 on prompt tokens.
         ``logprobs`` carries gradients; ``entropy`` is computed from the same distribution,
-        detached (a diagnostic). Memory: one [completion tokens, vocab] float32 block per
-        policy, so size micro-batches (``micro_batch_tokens``) for the vocabulary.
+        detached (a diagnostic). Memory: the lm_head and the log-softmax run on completion
+        positions only (hidden states are gathered there first), so the vocabulary-sized
+        blocks are [completion tokens, vocab] per policy, never [tokens, vocab]; size
+        micro-batches (``micro_batch_tokens``) for them.
     Raises:
         ValueError: a member's policy id has no model.
     """
@@ -71,24 +125,26 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch) -> tuple
     for p in used:
         model = models[p]
         idx, mem = _policy_rows(b, p)  # [n] stream indices and members of this policy's row
-        logits = model(input_ids=b.input_ids[idx].unsqueeze(0), position_ids=b.position_ids[idx].unsqueeze(0),
-                       use_cache=False).logits[0]  # [n, V]
         # the token at row position r is predicted by the logits at r - 1 (same member: a
         # completion token is never a member's first token, since prompts are non-empty)
-        target = b.loss_mask[idx].nonzero().squeeze(1)  # [c] row positions of completion tokens
-        tmem = mem[target]
-        scaled = logits[target - 1].float() / b.member_temperature[tmem].unsqueeze(1)
-        allowed_row = b.member_allowed[tmem]
+        target = b.loss_mask.index_select(0, idx).nonzero().squeeze(1)  # [c] row positions of completion tokens
+        tmem = mem.index_select(0, target)
+        logits = _completion_logits(model, b.input_ids.index_select(0, idx), b.position_ids.index_select(0, idx),
+                                    target - 1)  # [c, V]: the lm_head runs on these rows only
+        # a fresh [c, V] tensor of the sampler's logits (temperature, then constraint);
+        # ``logits`` is dropped so only this block stays alive
+        scaled = logits.float() / b.member_temperature.index_select(0, tmem).unsqueeze(1)
+        del logits
+        allowed_row = b.member_allowed.index_select(0, tmem)
         constrained = (allowed_row >= 0).nonzero().squeeze(1)
         if constrained.numel():  # mask only the constrained rows ([c', V], not [c, V])
             allow = _allowed_mask(b, scaled.shape[1], device)
             outside = ~allow[allowed_row[constrained]]
-            scaled = scaled.index_put((constrained,), scaled[constrained].masked_fill(outside, float("-inf")))
-        logp = torch.log_softmax(scaled, dim=-1)  # [c, V]
-        lp_parts.append(logp.gather(1, b.input_ids[idx[target]].unsqueeze(1)).squeeze(1))
-        with torch.no_grad():  # entropy is a diagnostic: keep no [c, V] graph for it
-            probs = logp.exp()
-            ent_parts.append(-(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1))
+            # in place: ``scaled`` is a fresh tensor that no backward formula reads
+            scaled.index_put_((constrained,), scaled[constrained].masked_fill(outside, float("-inf")))
+        lp, ent = _SelectedLogSoftmax.apply(scaled, b.input_ids.index_select(0, idx.index_select(0, target)))
+        lp_parts.append(lp)
+        ent_parts.append(ent)
         where_parts.append(idx[target])
     if where_parts:
         where = torch.cat(where_parts)

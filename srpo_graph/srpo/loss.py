@@ -31,6 +31,30 @@ Note [Packing and loss normalization]
     it to every micro-batch: the sum of the micro-batch losses then equals the mini-batch
     loss whatever the split (a test checks it).
 
+Worked example: one event, K = 3, A_e = 1.5, computed by hand (docs/algorithm.md).
+    Token log-ratios (new - old) 0.10, 0.05 | -0.02 | 0.04, 0.03, 0.00 give member
+    log-ratios 0.15, -0.02, 0.07; L = 0.20 / sqrt(3) = 0.115470; rho = e^L = 1.122401,
+    inside [0.8, 1.2], so s = rho * A = 1.683601 and, the batch being this one event
+    (D = 1), loss = -1.683601. Every completion token gets the gradient
+    -A * rho * 3^(-1/2) / D = -0.972028. Doubling every log-ratio gives rho = 1.259784 > 1.2
+    with A > 0: clipped, s = 1.2 * 1.5 = 1.8 and no gradient.
+
+    >>> from srpo_graph.compiler.synthetic import one_event_batch
+    >>> b = one_event_batch([[-1.0, -0.5], [-2.0], [-0.3, -0.2, -0.1]], advantage=1.5)
+    >>> d = torch.tensor([0.10, 0.05, -0.02, 0.04, 0.03, 0.00], dtype=torch.float64)
+    >>> new = b.old_logprobs.double().index_put((b.loss_mask,), b.old_logprobs.double()[b.loss_mask] + d)
+    >>> new.requires_grad_(True).shape
+    torch.Size([9])
+    >>> loss, _ = srpo_loss(new, b)
+    >>> loss.backward()
+    >>> round(loss.item(), 6), round(new.grad[b.loss_mask][0].item(), 6), new.grad[~b.loss_mask].abs().max().item()
+    (-1.683601, -0.972028, 0.0)
+    >>> new2 = new.detach().index_put((b.loss_mask,), b.old_logprobs.double()[b.loss_mask] + 2 * d).requires_grad_(True)
+    >>> loss2, _ = srpo_loss(new2, b)
+    >>> loss2.backward()
+    >>> round(loss2.item(), 6), new2.grad.abs().max().item()
+    (-1.8, 0.0)
+
 Departures from the paper (whose PDF was not available; DESIGN.md):
     1. eps_low = eps_high = 0.2 and the std eps = 1e-6 are our choices: the paper's values
        were not recovered.
@@ -141,17 +165,36 @@ class LossConfig(BaseModel):
 
 @dataclass
 class _Ctx:
-    """Segment ids and sizes of one batch, on the loss device."""
+    """Segment ids and sizes of one batch, on the loss device (no host sync to build)."""
 
-    tok_mem: torch.Tensor  # [T] member of each token
     comp: torch.Tensor  # [C] indices of completion tokens in the stream
-    comp_mem: torch.Tensor  # [C] their members
+    comp_mem: torch.Tensor  # [C] their members (non-decreasing)
     mem_set: torch.Tensor  # [M]
-    K: torch.Tensor  # [S] set sizes (members present)
-    mem_len: torch.Tensor  # [M] completion tokens per member
-    set_len: torch.Tensor  # [S] completion tokens per set
+    K: torch.Tensor  # [S] set sizes (members present), float
+    mem_len: torch.Tensor  # [M] completion tokens per member, float
+    set_len: torch.Tensor  # [S] completion tokens per set, float
     num_sets: int
     num_members: int
+
+
+def _context(b: SetBatch, dt: torch.dtype) -> _Ctx:
+    """Completion-token positions and per-member / per-set sizes, computed once per call.
+
+    ``nonzero`` is the only host sync of the loss path (its output size is data-dependent);
+    every other size comes from ``numel`` or a prefix sum read at the member offsets.
+    """
+    mask = b.loss_mask
+    comp = mask.nonzero().squeeze(1)
+    prefix = torch.zeros(b.num_tokens + 1, dtype=torch.int64, device=mask.device)
+    torch.cumsum(mask, 0, out=prefix[1:])
+    offsets = prefix.index_select(0, b.member_offsets)
+    mem_len = offsets[1:] - offsets[:-1]  # [M] int
+    # completion tokens are in stream order, so their members are runs of mem_len
+    comp_mem = torch.repeat_interleave(torch.arange(b.num_members, device=mask.device), mem_len,
+                                       output_size=comp.numel())
+    mem_len_f = mem_len.to(dt)
+    set_len = torch.zeros(b.num_sets, dtype=dt, device=mask.device).index_add_(0, b.member_set, mem_len_f)
+    return _Ctx(comp, comp_mem, b.member_set, b.set_size.to(dt), mem_len_f, set_len, b.num_sets, b.num_members)
 
 
 @dataclass
@@ -160,34 +203,37 @@ class _Items:
 
     log_ratio: torch.Tensor  # [I]
     event: torch.Tensor  # [I]
-    member: torch.Tensor | None  # [I] or None when an item spans a whole set
     tokens: torch.Tensor  # [I] completion tokens covered (float)
-    of_token: torch.Tensor  # [C] the item each completion token belongs to
+    per_event: torch.Tensor  # [I] how many items the item's event has (float)
+    per_member: torch.Tensor  # [I] members the item stands for / items of its member (member-mean weight)
+    of_token: Callable[[], torch.Tensor]  # -> [C] the item each completion token belongs to
 
 
 def _member_log_ratio(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> torch.Tensor:
     ell = torch.zeros(ctx.num_members, dtype=d.dtype, device=d.device).index_add_(0, ctx.comp_mem, d)
     if cfg.member_logratio is MemberLogRatio.MEAN:
-        ell = ell / ctx.mem_len.clamp(min=1).to(d.dtype)
+        ell = ell / ctx.mem_len.clamp(min=1)
     return ell  # [M]
 
 
 def _set_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
     ell = _member_log_ratio(d, ctx, cfg)
     L = torch.zeros(ctx.num_sets, dtype=d.dtype, device=d.device).index_add_(0, ctx.mem_set, ell)
-    L = L * ctx.K.to(d.dtype).clamp(min=1).pow(-cfg.alpha)
-    return _Items(L, torch.arange(ctx.num_sets, device=d.device), None, ctx.set_len.to(d.dtype),
-                  ctx.mem_set[ctx.comp_mem])
+    L = L * ctx.K.clamp(min=1).pow(-cfg.alpha)
+    return _Items(L, torch.arange(ctx.num_sets, device=d.device), ctx.set_len, torch.ones_like(L), ctx.K,
+                  lambda: ctx.mem_set.index_select(0, ctx.comp_mem))
 
 
 def _member_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
-    return _Items(_member_log_ratio(d, ctx, cfg), ctx.mem_set, torch.arange(ctx.num_members, device=d.device),
-                  ctx.mem_len.to(d.dtype), ctx.comp_mem)
+    ell = _member_log_ratio(d, ctx, cfg)
+    return _Items(ell, ctx.mem_set, ctx.mem_len, ctx.K.index_select(0, ctx.mem_set), torch.ones_like(ell),
+                  lambda: ctx.comp_mem)
 
 
 def _token_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
-    return _Items(d, ctx.mem_set[ctx.comp_mem], ctx.comp_mem, torch.ones_like(d),
-                  torch.arange(d.numel(), device=d.device))
+    event = ctx.mem_set.index_select(0, ctx.comp_mem)
+    return _Items(d, event, torch.ones_like(d), ctx.set_len.index_select(0, event),
+                  1.0 / ctx.mem_len.index_select(0, ctx.comp_mem), lambda: torch.arange(d.numel(), device=d.device))
 
 
 UNITS: dict[RatioUnit, Callable[[torch.Tensor, _Ctx, LossConfig], _Items]] = {
@@ -200,24 +246,11 @@ UNITS: dict[RatioUnit, Callable[[torch.Tensor, _Ctx, LossConfig], _Items]] = {
 # --------------------------------------------------------------------------- reductions
 
 
-def _per_event(items: _Items, ctx: _Ctx) -> torch.Tensor:
-    """[I] how many items the item's event has."""
-    n = torch.bincount(items.event, minlength=ctx.num_sets)
-    return n[items.event].to(items.tokens.dtype)
-
-
-def _w_member_mean(items: _Items, ctx: _Ctx, b: SetBatch) -> torch.Tensor:
-    if items.member is None:  # a set item stands for its K members
-        return ctx.K[items.event].to(items.tokens.dtype)
-    n = torch.bincount(items.member, minlength=ctx.num_members)
-    return 1.0 / n[items.member].to(items.tokens.dtype)
-
-
 WEIGHTS: dict[Reduction, Callable[[_Items, _Ctx, SetBatch], torch.Tensor]] = {
-    Reduction.EVENT_MEAN: lambda it, ctx, b: 1.0 / _per_event(it, ctx),
-    Reduction.MEMBER_MEAN: _w_member_mean,
-    Reduction.EPISODE_MEAN: lambda it, ctx, b: 1.0 / (_per_event(it, ctx) * b.set_episode_events[it.event].to(it.tokens.dtype)),
-    Reduction.SET_SIZE: lambda it, ctx, b: ctx.K[it.event].to(it.tokens.dtype) / _per_event(it, ctx),
+    Reduction.EVENT_MEAN: lambda it, ctx, b: 1.0 / it.per_event,
+    Reduction.MEMBER_MEAN: lambda it, ctx, b: it.per_member,
+    Reduction.EPISODE_MEAN: lambda it, ctx, b: 1.0 / (it.per_event * b.set_episode_events.index_select(0, it.event).to(it.tokens.dtype)),
+    Reduction.SET_SIZE: lambda it, ctx, b: ctx.K.index_select(0, it.event) / it.per_event,
     Reduction.TOKEN: lambda it, ctx, b: it.tokens,
     Reduction.CONSTANT: lambda it, ctx, b: torch.ones_like(it.tokens),
 }
@@ -244,7 +277,8 @@ DENOMINATORS: dict[Reduction, Callable[[SetBatch, LossConfig], float]] = {
 def loss_denominator(batch: SetBatch, config: LossConfig) -> float:
     """The denominator D of ``config.reduction`` over a whole mini-batch (at least 1).
 
-    Compute it once per mini-batch and pass it to :func:`srpo_loss` for every micro-batch.
+    Compute it once per mini-batch and pass it to :func:`srpo_loss` for every micro-batch
+    (it reads the device, so passing it also keeps the loss free of host syncs).
 
     Args:
         batch: the mini-batch. config: the loss options.
@@ -257,18 +291,19 @@ def loss_denominator(batch: SetBatch, config: LossConfig) -> float:
 # --------------------------------------------------------------------------- mismatch
 
 
-def _mismatch_weight(b: SetBatch, ctx: _Ctx, cfg: LossConfig, dt: torch.dtype) -> torch.Tensor:
-    """[S] stop-gradient set-level importance weight pi_old / mu (1 when off)."""
+def _mismatch_weight(old_c: torch.Tensor, b: SetBatch, ctx: _Ctx, cfg: LossConfig) -> torch.Tensor | None:
+    """[S] stop-gradient set-level importance weight pi_old / mu; None when off (weight 1)."""
     if cfg.mismatch is Mismatch.NONE:
-        return torch.ones(ctx.num_sets, dtype=dt, device=ctx.K.device)
-    h_tok = (b.old_logprobs[ctx.comp] - b.sampler_logprobs[ctx.comp]).to(dt)
-    H = torch.zeros(ctx.num_sets, dtype=dt, device=ctx.K.device).index_add_(0, ctx.mem_set[ctx.comp_mem], h_tok)
+        return None
+    h_tok = old_c - b.sampler_logprobs.index_select(0, ctx.comp).to(old_c.dtype)
+    H = torch.zeros(ctx.num_sets, dtype=old_c.dtype, device=old_c.device).index_add_(
+        0, ctx.mem_set.index_select(0, ctx.comp_mem), h_tok)
     ratio = H.clamp(-cfg.logratio_clamp, cfg.logratio_clamp).exp()
     C = cfg.mismatch_threshold
     if cfg.mismatch is Mismatch.TIS:
         return ratio.clamp(max=C)
     low = cfg.mismatch_low if cfg.mismatch_low is not None else 1.0 / C
-    return ((ratio >= low) & (ratio <= C)).to(dt)
+    return ((ratio >= low) & (ratio <= C)).to(old_c.dtype)
 
 
 # --------------------------------------------------------------------------- the loss
@@ -276,7 +311,8 @@ def _mismatch_weight(b: SetBatch, ctx: _Ctx, cfg: LossConfig, dt: torch.dtype) -
 
 def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = LossConfig(), *,
               denominator: float | None = None, ref_logprobs: torch.Tensor | None = None,
-              entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, LossDiagnostics]:
+              entropy: torch.Tensor | None = None, diagnostics: bool = True,
+              ) -> tuple[torch.Tensor, LossDiagnostics | None]:
     """The SRPO loss (to minimize) of one (micro-)batch.
 
     Args:
@@ -287,8 +323,13 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
         denominator: D from :func:`loss_denominator` on the whole mini-batch; None = this batch's.
         ref_logprobs: [T] reference-policy log-probs, needed when ``kl_coef > 0``.
         entropy: [T] per-token entropy of pi_theta, for the diagnostics only.
+        diagnostics: compute :class:`LossDiagnostics` (under ``no_grad``, from the loss's own
+            intermediates); False returns None in its place and skips that work.
     Returns:
-        (loss, diagnostics): a scalar tensor and :class:`LossDiagnostics`.
+        (loss, diagnostics): a scalar tensor and :class:`LossDiagnostics` (None when
+        ``diagnostics=False``). With ``denominator`` given, the loss itself makes one host
+        sync (the completion-token ``nonzero``); the diagnostics are tensors too, read only
+        by :meth:`LossDiagnostics.to_dict`.
     Raises:
         ValueError: shapes disagree, or ``kl_coef > 0`` without ``ref_logprobs``.
 
@@ -305,39 +346,39 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
     if config.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs (the reference policy's log-probs)")
     dt = torch.promote_types(new_logprobs.dtype, torch.float32)
-    dev = new_logprobs.device
     D = loss_denominator(b, config) if denominator is None else float(denominator)
+    ctx = _context(b, dt)
 
-    tok_mem = b.token_member  # [T]
-    comp = b.loss_mask.nonzero().squeeze(1)  # [C]
-    comp_mem = tok_mem[comp]
-    mem_len = torch.bincount(comp_mem, minlength=b.num_members)
-    ctx = _Ctx(tok_mem, comp, comp_mem, b.member_set, b.set_size, mem_len,
-               torch.zeros(b.num_sets, dtype=torch.int64, device=dev).index_add_(0, b.member_set, mem_len),
-               b.num_sets, b.num_members)
-
-    d = new_logprobs[comp].to(dt) - b.old_logprobs[comp].to(dt)  # [C] token log-ratios
+    new_c = new_logprobs.index_select(0, ctx.comp).to(dt)  # [C]; backward: one index_add
+    old_c = b.old_logprobs.index_select(0, ctx.comp).to(dt)
+    d = new_c - old_c  # [C] token log-ratios
     items = UNITS[config.ratio_unit](d, ctx, config)
     c = config.logratio_clamp
     ratio = items.log_ratio.clamp(-c, c).exp()  # [I]
-    adv = b.set_advantage.to(dt)[items.event]
-    surr = torch.minimum(ratio * adv, ratio.clamp(1 - config.eps_low, 1 + config.eps_high) * adv)
+    adv = b.set_advantage.to(dt).index_select(0, items.event)
+    clipped = ratio.clamp(1 - config.eps_low, 1 + config.eps_high)
+    surr = torch.minimum(ratio * adv, clipped * adv)
     w = WEIGHTS[config.reduction](items, ctx, b).to(dt)
-    w_mis = _mismatch_weight(b, ctx, config, dt)[items.event]
-    pg_loss = -(w * w_mis * surr).sum() / D
+    set_w = _mismatch_weight(old_c, b, ctx, config)
+    if set_w is not None:
+        w = w * set_w.index_select(0, items.event)
+    pg_loss = -(w * surr).sum() / D
 
-    kl_loss = torch.zeros((), dtype=dt, device=dev)
     k3 = None
     if ref_logprobs is not None:
-        x = ref_logprobs[comp].to(dt) - new_logprobs[comp].to(dt)
+        x = ref_logprobs.index_select(0, ctx.comp).to(dt) - new_c
         k3 = x.exp() - x - 1  # [C]
-        tok_w = (w / items.tokens.clamp(min=1))[items.of_token]
+        tok_w = (w / items.tokens.clamp(min=1)).index_select(0, items.of_token())
         kl_loss = config.kl_coef * (tok_w * k3).sum() / D
-    loss = pg_loss + kl_loss
-
+        loss = pg_loss + kl_loss
+    else:
+        kl_loss = torch.zeros((), dtype=dt, device=d.device)
+        loss = pg_loss
+    if not diagnostics:
+        return loss, None
     with torch.no_grad():
-        diag = diagnose(b, item_size=ctx.K[items.event], ratio=ratio, log_ratio=items.log_ratio, adv=adv,
-                        d=d, comp=comp, comp_mem=comp_mem, eps_low=config.eps_low, eps_high=config.eps_high,
-                        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3, entropy=entropy,
-                        set_weight=_mismatch_weight(b, ctx, config, dt))
+        diag = diagnose(b, item_size=b.set_size.index_select(0, items.event), ratio=ratio, log_ratio=items.log_ratio,
+                        adv=adv, d=d, old_c=old_c, comp=ctx.comp, comp_mem=ctx.comp_mem, eps_low=config.eps_low,
+                        eps_high=config.eps_high, loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3,
+                        entropy=entropy, set_weight=set_w)
     return loss, diag

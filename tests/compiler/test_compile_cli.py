@@ -58,3 +58,41 @@ def test_inspect_table_and_bad_file(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a file")
     r = runner.invoke(app, ["inspect", str(tmp_path / "junk.safetensors")])
     assert r.exit_code == 6 and "not a readable safetensors file" in r.output
+
+
+def _set(path, value):
+    def mutate(ep):
+        obj = ep
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = value
+    return mutate
+
+
+BAD = [  # (mutation of the second episode, exit code, field named in the message)
+    (_set(["schema"], "srpo-graph.trace/9"), 4, "schema"),
+    (_set(["outputs", 0, "logprobs"], [float("nan")]), 4, "outputs.0"),
+    (_set(["outputs", 0, "logprobs"], [-1.0] * 40), 4, "outputs.0"),
+    (_set(["transitions", 0, "consumed"], ["nope"]), 4, "transition 't0' consumes unknown output ids"),
+    (_set(["sample"], 0), 6, "field sample"),
+    (_set(["workflow", "name"], "other"), 6, "field workflow.name"),
+    (_set(["workflow", "hash"], "f" * 64), 6, "field workflow.hash"),
+    (_set(["transitions", 0, "reward"], float("inf")), 6, "field transitions[0].reward"),
+]
+
+
+def test_bad_traces_name_line_and_field_without_traceback(tmp_path):
+    runner = CliRunner()
+    for i, (mutate, code, field) in enumerate(BAD):
+        eps = synthetic_episodes(1, 2, seed=4)
+        bad = json.loads(eps[1].to_json())
+        mutate(bad)
+        traces = tmp_path / f"bad{i}.jsonl"
+        traces.write_text(eps[0].to_json() + "\n" + json.dumps(bad) + "\n")
+        r = runner.invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors")])
+        assert r.exit_code == code, (i, r.output)
+        assert f"{traces}:2" in r.output and field in r.output and "Traceback" not in r.output, (i, r.output)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    r = runner.invoke(app, ["compile", str(empty), "-o", str(tmp_path / "b.safetensors")])
+    assert r.exit_code == 4 and "no episodes" in r.output

@@ -120,3 +120,48 @@ def test_real_traces_from_the_tiny_model_recompute_to_the_sampler_logprobs(model
     grads = [p.grad for p in models[0].parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     models[0].zero_grad(set_to_none=True)
+
+
+class _NoKeep(torch.nn.Module):
+    """A causal LM whose forward has no ``logits_to_keep`` (exercises the full-logits path)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, position_ids, use_cache=False):
+        return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache)
+
+
+def test_gradients_equal_unpacked_and_both_logit_paths_agree(models):
+    small = models[1]
+    vocab = small.config.vocab_size
+    b = compile(synthetic_episodes(2, 2, seed=4, vocab=vocab, policies=("small",), completion_len=(1, 6)))
+    assert (b.member_allowed >= 0).any()
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(b.num_tokens, generator=g)  # a random linear functional of the log-probs
+    small.zero_grad(set_to_none=True)
+    lp, _ = packed_logprobs([small], b)
+    (lp * w).sum().backward()
+    packed = [p.grad.clone() for p in small.parameters()]
+    small.zero_grad(set_to_none=True)
+    lp_full, _ = packed_logprobs([_NoKeep(small)], b)  # full [tokens, V] logits, then gathered
+    assert torch.allclose(lp_full.detach(), lp.detach(), atol=1e-6)
+    small.zero_grad(set_to_none=True)
+    total = 0.0
+    for m in range(b.num_members):  # one member at a time, no packing
+        s, e = int(b.member_offsets[m]), int(b.member_offsets[m + 1])
+        logits = small(input_ids=b.input_ids[s:e].unsqueeze(0)).logits[0] / float(b.member_temperature[m])
+        a = int(b.member_allowed[m])
+        if a >= 0:
+            allow = torch.zeros(vocab, dtype=torch.bool)
+            allow[b.allowed(a)] = True
+            logits = logits.masked_fill(~allow, float("-inf"))
+        logp = torch.log_softmax(logits, -1)
+        for t in range(s + 1, e):
+            if b.loss_mask[t]:
+                total = total + w[t] * logp[t - s - 1, int(b.input_ids[t])]
+    total.backward()
+    for got, p in zip(packed, small.parameters()):
+        assert torch.allclose(got, p.grad, atol=1e-5, rtol=1e-4)
+    small.zero_grad(set_to_none=True)
