@@ -80,15 +80,36 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         if overwrite:
             cfg = cfg.model_copy(update={"overwrite": True})
     if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        sys.exit(_launch(workflow, cfg, resume is not None))
-    from srpo_graph.train.trainer import train
+        try:
+            code = _launch(workflow, cfg, resume is not None)
+        except KeyboardInterrupt:  # rank 0 has printed where the run stands and how to resume
+            click.echo(f"srpo-graph train: interrupted; continue with: srpo-graph train {workflow} --resume RUN_DIR "
+                       "(the run folder named above)", err=True)
+            sys.exit(130)
+        sys.exit(code)
+    from srpo_graph.train.trainer import TrainingInterrupted, train
 
-    summary = train(workflow, cfg, resume=resume is not None)
-    if int(os.environ.get("RANK", "0")) == 0:
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    try:
+        summary = train(workflow, cfg, resume=resume is not None)
+    except TrainingInterrupted as exc:  # Ctrl-C: no traceback, say how to continue
+        if main_rank:
+            click.echo(exc.advice(workflow), err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:  # before the loop started (loading models, tasks)
+        if main_rank:
+            click.echo("srpo-graph train: interrupted before the first step; nothing was trained", err=True)
+        sys.exit(130)
+    if main_rank and resume is not None and summary.steps_this_run == 0:
+        click.echo(f"nothing to do: the run in {summary.run_dir} is already at step {summary.steps} "
+                   f"(extend it with --steps N, N > {summary.steps})")
+        return
+    if main_rank:
         evals = ", ".join(f"step {s}: {r:.3f}" for s, r in summary.eval_rewards[-3:]) or "-"
         click.echo(
             f"trained {summary.workflow} for {summary.steps} steps in {summary.seconds:.1f} s\n"
-            f"  reward: first step {summary.first_reward:.3f} -> last 10 steps {summary.final_reward:.3f}\n"
+            f"  reward: first step {summary.first_reward:.3f} -> last {min(10, summary.steps)} steps "
+            f"{summary.final_reward:.3f}\n"
             f"  eval reward: {evals}\n"
             f"  skipped updates: {summary.skipped_updates}\n"
             f"  run folder: {summary.run_dir} (metrics.jsonl, plots/, checkpoints/, tensorboard/)"

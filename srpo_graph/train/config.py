@@ -114,7 +114,8 @@ class LoggingConfig(_Section):
     plots: bool = Field(True, description="Draw PNG plots to RUN_DIR/plots (matplotlib, Agg).")
     plots_every: int = Field(25, ge=0, description="Redraw RUN_DIR/plots/*.png every N steps (and at the end); 0 = only at the end.")
     traces_every: int = Field(25, ge=0, description="Write the step's episodes to RUN_DIR/traces/step_N.jsonl every N steps (and step 1); 0 = never.")
-    progress: bool = Field(True, description="Show the rich progress bar (rank 0 only).")
+    progress: bool = Field(True, description="Show progress (rank 0 only): a rich bar in a terminal (fewer columns when "
+                          "narrow), plain lines every ~steps/20 steps when stdout is not a terminal.")
 
 
 class DebugConfig(_Section):
@@ -166,6 +167,31 @@ def _field_doc(loc: Sequence[Any]) -> str | None:
     return info.description if info is not None else None
 
 
+def _nearest_field(loc: Sequence[Any]) -> str | None:
+    """The known field closest in spelling to an unknown one (same section first, then anywhere).
+
+    >>> _nearest_field(["optim", "lrr"]), _nearest_field(["optimm"]), _nearest_field(["lr"])
+    ('optim.lr', 'optim', 'optim.lr')
+    """
+    import difflib
+
+    names = [part for part in loc if isinstance(part, str)]
+    model: Any = TrainConfig
+    for part in names[:-1]:
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return None
+        model = info.annotation
+    here = list(getattr(model, "model_fields", {}))
+    prefix = ".".join(names[:-1] + [""]) if len(names) > 1 else ""
+    hit = difflib.get_close_matches(names[-1], here, n=1, cutoff=0.6)
+    if hit:
+        return prefix + hit[0]
+    everywhere = [row.split("`")[1] for row in config_reference().splitlines()[2:]]
+    hit = difflib.get_close_matches(names[-1], [f.rsplit(".", 1)[-1] for f in everywhere], n=1, cutoff=0.8)
+    return next((f for f in everywhere if f.rsplit(".", 1)[-1] == hit[0]), None) if hit else None
+
+
 def _config_error(exc: ValidationError, source: str) -> ConfigError:
     lines = []
     for e in exc.errors()[:5]:
@@ -174,7 +200,9 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
         what = f"{source}: error: field `{name}`: {e['msg']}"
         if e["type"] == "extra_forbidden":
             what = f"{source}: error: unknown field `{name}`"
-            fix = "fix: remove it or check its spelling (see docs/training.md for every field)"
+            near = _nearest_field(loc)
+            fix = (f"fix: did you mean `{near}`? " if near else "fix: remove it or check its spelling ") + \
+                "(see docs/training.md for every field)"
         else:
             doc = _field_doc([p for p in loc if isinstance(p, str)])
             fix = f"fix: {doc}" if doc else "fix: see docs/training.md"

@@ -75,12 +75,20 @@ def init_distributed(device: str = "cpu") -> DistInfo:
     return DistInfo(rank=rank, world_size=world, local_rank=local)
 
 
-def shutdown(info: DistInfo) -> None:
-    """Leave the process group (if this process joined one)."""
+def shutdown(info: DistInfo, *, barrier: bool = True) -> None:
+    """Leave the process group (if this process joined one).
+
+    Args:
+        barrier: wait for every rank first (the normal end of a run). Without it a rank whose
+            peer already tore down its gloo pairs can abort at exit ("terminate called without
+            an active exception"). Pass False on an error path, where a peer may never arrive.
+    """
     if info.enabled:
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if barrier:
+                dist.barrier()
             dist.destroy_process_group()
 
 

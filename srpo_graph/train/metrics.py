@@ -51,9 +51,11 @@ class MetricsWriter:
     Args:
         run_dir: the run folder.
         tensorboard: also write TensorBoard event files under ``run_dir/tensorboard``.
+        purge_step: on resume, the first step to be written again: TensorBoard hides the
+            events at and after it that an interrupted run had written.
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, purge_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")
@@ -61,7 +63,7 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
 
     def log(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Write one record (must hold ``step``); returns the cleaned, flat record."""
@@ -97,11 +99,25 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def truncate_after(path: str | Path, step: int) -> None:
-    """Keep only the records with ``step <= step`` (used when resuming from a checkpoint)."""
+    """Keep only the records with ``step <= step`` (used when resuming from a checkpoint).
+
+    A cut-off last line (the process was killed while writing it) is dropped too.
+    """
     p = Path(path)
     if not p.exists():
         return
-    kept = [r for r in read_metrics(p) if int(r.get("step", 0)) <= step]
+    lines = p.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise
+            # the last line was cut by a killed process: drop it (its step is redone)
+    kept = [r for r in rows if int(r.get("step", 0)) <= step]
     tmp = p.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     tmp.replace(p)

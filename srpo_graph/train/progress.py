@@ -1,12 +1,45 @@
-"""Trainer stage: the one progress bar of a run (rich), showing the key numbers of each step.
+"""Trainer stage: the one progress display of a run, showing the key numbers of each step.
 
 Consumes the step's flat metric record; shows step, reward, eval reward, clip fraction and
-tokens/s. Disabled (a no-op) on ranks other than 0 or when ``logging.progress`` is off.
+tokens/s. It adapts to where stdout goes, so no column is ever cut to ``…``:
+
+* a terminal at least ``WIDE`` columns wide: a rich bar with every column;
+* a narrower terminal: fewer columns (no bar, no time remaining, shorter labels), down to
+  ``step/total reward`` in the narrowest;
+* not a terminal (a pipe, a file, CI logs): a plain line on the first step, every
+  ``plain_every`` steps (default: about 20 lines per run), on evaluation steps and the last step.
+
+Disabled (a no-op) on ranks other than 0 or when ``logging.progress`` is off.
 """
 
 from __future__ import annotations
 
+import time
+from enum import Enum
 from typing import Any, Mapping
+
+WIDE = 110  # columns the full bar needs (label, bar, M/N, numbers, elapsed, remaining)
+MEDIUM = 50  # columns for M/N, the short numbers and the elapsed time
+
+
+class Layout(str, Enum):
+    FULL = "full"
+    COMPACT = "compact"
+    MINIMAL = "minimal"
+    PLAIN = "plain"  # not a terminal: printed lines
+
+
+def choose_layout(is_terminal: bool, width: int) -> Layout:
+    """The layout for a console.
+
+    >>> choose_layout(True, 120).value, choose_layout(True, 80).value, choose_layout(True, 40).value
+    ('full', 'compact', 'minimal')
+    >>> choose_layout(False, 200).value
+    'plain'
+    """
+    if not is_terminal:
+        return Layout.PLAIN
+    return Layout.FULL if width >= WIDE else Layout.COMPACT if width >= MEDIUM else Layout.MINIMAL
 
 
 def _clip(record: Mapping[str, Any]) -> float | None:
@@ -25,48 +58,103 @@ def _clip(record: Mapping[str, Any]) -> float | None:
     return float(sum(parts)) if parts else None
 
 
-def describe(record: Mapping[str, Any], last_eval: float | None = None) -> str:
-    """One line of key numbers.
+def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: Layout = Layout.FULL) -> str:
+    """The key numbers of a step, as long as the layout allows.
 
     >>> describe({"reward": 0.5, "throughput/gen_tokens_per_s": 1200.0})
     'reward 0.500  eval -  clip -  1200 tok/s'
+    >>> describe({"reward": 0.5}, 0.75, Layout.COMPACT)
+    'r 0.500 ev 0.750 clip -'
+    >>> describe({"reward": 0.5}, None, Layout.MINIMAL)
+    'r 0.500'
     """
     clip = _clip(record)
     tps = float(record.get("throughput/gen_tokens_per_s", 0.0) or 0.0)
     ev = record.get("eval/reward", last_eval)
-    return (f"reward {record.get('reward', float('nan')):.3f}  eval {'-' if ev is None else f'{ev:.3f}'}  "
-            f"clip {'-' if clip is None else f'{clip:.3f}'}  {tps:.0f} tok/s")
+    reward = f"{record.get('reward', float('nan')):.3f}"
+    ev_s = "-" if ev is None else f"{ev:.3f}"
+    clip_s = "-" if clip is None else f"{clip:.3f}"
+    if layout is Layout.MINIMAL:
+        return f"r {reward}"
+    if layout is Layout.COMPACT:
+        return f"r {reward} ev {ev_s} clip {clip_s}"
+    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s"
+
+
+def _hms(seconds: float) -> str:
+    """``H:MM:SS``.
+
+    >>> _hms(3725.2)
+    '1:02:05'
+    """
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 class ProgressBar:
-    """``with ProgressBar(steps) as bar: ... bar.advance(record)``."""
+    """``with ProgressBar(steps) as bar: ... bar.advance(record)``.
 
-    def __init__(self, total: int, *, enabled: bool = True, start: int = 0):
+    Args:
+        total: the run's last step.
+        enabled: False = do nothing (other ranks, ``logging.progress = false``).
+        start: steps already done (a resumed run).
+        console: a ``rich.console.Console`` (default: stdout); its ``is_terminal`` and ``width``
+            pick the :class:`Layout`.
+        plain_every: steps between plain lines when not a terminal; None = ``max(1, total // 20)``.
+    """
+
+    def __init__(self, total: int, *, enabled: bool = True, start: int = 0, console: Any = None,
+                 plain_every: int | None = None):
         self.total, self.enabled, self.start = total, enabled, start
+        self.console = console
+        self.plain_every = plain_every or max(1, total // 20)
+        self.layout: Layout | None = None
         self._progress = None
         self._task = None
         self._last_eval: float | None = None
+        self._step = start
+        self._t0 = time.monotonic()
 
     def __enter__(self) -> "ProgressBar":
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        if not self.enabled:
+            return self
+        from rich.console import Console
 
-            self._progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(), TimeRemainingColumn(),
-            )
-            self._progress.__enter__()
-            self._task = self._progress.add_task("train", total=self.total, completed=self.start, info="")
+        self.console = self.console or Console()
+        self.layout = choose_layout(self.console.is_terminal, self.console.width)
+        self._t0 = time.monotonic()
+        if self.layout is Layout.PLAIN:
+            return self
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = {
+            Layout.FULL: (TextColumn("[bold]train"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()),
+            Layout.COMPACT: (MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()),
+            Layout.MINIMAL: (MofNCompleteColumn(), TextColumn("{task.fields[info]}")),
+        }[self.layout]
+        self._progress = Progress(*columns, console=self.console)
+        self._progress.__enter__()
+        self._task = self._progress.add_task("train", total=self.total, completed=self.start, info="")
         return self
 
     def advance(self, record: Mapping[str, Any]) -> None:
         from srpo_graph.train.metrics import flatten
 
         flat = flatten(record)
-        if isinstance(flat.get("eval/reward"), (int, float)):
+        self._step += 1
+        is_eval = isinstance(flat.get("eval/reward"), (int, float))
+        if is_eval:
             self._last_eval = float(flat["eval/reward"])
         if self._progress is not None:
-            self._progress.update(self._task, advance=1, info=describe(flat, self._last_eval))
+            self._progress.update(self._task, advance=1, info=describe(flat, self._last_eval, self.layout))
+        elif self.layout is Layout.PLAIN:
+            step = int(flat.get("step", self._step))
+            if step == self.start + 1 or step == self.total or step % self.plain_every == 0 or is_eval:
+                width = len(str(self.total))
+                self.console.print(f"train step {step:>{width}}/{self.total}  {describe(flat, self._last_eval)}  "
+                                   f"{_hms(time.monotonic() - self._t0)}", markup=False, highlight=False,
+                                   soft_wrap=True)
 
     def __exit__(self, *exc: Any) -> None:
         if self._progress is not None:

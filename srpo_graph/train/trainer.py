@@ -58,6 +58,33 @@ class RunSummary:
     skipped_updates: int = 0
     seconds: float = 0.0
     checkpoint: str | None = None
+    steps_this_run: int = 0  # steps trained by this call (a resumed run already had the others)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during the loop. Complete checkpoints are untouched (a checkpoint being
+    written is a ``.tmp-`` folder that is never loaded), so ``--resume`` continues from the newest.
+
+    Attributes:
+        run_dir: the run folder.
+        steps_done: steps whose metrics were written before the interrupt.
+        checkpoint: the newest complete checkpoint, or None.
+    """
+
+    def __init__(self, run_dir: Path, steps_done: int, checkpoint: Path | None):
+        super().__init__(f"interrupted after step {steps_done}")
+        self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
+
+    def advice(self, workflow: str | Path) -> str:
+        """What to tell the user: where the run stands and the command that continues it."""
+        head = f"srpo-graph train: interrupted after step {self.steps_done}; run folder {self.run_dir}"
+        if self.checkpoint is None:
+            return (f"{head}\n  no checkpoint was written yet, so there is nothing to resume\n"
+                    f"  start again: srpo-graph train {workflow} --run-dir {self.run_dir} --overwrite")
+        step = int(self.checkpoint.name.split("_")[-1])
+        redo = f" (steps after {step} are run again)" if step < self.steps_done else ""
+        return (f"{head}\n  newest complete checkpoint: {self.checkpoint} (step {step})\n"
+                f"  resume: srpo-graph train {workflow} --resume {self.run_dir}{redo}")
 
 
 @dataclass
@@ -192,6 +219,10 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     if resume_from is not None:
         state = ckpt.load_checkpoint(resume_from, optimizers={s.name: s.optimizer for s in slots},
                                      schedulers={s.name: s.scheduler for s in slots})
+        started_with = state.extra.get("workflow")
+        if started_with is not None and started_with != wf.name:
+            raise ConfigError(f"{resume_from}: error: this run trained workflow {started_with!r}, not {wf.name!r} "
+                              f"({workflow_path})\n  fix: resume with the .wf file the run was started with")
         for s in slots:
             s.version = int(state.extra.get("versions", {}).get(s.name, state.step))
             if s.backend is not None:
@@ -207,13 +238,16 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
                                                "overwrite": False}),
                      run_dir / "config.toml")
         truncate_after(run_dir / "metrics.jsonl", state.step)
-        writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard)
+        writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
+                               purge_step=state.step + 1 if resume_from is not None else None)
     rewards: list[float] = [r for r in state.extra.get("rewards", [])]
     evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
     last_ckpt = str(resume_from) if resume_from else None
+    first_step = state.step
     bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
+    completed = False
     try:
-        with bar:
+        with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
                 record = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist)
                 state.step = step
@@ -224,7 +258,8 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
                     record["eval/reward"] = sum(e.reward for e in eps) / max(1, len(eps))
                     record["time/eval"] = time.perf_counter() - t0
                     evals.append((step, record["eval/reward"]))
-                state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots})
+                state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
+                                   workflow=wf.name)
                 episodes = record.pop("_episodes")
                 if writer is not None:
                     writer.log(record)
@@ -242,15 +277,19 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
                 bar.advance(record)
                 if config.debug.stop_after_step is not None and step >= config.debug.stop_after_step:
                     break
+        completed = True
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(run_dir, state.step, ckpt.latest_checkpoint(run_dir)) from None
     finally:
         if writer is not None:
             writer.close()
-        shutdown(dist)
+        shutdown(dist, barrier=completed)
     tail = rewards[-min(10, len(rewards)):] if rewards else [float("nan")]
     summary = RunSummary(run_dir=str(run_dir), workflow=wf.name, steps=state.step,
                          first_reward=rewards[0] if rewards else float("nan"), final_reward=sum(tail) / len(tail),
                          eval_rewards=evals, skipped_updates=state.skipped_updates,
-                         seconds=time.perf_counter() - t_start, checkpoint=last_ckpt)
+                         seconds=time.perf_counter() - t_start, checkpoint=last_ckpt,
+                         steps_this_run=state.step - first_step)
     if dist.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
     return summary
@@ -313,6 +352,8 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     if batch.num_sets:
         batch, mismatch = recompute_old_logprobs(models, batch)
         record["mismatch"] = mismatch
+        timings["old_logprobs"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         upd = update_policies(
             models, [s.optimizer for s in slots], [s.scheduler for s in slots], batch, config.loss,
             epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
@@ -330,6 +371,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
         train_tokens = 0
     record["skipped_updates"] = state.skipped_updates
     record["lr"] = slots[0].scheduler.get_last_lr()[0]
+    timings.setdefault("old_logprobs", 0.0)
     timings["update"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for s in slots:  # every policy's weights move together, so one version number per step

@@ -73,3 +73,21 @@ def test_docs_config_reference_is_current():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
     assert config_reference().strip() in doc
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("optim.lrr=1", "did you mean `optim.lr`?"),
+    ("optimm.lr=1", "did you mean `optim`?"),
+    ("rollout.sample=4", "did you mean `rollout.samples`?"),
+    ("eps_high=0.3", "did you mean `loss.eps_high`?"),  # right name, wrong section
+])
+def test_unknown_fields_suggest_the_nearest_known_one(override, suggestion):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert suggestion in str(err.value)
+
+
+def test_unknown_field_without_a_near_name_gets_no_guess():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["zzzzzz=1"])
+    assert "did you mean" not in str(err.value) and "unknown field `zzzzzz`" in str(err.value)

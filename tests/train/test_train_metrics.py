@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from srpo_graph.train.metrics import MetricsWriter, read_metrics, truncate_after
 from srpo_graph.train.plots import draw_plots
 
@@ -31,3 +33,16 @@ def test_plots_are_drawn_from_the_metrics(tmp_path):
     for name in files:
         data = (tmp_path / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_truncation_drops_a_last_line_cut_by_a_kill(tmp_path):
+    with MetricsWriter(tmp_path, tensorboard=False) as w:
+        for step in range(1, 4):
+            w.log({"step": step, "reward": 0.5})
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(path.read_text() + '{"step": 4, "rew')  # killed mid-write
+    truncate_after(path, 3)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+    path.write_text('{"step": 1}\n{"ste\n{"step": 3}\n')  # damage elsewhere is not silently dropped
+    with pytest.raises(ValueError):
+        truncate_after(path, 3)

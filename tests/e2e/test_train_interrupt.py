@@ -1,0 +1,62 @@
+"""Ctrl-C (a real SIGINT to a real `srpo-graph train` process) mid-run, then --resume.
+
+The interrupted process must exit 130 without a traceback, name its newest complete checkpoint
+and print the command that resumes; the resumed run redoes the steps after that checkpoint
+exactly as the interrupted process had run them (same seeds, CPU) and finishes the run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from srpo_graph.errors import ConfigError
+from srpo_graph.train import checkpoint as ck
+from srpo_graph.train.config import load_toml, validate
+from srpo_graph.train.metrics import deterministic_fields, read_metrics
+from srpo_graph.train.trainer import train
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+WF = "workflows/coord_par3.wf"
+
+
+def _rows(run: Path) -> list[dict]:
+    return [deterministic_fields(r) for r in read_metrics(run / "metrics.jsonl")]
+
+
+@pytest.mark.slow
+def test_sigint_leaves_a_resumable_run_and_says_how(tmp_path):
+    run = tmp_path / "run"
+    args = ["srpo-graph", "train", WF, "--steps", "8", "--run-dir", str(run), "rollout.tasks_per_step=2",
+            "rollout.samples=4", "checkpoint.every=2", "eval.every=0", "logging.tensorboard=false",
+            "logging.plots=false"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while len(read_metrics(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Aborted" not in err
+    done = _rows(run)
+    newest = ck.latest_checkpoint(run)
+    assert newest is not None and 2 <= int(newest.name.split("_")[1]) <= len(done) < 8
+    assert f"newest complete checkpoint: {newest}" in err and f"--resume {run}" in err
+
+    # the wrong workflow is refused (it would load the checkpoint's same-named policy silently)
+    with pytest.raises(ConfigError, match="trained workflow 'coord_par3'"):
+        train(ROOT / "workflows" / "coord_par2.wf", validate(load_toml(run / "config.toml")), resume=True)
+
+    # what `--resume RUN_DIR` does (tests/e2e/test_train_cli.py runs it as a command), in-process
+    summary = train(ROOT / WF, validate(load_toml(run / "config.toml")), resume=True)
+    assert summary.steps_this_run == 8 - int(newest.name.split("_")[1])
+    resumed = _rows(run)
+    assert [r["step"] for r in resumed] == list(range(1, 9))
+    assert resumed[: len(done)] == done  # the redone steps equal what the interrupted run did
+    assert json.loads((run / "summary.json").read_text())["steps"] == 8
