@@ -98,12 +98,12 @@ class Episode(_Frozen):
         if len(set(ids)) != len(ids):
             raise ValueError("duplicate output ids")
         known = set(ids)
-        for t in self.transitions:
+        for k, t in enumerate(self.transitions):
             missing = [c for c in t.consumed if c not in known]
             if missing and self.status != "failed":
-                raise ValueError(f"transition {t.id!r} consumes unknown output ids {missing}")
+                raise ValueError(f"transitions[{k}].consumed: transition {t.id!r} consumes unknown output ids {missing}")
         if not math.isfinite(self.reward):
-            raise ValueError(f"reward {self.reward} is not finite")
+            raise ValueError(f"reward: {self.reward} is not finite")
         return self
 
     def to_json(self) -> str:
@@ -116,8 +116,10 @@ class Episode(_Frozen):
 def _format_validation(err: ValidationError) -> str:
     parts = []
     for e in err.errors()[:5]:
-        loc = ".".join(str(x) for x in e["loc"]) or "<episode>"
-        parts.append(f"field {loc}: {e['msg']}")
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        # whole-episode checks name their field at the start of the message
+        parts.append(f"field {loc}: {msg}" if loc else f"field {msg}")
     more = len(err.errors()) - 5
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 

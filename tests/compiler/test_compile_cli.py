@@ -73,7 +73,7 @@ BAD = [  # (mutation of the second episode, exit code, field named in the messag
     (_set(["schema"], "srpo-graph.trace/9"), 4, "schema"),
     (_set(["outputs", 0, "logprobs"], [float("nan")]), 4, "outputs.0"),
     (_set(["outputs", 0, "logprobs"], [-1.0] * 40), 4, "outputs.0"),
-    (_set(["transitions", 0, "consumed"], ["nope"]), 4, "transition 't0' consumes unknown output ids"),
+    (_set(["transitions", 0, "consumed"], ["nope"]), 4, "field transitions[0].consumed: transition 't0' consumes unknown output ids"),
     (_set(["sample"], 0), 6, "field sample"),
     (_set(["workflow", "name"], "other"), 6, "field workflow.name"),
     (_set(["workflow", "hash"], "f" * 64), 6, "field workflow.hash"),
