@@ -16,26 +16,16 @@ import click
 
 def _read(path: Path, skip_bad: bool) -> tuple[list, list[str], int]:
     from srpo_graph.errors import TraceError
-    from srpo_graph.runtime.trace import parse_episode_line
+    from srpo_graph.runtime.trace import iter_numbered_traces
 
-    episodes, where, bad = [], [], 0
-    try:
-        fh = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: error: cannot read trace file: {exc.strerror}") from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                episodes.append(parse_episode_line(line, str(path), lineno))
-            except TraceError as exc:
-                if not skip_bad:
-                    raise
-                click.echo(f"skipped: {exc}", err=True)
-                bad += 1
-                continue
-            where.append(f"{path}:{lineno}")
+    skipped: list[TraceError] = []
+    episodes, where = [], []
+    for lineno, episode in iter_numbered_traces(path, skip_bad=skip_bad, errors=skipped):
+        episodes.append(episode)
+        where.append(f"{path}:{lineno}")
+    for exc in skipped:
+        click.echo(f"skipped: {exc}", err=True)
+    bad = len(skipped)
     if not episodes:
         raise TraceError(f"{path}: error: no episodes to compile"
                          + (f" ({bad} bad lines skipped)" if bad else " (the file has no trace lines)"))

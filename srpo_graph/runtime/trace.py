@@ -158,6 +158,20 @@ def read_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list
 
 
 def iter_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None) -> Iterator[Episode]:
+    """Episodes of a JSONL trace file, one at a time (see :func:`read_traces`)."""
+    for _, episode in iter_numbered_traces(path, skip_bad=skip_bad, errors=errors):
+        yield episode
+
+
+def iter_numbered_traces(
+    path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None
+) -> Iterator[tuple[int, Episode]]:
+    """``(line number, episode)`` of every trace line, so later errors can still point at the line.
+
+    Raises:
+        TraceError: the file cannot be read, or on the first bad line unless ``skip_bad``
+            (skipped lines are appended to ``errors`` when given).
+    """
     p = Path(path)
     try:
         fh = p.open(encoding="utf-8")
@@ -168,7 +182,7 @@ def iter_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list
             if not line.strip():
                 continue
             try:
-                yield parse_episode_line(line, str(p), lineno)
+                yield lineno, parse_episode_line(line, str(p), lineno)
             except TraceError as exc:
                 if not skip_bad:
                     raise
