@@ -28,7 +28,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -53,8 +53,7 @@ class LoopState:
 # --------------------------------------------------------------------------- optimizer state
 
 
-def _optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    sd = optimizer.state_dict()
+def _optimizer_to_files(sd: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for idx, st in sd["state"].items():
@@ -150,6 +149,7 @@ def save_checkpoint(
     optimizers: Mapping[str, torch.optim.Optimizer],
     schedulers: Mapping[str, Any],
     keep_last: int = 2,
+    optimizer_states: Mapping[str, dict[str, Any]] | None = None,
 ) -> Path:
     """Write ``run_dir/checkpoints/step_{state.step}`` atomically; prune to ``keep_last``.
 
@@ -158,6 +158,8 @@ def save_checkpoint(
         state: step, cursor and counters to restore.
         models, tokenizers, optimizers, schedulers: per policy name.
         keep_last: complete checkpoints kept (the newest).
+        optimizer_states: per policy, an ``optimizer.state_dict()``-shaped full state to save
+            instead of ``optimizers[name].state_dict()`` (fsdp: gathered from the shards).
     Returns:
         The checkpoint folder.
     Raises:
@@ -177,7 +179,8 @@ def save_checkpoint(
     for name, model in models.items():
         model.save_pretrained(tmp / "policies" / name, safe_serialization=True)
         tokenizers[name].save_pretrained(tmp / "policies" / name)
-        tensors, meta = _optimizer_to_files(optimizers[name])
+        opt_sd = (optimizer_states or {}).get(name)
+        tensors, meta = _optimizer_to_files(opt_sd if opt_sd is not None else optimizers[name].state_dict())
         save_file(tensors, tmp / "optim" / f"{name}.safetensors")
         meta["scheduler"] = schedulers[name].state_dict() if name in schedulers else None
         (tmp / "optim" / f"{name}.json").write_text(json.dumps(meta))
@@ -212,10 +215,13 @@ def load_checkpoint(
     optimizers: Mapping[str, torch.optim.Optimizer],
     schedulers: Mapping[str, Any],
     restore_rng: bool = True,
+    loaders: Mapping[str, Callable[[dict[str, Any]], None]] | None = None,
 ) -> LoopState:
     """Restore optimizer/scheduler/RNG state from a complete checkpoint.
 
     The models themselves are loaded by the caller from :func:`policy_path` (``from_pretrained``).
+    ``loaders`` (per policy) load the full optimizer state dict instead of
+    ``optimizer.load_state_dict`` (fsdp: into the sharded optimizer).
 
     Raises:
         ConfigError: the folder is not a complete checkpoint or lacks a policy.
@@ -230,7 +236,8 @@ def load_checkpoint(
             raise ConfigError(f"{ck}: error: checkpoint has no policy {name!r} (has {payload['policies']})\n"
                               "  fix: resume with the workflow the run was started with")
         meta = json.loads((ck / "optim" / f"{name}.json").read_text())
-        opt.load_state_dict(_optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta))
+        opt_sd = _optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta)
+        (loaders or {}).get(name, opt.load_state_dict)(opt_sd)
         if meta.get("scheduler") is not None and name in schedulers:
             schedulers[name].load_state_dict(meta["scheduler"])
     if restore_rng:

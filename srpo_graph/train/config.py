@@ -142,6 +142,13 @@ class TrainConfig(_Section):
     overwrite: bool = Field(False, description="Replace the outputs of an earlier run found in run_dir (otherwise "
                             "a fresh run refuses a used folder: resume it, or pick another folder).")
     nproc: int = Field(1, ge=1, le=1024, description="Data-parallel processes (torchrun); 1 = this process.")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Data-parallel strategy with nproc > 1. `ddp`: every rank holds whole models, "
+        "gradients are all-reduced (fastest while a policy, its gradients and Adam state fit one device). "
+        "`fsdp`: FSDP2 `fully_shard` per decoder layer, each rank holds 1/N of weights, gradients and Adam "
+        "state (for models too large for one device; more communication: parameters are all-gathered in "
+        "every forward, and rank 0 keeps an unsharded copy to sample from or to save for SGLang). "
+        "Same results either way (docs/training.md).")
     rollout: RolloutConfig = RolloutConfig()
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()

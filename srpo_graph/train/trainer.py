@@ -12,7 +12,8 @@ Several policies: one model, optimizer and scheduler per policy (a shared-policy
 one); an event spanning policies sends gradient to each. A frozen reference model per policy is
 loaded only when the objective's KL coefficient is non-zero. Departures from a textbook PPO
 loop: no value function (group-relative advantages), models kept in eval mode (no dropout),
-rollouts on rank 0 only under torchrun (episodes broadcast as JSON).
+rollouts on rank 0 only under torchrun (episodes broadcast as JSON). ``strategy = "fsdp"``: models
+sharded (``fsdp.py``); rank 0 samples from and saves an unsharded replica synced every step.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
 from srpo_graph.train import checkpoint as ckpt
+from srpo_graph.train import fsdp
 from srpo_graph.train.config import TrainConfig, default_run_dir, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
@@ -100,6 +102,12 @@ class PolicySlot:
     backend: Any
     ref_model: Any = None
     version: int = 0
+    replica: Any = None  # fsdp: rank 0's unsharded copy (sampled from, saved); None otherwise
+
+    def sync(self, version: int) -> None:
+        """Give the backend the current weights, tagged ``version``. A collective under fsdp."""
+        self.version = version
+        fsdp.sync_backend(self.model, self.replica, self.backend, version)
 
 
 def _lr_lambda(config: TrainConfig, updates_total: int):
@@ -133,19 +141,22 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
                           f"{wf.name!r} has {len(wf.policies)}\n  fix: use rollout.backend=transformers "
                           "(one server per policy is not supported yet)")
     slots = []
+    sharded = config.strategy == "fsdp" and dist.enabled
     for pol in wf.policies:
         base = resolve_model(pol.model)
         path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-        model.eval()  # no dropout: see the module docstring of update.py
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()  # no dropout: update.py
         tok = load_tokenizer(path)
+        # fsdp: shard before the optimizer sees the parameters; sglang's replica is only saved (CPU)
+        replica = fsdp.shard_with_replica(model, path, dtype, device if config.rollout.backend == "transformers"
+                                          else "cpu", dist) if sharded else None
         o = config.optim
         opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, updates_total))
         r = config.rollout
-        if r.backend == "transformers":
-            backend = TransformersBackend(model, tok, device=device)
-        elif dist.is_main:  # only rank 0 samples, so only rank 0 talks to the server
+        if r.backend == "transformers" and (replica is not None or not sharded):
+            backend = TransformersBackend(replica if replica is not None else model, tok, device=device)
+        elif r.backend == "sglang" and dist.is_main:  # only rank 0 samples, so only rank 0 talks to the server
             weight_dir = r.weight_dir or Path(config.run_dir or "runs") / "weights" / pol.name
             backend = load_backend("sglang", base, url=r.sglang_url, worker_urls=list(r.sglang_workers) or None,
                                    weight_dir=weight_dir)
@@ -155,7 +166,7 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         if kl != 0.0:
             ref = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
             ref.requires_grad_(False)
-        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, backend, ref))
+        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, backend, ref, replica=replica))
     return slots
 
 
@@ -217,16 +228,17 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     slots = _build_slots(wf, config, device, resume_from, dist)
     state = ckpt.LoopState(step=0, cursor=0)
     if resume_from is not None:
-        state = ckpt.load_checkpoint(resume_from, optimizers={s.name: s.optimizer for s in slots},
-                                     schedulers={s.name: s.scheduler for s in slots})
+        state = ckpt.load_checkpoint(
+            resume_from, optimizers={s.name: s.optimizer for s in slots},
+            schedulers={s.name: s.scheduler for s in slots},
+            loaders={s.name: (lambda sd, s=s: fsdp.load_full_optimizer_state(s.model, s.optimizer, sd))
+                     for s in slots if fsdp.is_sharded(s.model)})
         started_with = state.extra.get("workflow")
         if started_with is not None and started_with != wf.name:
             raise ConfigError(f"{resume_from}: error: this run trained workflow {started_with!r}, not {wf.name!r} "
                               f"({workflow_path})\n  fix: resume with the .wf file the run was started with")
         for s in slots:
-            s.version = int(state.extra.get("versions", {}).get(s.name, state.step))
-            if s.backend is not None:
-                s.backend.sync_weights(s.model, s.version)
+            s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
     compile_cfg = config.compile.model_copy(update={"policies": tuple(p.name for p in wf.policies)})
     writer = None
     if dist.is_main:
@@ -268,9 +280,12 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
                         write_traces(run_dir / "traces" / f"step_{step}.jsonl", episodes)
                     if config.logging.plots and _due(step, config.logging.plots_every, config.steps):
                         draw_plots(run_dir)
-                    if _due(step, config.checkpoint.every, config.steps):
+                if _due(step, config.checkpoint.every, config.steps):
+                    opt_states = {s.name: fsdp.full_optimizer_state(s.model, s.optimizer)
+                                  for s in slots if fsdp.is_sharded(s.model)}
+                    if writer is not None:
                         last_ckpt = str(ckpt.save_checkpoint(
-                            run_dir, state, models={s.name: s.model for s in slots},
+                            run_dir, state, models={s.name: s.model if s.replica is None else s.replica for s in slots}, optimizer_states=opt_states,
                             tokenizers={s.name: s.tokenizer for s in slots},
                             optimizers={s.name: s.optimizer for s in slots},
                             schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
@@ -358,7 +373,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
             models, [s.optimizer for s in slots], [s.scheduler for s in slots], batch, config.loss,
             epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
             seed=config.seed * 1_000_003 + step, ref_models=[s.ref_model for s in slots] if slots[0].ref_model is not None else None,
-            dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps)
+            dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy)
         state.skipped_updates += upd.skipped_updates
         record["loss"] = upd.loss
         record.update({f"loss/{k}": v for k, v in upd.diagnostics.items()})
@@ -375,9 +390,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     timings["update"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for s in slots:  # every policy's weights move together, so one version number per step
-        s.version = step
-        if s.backend is not None:
-            s.backend.sync_weights(s.model, s.version)
+        s.sync(step)
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = sum(timings.values())
     record["time"] = timings

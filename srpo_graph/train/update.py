@@ -14,7 +14,8 @@ The order of work, as in CleanRL's PPO loop:
    (``loss_denominator``), passed to every micro-batch call, so the gradient does not depend on
    the micro-batch split or on the number of processes (Note [Global denominator] in
    ``distributed.py``).
-3. Micro-batches accumulate gradients; then per policy: all-reduce (data parallel), non-finite
+3. Micro-batches accumulate gradients; then per policy: all-reduce (``ddp``; with ``fsdp`` the
+   reduce-scatter runs in the last micro-batch's backward, see ``fsdp.py``), non-finite
    check, clip, optimizer and scheduler step. A non-finite loss or gradient skips the whole
    mini-batch update (for every policy) and is counted; the weights stay as they were.
 
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.logprobs import packed_logprobs
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.train import fsdp as fsdp_mod
 from srpo_graph.train.distributed import DistInfo, all_reduce_grads, all_reduce_sum, shard_sets
 
 
@@ -46,6 +48,7 @@ class UpdateResult:
     num_updates: int = 0
     skipped_updates: int = 0
     tokens: int = 0  # tokens forwarded with grad (all epochs)
+    padding_forwards: int = 0  # fsdp: zero-weight forwards run to match collectives, all ranks
     warnings: list[str] = field(default_factory=list)
 
 
@@ -93,6 +96,7 @@ def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch) -> tuple[SetB
         for micro in batch.micro_batches():
             lp, _ = packed_logprobs(models, micro)
             parts.append(lp.detach().float().cpu())
+    fsdp_mod.reshard_all(models)  # a forward without backward leaves FSDP roots unsharded
     old = torch.cat(parts) if parts else torch.zeros(0)
     mask = batch.loss_mask.bool().cpu()
     diff = (old - batch.sampler_logprobs.float().cpu())[mask].abs()
@@ -120,6 +124,7 @@ def update_policies(
     ref_models: Sequence[Any] | None = None,
     dist: DistInfo = DistInfo(),
     inject_nonfinite: bool = False,
+    strategy: Literal["ddp", "fsdp"] = "ddp",
 ) -> UpdateResult:
     """Run the epochs x mini-batches update on ``batch`` (old_logprobs already set).
 
@@ -133,6 +138,9 @@ def update_policies(
         ref_models: per policy, for the KL term (None when the KL coefficient is 0).
         dist: data-parallel info; each rank back-propagates its shard of whole events.
         inject_nonfinite: debug hook, the first micro-batch loss becomes NaN.
+        strategy: ``ddp`` (replicated models, gradients all-reduced here) or ``fsdp`` (models
+            wrapped by ``fsdp.shard_model``; every rank runs matching forwards, Note
+            [Matching forwards] in ``fsdp.py``).
     Returns:
         UpdateResult.
     """
@@ -142,6 +150,7 @@ def update_policies(
     calls = 0
     norms: dict[str, list[float]] = {name: [] for name in batch.policies}
     losses: list[float] = []
+    sharded = strategy == "fsdp" and dist.enabled
     for _ in range(epochs):
         for chunk in _mini_batches(batch, mini_batches, gen):
             mb = batch.select_sets(chunk)
@@ -154,8 +163,22 @@ def update_policies(
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             mb_loss = 0.0
-            for micro in local.micro_batches():
-                new_lp, entropy = packed_logprobs(models, micro)
+            micros: list[SetBatch | None] = list(local.micro_batches())
+            if sharded:  # pad to the largest micro-batch count over ranks (Note [Matching forwards])
+                micros += [None] * (fsdp_mod.all_reduce_max(len(micros), dist) - len(micros))
+            for i, micro in enumerate(micros):
+                if sharded:
+                    fsdp_mod.set_gradient_sync(models, i == len(micros) - 1)
+                    run_models, plan = fsdp_mod.ordered_models(models, active)
+                    if micro is None:  # this rank's shard has fewer micro-batches: forwards with weight 0
+                        zero = plan.finish()
+                        result.padding_forwards += len(plan.extra)
+                        if zero is not None:
+                            zero.backward()
+                        continue
+                else:
+                    run_models, plan = models, None
+                new_lp, entropy = packed_logprobs(run_models, micro)
                 ref_lp = None
                 if ref_models is not None:
                     with torch.no_grad():
@@ -164,7 +187,12 @@ def update_policies(
                                        ref_logprobs=ref_lp, entropy=entropy)
                 if inject_nonfinite:
                     loss, inject_nonfinite = loss * float("nan"), False
-                loss.backward()
+                if plan is not None:  # FSDP averages over ranks: scale so the result is the sum
+                    zero = plan.finish()
+                    result.padding_forwards += len(plan.extra)
+                    (loss * fsdp_mod.loss_scale(dist) + (zero if zero is not None else 0.0)).backward()
+                else:
+                    loss.backward()
                 mb_loss += float(loss.detach())
                 result.tokens += micro.num_tokens
                 for k, v in diagnostics_to_dict(diag).items():
@@ -175,10 +203,14 @@ def update_policies(
             step_norms = {}
             for pid in active:
                 params = [p for p in models[pid].parameters() if p.requires_grad]
-                all_reduce_grads(params, dist)
+                if not sharded:
+                    all_reduce_grads(params, dist)
                 norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # DTensor under fsdp
                 step_norms[batch.policies[pid]] = float(norm)
                 finite = finite and math.isfinite(float(norm))
+            if sharded:
+                fsdp_mod.reshard_all(models)  # the optimizer steps the sharded parameters
             if not finite:
                 result.skipped_updates += 1
                 result.warnings.append(f"non-finite loss or gradient (loss {mb_loss}); update skipped")
@@ -194,6 +226,8 @@ def update_policies(
             result.num_updates += 1
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
+    if sharded:
+        result.padding_forwards = int(all_reduce_sum(float(result.padding_forwards), dist))
     result.loss = sum(losses) / len(losses) if losses else float("nan")
     result.diagnostics = {k: v / calls for k, v in sums.items()} if calls else {}
     result.grad_norm = {k: sum(v) / len(v) for k, v in norms.items() if v}
