@@ -17,8 +17,8 @@ import argparse
 import time
 
 import torch
+from _perfdoc import machine, write_result, write_section
 
-from _perfdoc import machine, write_section
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.summary import padded_slots
 from srpo_graph.compiler.synthetic import synthetic_episodes
@@ -88,6 +88,7 @@ def main() -> None:
     ])
     print(body)
     write_section("compile", body)
+    write_result("compile", {"compile_s": t_compile, "padded_s": t_pad, "ratio": t_compile / t_pad, "tokens": tokens})
 
 
 if __name__ == "__main__":

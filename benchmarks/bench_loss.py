@@ -19,8 +19,8 @@ import argparse
 import time
 
 import torch
+from _perfdoc import machine, write_result, write_section
 
-from _perfdoc import machine, write_section
 from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
@@ -139,6 +139,8 @@ def main() -> None:
     ])
     print(body)
     write_section("loss", body)
+    write_result("loss", {"srpo_s": t_srpo, "padded_grpo_s": t_pad, "ratio": t_srpo / t_pad,
+                          "ratio_no_diagnostics": t_lean / t_pad})
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@
 Run: ``python benchmarks/bench_memory.py [--vocab 32000 --budget 4096]``. One micro-batch of
 synthetic traces (set sizes 1..3, prompts 50..300 and completions 10..200 tokens, no token
 constraints so every variant computes the same distributions) goes through a randomly
-initialised Llama (built here, hidden 128, 2 layers, the given vocabulary) four ways:
+initialised Llama (built here, hidden 128, 2 layers, the given vocabulary) five ways:
 
-* ``packed``: :func:`packed_logprobs` (hidden states gathered at completion positions before
-  the lm_head, log-softmax over completion tokens only);
+* ``packed``: :func:`packed_logprobs` with ``layout="packed"`` (one row, positions restarting
+  per member; hidden states gathered at completion positions before the lm_head, log-softmax
+  over completion tokens only);
+* ``padded layout``: :func:`packed_logprobs` with ``layout="padded"`` (the default with sdpa on
+  CPU): length-bucketed right-padded rows, no attention mask, the same completion-only lm_head;
 * ``packed, full logits``: the same with a model that does not take ``logits_to_keep``, so the
   lm_head runs on every token and the rows are gathered afterwards (round 1's behaviour);
 * ``padded, TRL-style``: prompts left-padded and completions right-padded to the longest,
@@ -31,9 +34,10 @@ import sys
 
 import torch
 
-VARIANTS = ("packed", "packed_full_logits", "padded_trl", "padded_full")
+VARIANTS = ("packed", "padded_layout", "packed_full_logits", "padded_trl", "padded_full")
 LABELS = {
     "packed": "packed (SetBatch), lm_head on completion positions",
+    "padded_layout": "padded layout (SetBatch; default on CPU), length buckets, lm_head on completion positions",
     "packed_full_logits": "packed (SetBatch), lm_head on every token",
     "padded_trl": "padded [B, L], TRL-style (logits_to_keep, selective log-softmax)",
     "padded_full": "padded [B, L], full log_softmax",
@@ -115,8 +119,9 @@ def step(variant: str, args) -> dict:
 
     rss0, peak0 = _rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        if variant in ("packed", "packed_full_logits"):
-            lp, _ = packed_logprobs([model if variant == "packed" else _NoKeep(model)], b)
+        if variant in ("packed", "packed_full_logits", "padded_layout"):
+            lp, _ = packed_logprobs([model if variant != "packed_full_logits" else _NoKeep(model)], b,
+                                    layout="padded" if variant == "padded_layout" else "packed")
             total = lp.sum()
         elif variant == "padded_trl":
             logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
@@ -129,7 +134,7 @@ def step(variant: str, args) -> dict:
     total.backward()
     peak1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     completion = int(b.loss_mask.sum())
-    vocab_rows = {"packed": completion, "packed_full_logits": b.num_tokens,
+    vocab_rows = {"packed": completion, "padded_layout": completion, "packed_full_logits": b.num_tokens,
                   "padded_trl": b.num_members * C, "padded_full": b.num_members * (P + C)}[variant]
     return {"variant": variant, "peak_delta": peak1 - rss0, "new_high_water": peak1 > peak0,
             "saved_bytes": sum(saved.values()), "vocab_block_bytes": vocab_rows * args.vocab * 4,
@@ -146,7 +151,7 @@ def main() -> None:
     if args.variant:
         print(json.dumps(step(args.variant, args)))
         return
-    from _perfdoc import machine, write_section
+    from _perfdoc import machine, write_result, write_section
 
     res = {}
     for v in VARIANTS:
@@ -154,7 +159,7 @@ def main() -> None:
                               "--budget", str(args.budget)], check=True, capture_output=True, text=True).stdout
         res[v] = json.loads(out.strip().splitlines()[-1])
     base = res["packed"]
-    # the four variants compute the same sum of completion log-probs
+    # the five variants compute the same sum of completion log-probs
     assert all(abs(r["value"] - base["value"]) < 1e-3 * abs(base["value"]) for r in res.values()), res
 
     def mib(x: int) -> str:
@@ -172,11 +177,12 @@ def main() -> None:
         "*Peak* is the real peak RSS of the step (forward + backward, one subprocess per variant) over the "
         "resident size just before it; *saved for backward* sums the unique storages autograd kept; "
         "*one [rows, V] block* counts rows x vocab x 4 bytes, the unit every vocabulary-sized tensor costs. "
-        "All four compute the same sum of log-probs (checked). The packed step's log-softmax is one fused "
+        "All five compute the same sum of log-probs (checked). The packed step's log-softmax is one fused "
         "function (saves the [c, V] logits only; backward builds one [c, V] block). The packed rows also keep, per "
         "layer, a [1, 1, n, n] float32 attention mask that sdpa on CPU builds from the restarting position_ids "
         f"({base['tokens'] ** 2 * 4 / 2**20:,.0f} MiB at n = {base['tokens']:,}): it grows with the square of the "
-        "micro-batch length, so keep `micro_batch_tokens` moderate where no varlen attention kernel is used.",
+        "micro-batch length; the padded layout (the default where no varlen attention kernel is used) has no "
+        "mask at all (plain causal attention per row).",
         "",
         "| variant | peak memory of the step | vs packed | saved for backward | one [rows, V] block |",
         "|---|---|---|---|---|",
@@ -184,6 +190,7 @@ def main() -> None:
     ])
     print(body)
     write_section("memory", body)
+    write_result("memory", {v: r["peak_delta"] for v, r in res.items()})
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def write_doc(curves, seconds, args: dict, total: float, img: Path, out: Path) -
     import statistics
 
     lines = [
-        "# Results: objectives compared on toy coordination tasks",
+        "## Earlier: objectives on the toy coordination tasks (`benchmarks/bench_objectives.py`)",
         "",
         "**These are tiny-model toy tasks, not the paper's results.** A 134k-parameter model built locally",
         "(`tiny`) is trained on `workflows/coord_par2.wf` and `workflows/coord_par3.wf`: 2 or 3 agents",
@@ -212,7 +212,23 @@ def write_doc(curves, seconds, args: dict, total: float, img: Path, out: Path) -
         "`python benchmarks/bench_objectives.py --from-json docs/img/objectives.json`.",
         "",
     ]
-    out.write_text("\n".join(lines), encoding="utf-8")
+    write_section(out, "\n".join(lines))
+
+
+BEGIN, END = "<!-- bench_objectives -->", "<!-- end bench_objectives -->"
+
+
+def write_section(out: Path, body: str) -> None:
+    """Replace this benchmark's marked section of ``out`` (other sections, e.g. the study's, are kept);
+    a file without the markers gets the section appended."""
+    text = out.read_text(encoding="utf-8") if out.is_file() else ""
+    block = f"{BEGIN}\n{body.strip()}\n{END}\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + block
+    out.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _perfdoc import machine, write_section  # noqa: E402
+from _perfdoc import machine, write_result, write_section  # noqa: E402
 
 from srpo_graph.backends.base import GenerationRequest  # noqa: E402
 from srpo_graph.backends.transformers import TransformersBackend  # noqa: E402
@@ -40,14 +40,15 @@ LONG = [("search", "search", 8)]
 
 
 def interleaved(fns: dict[str, object], repeats: int) -> dict[str, float]:
-    """Best time of each function over ``repeats`` rounds, the functions alternating within a
-    round so that a busy machine slows them alike (the ratios are what we report)."""
+    """Best CPU time of each function over ``repeats`` rounds, the functions alternating within a
+    round. CPU time (``process_time``: this process, all threads) rather than wall time: the
+    cores are shared, and other jobs stretch wall time but not the CPU time a run needs."""
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeats):
         for key, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             fn()  # type: ignore[operator]
-            times[key].append(time.perf_counter() - t0)
+            times[key].append(time.process_time() - t0)
     return {k: min(v) for k, v in times.items()}
 
 
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     body = (
         "## Runtime: rollout throughput (benchmarks/bench_rollout.py)\n\n"
         f"Tiny model, {args.tasks} tasks x {args.samples} samples per workflow, transformers backend on CPU; "
-        f"executor and raw generate best of {args.repeats}, measured alternately; one-at-a-time one run; {machine()}.\n"
+        f"executor and raw generate best of {args.repeats}, measured alternately, in CPU time (the 2 cores were shared "
+        f"with other engineers' jobs); one-at-a-time one run; {machine()}.\n"
         "*raw generate* replays the executor's own prompts, grouped per step, with the same token counts: "
         "executor / raw is the share of the backend's batched speed the executor keeps (1.00x = no overhead). "
         "In the coordination workflows each output is 1 token, so the per-output Python work of the executor "
@@ -110,12 +112,16 @@ def main(argv: list[str] | None = None) -> None:
         "record is built once, with `model_construct` (validation cost O(tokens): 30 us for a 300+100-token "
         "output vs 8 us), after a cheap check of the backend's log-probs; only transitions consuming an "
         "agent with fresh outputs are tested for readiness; `allow` tokens are looked up once per tokenizer; "
-        "per-output seeds use splitmix64 instead of blake2b. What remains is ~35 us of plain Python per "
-        "1-token output (about a fifth of it pydantic records, the rest rendering, extraction, rewards and "
-        "firing), so these rows stay under 0.75x; with multi-token outputs the model dominates.\n"
+        "per-output seeds use splitmix64 instead of blake2b. Round 3: an output's record skips pydantic's "
+        "per-field default handling when every field is given (~4 us of ~27 us per output) and the backend's "
+        "vocabulary size is read once per batch. What remains, ~20-25 us of plain Python per 1-token output "
+        "against ~45 us of model time, is broken down in the profile section (benchmarks/profile_overheads.py); "
+        "with multi-token outputs the model dominates.\n"
     )
     if not args.no_doc:
         write_section("rollout", body)
+        write_result("rollout", {r["name"]: {"ratio": r["raw"] / r["exec"], "tokens": r["tokens"],
+                                             "episodes": r["episodes"]} for r in rows})
         print("wrote the rollout section of docs/performance.md")
 
 

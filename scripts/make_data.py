@@ -6,6 +6,8 @@ Writes (relative to the repository root)::
     workflows/tasks/routed.jsonl, routed_eval.jsonl     {"id", "target", "route"}    coord_routed.wf
     workflows/tasks/math.jsonl, math_eval.jsonl         {"id", "question", "answer"} math_*.wf
     workflows/tasks/search.jsonl, search_eval.jsonl     {"id", "question", "answer"} search.wf
+    workflows/tasks/tinymath.jsonl, tinymath_eval.jsonl {"id", "question", "answer", "family"} tinymath_*.wf
+    workflows/tasks/tinysearch.jsonl, tinysearch_eval.jsonl {"id", "question", "answer", "kind"} tinysearch.wf
     srpo_graph/data/corpus.jsonl                        {"title", "text"}            std.retrieve
 
 Everything is lower case and uses only characters the tiny model's vocabulary knows. The same
@@ -123,6 +125,41 @@ def corpus_and_search(rng: random.Random) -> tuple[list[dict], list[dict], list[
     return docs, train, evals
 
 
+# --------------------------------------------------------------------------- the CPU math/search tasks
+
+# For the locally pre-trained `tiny-reason` model (srpo_graph/backends/recipes.py): the problems it
+# was never pre-trained on (`is_held_out`) are the eval split; the others are RL training tasks.
+
+
+def tinymath(rng: random.Random) -> tuple[list[dict], list[dict]]:
+    from srpo_graph.backends.recipes import is_held_out, math_problem
+
+    seen: set[str] = set()
+    train, evals = [], []
+    while len(train) < 400 or len(evals) < 64:
+        p = math_problem(rng)
+        if p.question in seen:
+            continue
+        seen.add(p.question)
+        rows = evals if is_held_out(p.question) else train
+        if len(rows) < (64 if rows is evals else 400):
+            rows.append({"question": p.question, "answer": str(p.answer), "family": p.family})
+    train = [{"id": f"tinymath-{i:03d}", **r} for i, r in enumerate(train)]
+    evals = [{"id": f"tinymath-eval-{i:03d}", **r} for i, r in enumerate(evals)]
+    return train, evals
+
+
+def tinysearch(rng: random.Random) -> tuple[list[dict], list[dict]]:
+    from srpo_graph.backends.recipes import is_held_out, search_questions
+
+    qs = search_questions()
+    rng.shuffle(qs)
+    rows = [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in qs]
+    train = [{"id": f"tinysearch-{i:03d}", **r} for i, r in enumerate(r for r in rows if not is_held_out(r["question"]))]
+    evals = [{"id": f"tinysearch-eval-{i:03d}", **r} for i, r in enumerate(r for r in rows if is_held_out(r["question"]))]
+    return train, evals
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -138,6 +175,10 @@ def build() -> dict[str, list[dict]]:
     out["srpo_graph/data/corpus.jsonl"] = docs
     out["workflows/tasks/search.jsonl"] = train
     out["workflows/tasks/search_eval.jsonl"] = evals
+    for name, fn in (("tinymath", tinymath), ("tinysearch", tinysearch)):
+        train, evals = fn(random.Random(SEED + 1))
+        out[f"workflows/tasks/{name}.jsonl"] = train
+        out[f"workflows/tasks/{name}_eval.jsonl"] = evals
     return out
 
 

@@ -24,18 +24,27 @@ class _Group(click.Group):
             ctx.exit(exc.exit_code)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def _check_tokens(workflow):
+    """`check`'s token rule (issue 12): it needs the backends' tokenizers, a later stage than
+    lang, so the composition root hands it to the lang command through the click context."""
+    from srpo_graph.runtime.tokens import check_local_tokens
+
+    return check_local_tokens(workflow)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
+                                           "obj": {"check_tokens": _check_tokens}})
 @click.version_option(package_name="srpo-graph")
 def app() -> None:
     """Declare multi-agent LLM workflows as typed graphs and train them with SRPO."""
 
 
 def _register() -> None:
-    from srpo_graph.lang import commands as lang_cmds
-    from srpo_graph.viz import commands as viz_cmds
-    from srpo_graph.runtime import commands as runtime_cmds
     from srpo_graph.compiler import commands as compiler_cmds
+    from srpo_graph.lang import commands as lang_cmds
+    from srpo_graph.runtime import commands as runtime_cmds
     from srpo_graph.train import commands as train_cmds
+    from srpo_graph.viz import commands as viz_cmds
 
     for module in (lang_cmds, viz_cmds, runtime_cmds, compiler_cmds, train_cmds):
         for cmd in module.COMMANDS:

@@ -14,6 +14,7 @@ The CLI prints ``str(error)`` (never a traceback) and exits with ``error.exit_co
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
@@ -21,6 +22,7 @@ from typing import Literal, Sequence
 from pydantic import BaseModel, ConfigDict
 
 MAX_REPORTED = 20
+MAX_SHOWN_LINE = 120  # characters of a source line shown under an error (longer ones: a window)
 
 
 class Span(BaseModel):
@@ -53,13 +55,31 @@ class Diagnostic:
     code: str = "E"  # a short stable code tests can assert on, e.g. "unknown-name"
 
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# characters shown as a visible stand-in (one character each, so the caret stays aligned):
+# line-breaking for str.splitlines or a terminal, but not for the .wf lexer
+_VISIBLE = str.maketrans({"\r": "␍", "\v": "␋", "\f": "␌", "\x1c": "␜", "\x1d": "␝", "\x1e": "␞",
+                          "\x85": "␤", "\u2028": "␤", "\u2029": "¶", "\x00": "␀", "\x1b": "␛",
+                          "\ufeff": "◌", "\u200b": "◌"})
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of a source as the parser counts them: a line ends at ``\\n``, ``\\r\\n`` or ``\\r``
+    only (not at U+2028, a form feed or ``\\v``, which ``str.splitlines`` also splits at).
+
+    >>> [len(line) for line in source_lines("a\\r\\nb\\rc\\u2028d\\fe")]  # c, U+2028, d, form feed, e
+    [1, 1, 5]
+    """
+    return _LINE_BREAK.split(text)
+
+
 def _source_line(span: Span, source: str | None) -> str | None:
     if source is None:
         try:
             source = Path(span.path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             return None
-    lines = source.splitlines()
+    lines = source_lines(source)
     if 1 <= span.line <= len(lines):
         return lines[span.line - 1]
     return None
@@ -89,8 +109,15 @@ def render_diagnostic(diag: Diagnostic, source: str | None = None) -> str:
                 else len(text) - diag.span.col + 1
             )
             width = max(1, width)
-            out.append(f"  {gutter} | {text.expandtabs(1)}")
-            out.append(f"  {pad} | {' ' * (diag.span.col - 1)}^{'~' * (width - 1)}")
+            col = diag.span.col
+            if len(text) > MAX_SHOWN_LINE:  # a window around the column, so the caret stays on screen
+                start = max(0, min(col - 1 - MAX_SHOWN_LINE // 3, len(text) - MAX_SHOWN_LINE))
+                text = ("…" if start else "") + text[start:start + MAX_SHOWN_LINE] + (
+                    "…" if start + MAX_SHOWN_LINE < len(text) else "")
+                col = col - start + (1 if start else 0)
+                width = min(width, MAX_SHOWN_LINE - col + 2)
+            out.append(f"  {gutter} | {text.replace(chr(9), ' ').translate(_VISIBLE)}")
+            out.append(f"  {pad} | {' ' * (col - 1)}^{'~' * (max(1, width) - 1)}")
     if diag.hint:
         out.append(f"  hint: {diag.hint}")
     return "\n".join(out)

@@ -195,6 +195,9 @@ class Sampling(_Frozen):
     max_tokens: int = 64
     stop: tuple[str, ...] = ()
     allow: tuple[str, ...] | None = None  # token strings the output is constrained to
+    # log-prob of record with top-k/top-p: "full" (the full temperature-scaled distribution) or
+    # "sampled" (the truncated, renormalized distribution actually sampled); rollout.logprobs
+    logprobs: Literal["full", "sampled"] = "full"
 
 
 class Agent(_Frozen):

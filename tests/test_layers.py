@@ -38,14 +38,28 @@ def _stage_of(module: str) -> str | None:
     return parts[1]
 
 
-def _imports(path: Path):
+def _imports(path: Path, package: str | None = None):
+    """(line, absolute module) of every import; relative ones resolved against ``package``
+    (the importing module's package, e.g. ``srpo_graph.lang``)."""
+    if package is None and PKG in path.parents:
+        package = ".".join(("srpo_graph", *path.relative_to(PKG).parent.parts))
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            yield node.lineno, node.module
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if node.module:
+                    yield node.lineno, node.module
+                continue
+            base = (package or "").split(".")
+            base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+            if node.module:
+                yield node.lineno, ".".join([*base, node.module])
+            else:  # from .. import trainer: each name may be a module
+                for alias in node.names:
+                    yield node.lineno, ".".join([*base, alias.name])
 
 
 def _violations() -> list[str]:
@@ -82,3 +96,13 @@ def test_the_check_detects_a_backward_import(tmp_path, bad):
     src.write_text(f"import {bad}\n")
     assert [m for _, m in _imports(src)] == [bad]
     assert RANK[_stage_of(bad)] > RANK["lang"]
+
+
+@pytest.mark.parametrize("line", ["from ..train import trainer", "from ..train.trainer import train",
+                                  "from srpo_graph.train import trainer"])
+def test_the_check_resolves_relative_imports(tmp_path, line):
+    """``from ..train import trainer`` inside lang/ is the same backward import, written relatively."""
+    src = tmp_path / "m.py"
+    src.write_text(line + "\n")
+    modules = [m for _, m in _imports(src, package="srpo_graph.lang")]
+    assert any(_stage_of(m) == "train" for m in modules), modules

@@ -17,9 +17,11 @@ def resolve_model(name: str) -> str:
     """The path or hub name to load for a policy's ``model`` string.
 
     Args:
-        name: ``"tiny"`` (built on first use), a local path or a Hugging Face name.
+        name: ``"tiny"`` (built on first use), a recipe of ``backends.recipes.RECIPES`` such as
+            ``"tiny-reason"`` (pre-trained locally on first use, a few minutes), a local path or
+            a Hugging Face name.
     Returns:
-        ``name`` unchanged, except ``"tiny"`` -> the tiny model's directory.
+        ``name`` unchanged, except ``"tiny"`` and recipe names -> the built model's directory.
 
     >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
     'Qwen/Qwen2.5-0.5B-Instruct'
@@ -28,6 +30,12 @@ def resolve_model(name: str) -> str:
         from srpo_graph.backends.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model())
+    from srpo_graph.backends.recipes import RECIPES
+
+    if name in RECIPES:  # a small model pre-trained locally (``srpo-graph init-model --recipe NAME``)
+        from srpo_graph.backends.recipes import ensure_recipe_model
+
+        return str(ensure_recipe_model(name))
     return name
 
 
@@ -46,7 +54,15 @@ def _sglang(model: str, **kw: Any):
         from srpo_graph.errors import BackendError
 
         raise BackendError("the sglang backend needs --url (the server's address, e.g. http://127.0.0.1:30000)")
-    return SGLangBackend(url, load_tokenizer(resolve_model(model)), **kw)
+    path = resolve_model(model)
+    if "vocab_size" not in kw:  # logit rows, for `allow:` (the tokenizer may have fewer entries)
+        from transformers import AutoConfig
+
+        try:
+            kw["vocab_size"] = AutoConfig.from_pretrained(path).vocab_size
+        except (OSError, ValueError):
+            kw["vocab_size"] = None  # constrained requests will then say what is missing
+    return SGLangBackend(url, load_tokenizer(path), **kw)
 
 
 _LOADERS: dict[str, Callable[..., Any]] = {"transformers": _transformers, "sglang": _sglang}

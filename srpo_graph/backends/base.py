@@ -21,8 +21,11 @@ class GenerationRequest:
         prompt_ids: the prompt token ids, exactly as sent.
         max_new_tokens: at most this many completion tokens (>= 1).
         temperature: > 0 samples from softmax(logits / temperature); 0 is greedy.
-        top_p, top_k: nucleus / top-k filters (1.0 and 0 = off). Log-probs of record are
-            always those of the full, temperature-scaled distribution (or the constrained one).
+        top_p, top_k: nucleus / top-k filters (1.0 and 0 = off).
+        logprobs: the log-prob of record under top-k/top-p: ``full`` (the full temperature-scaled
+            distribution, or the constrained one) or ``sampled`` (the truncated distribution
+            actually sampled, renormalized); the trainer recomputes the same (Note [Log-probs of
+            record] in ``sampling.py``).
         stop_token_ids: generation stops after sampling one of these (it is kept in the ids).
         allowed_token_ids: if set, every completion token is sampled from the distribution
             renormalized over these ids, and its log-prob is the renormalized one.
@@ -39,6 +42,7 @@ class GenerationRequest:
     allowed_token_ids: tuple[int, ...] | None = None
     seed: int | None = None
     request_id: str = ""
+    logprobs: Literal["full", "sampled"] = "full"
 
 
 @dataclass(frozen=True)

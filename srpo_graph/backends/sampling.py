@@ -6,9 +6,15 @@ parameters; produces the sampled token ids and their log-probs of record.
 Note [Log-probs of record]
     The log-prob recorded for a sampled token is ``log_softmax(logits / T)`` over the full
     vocabulary, or over ``allowed_token_ids`` (renormalized) when the row is constrained.
-    top-k / top-p only narrow what may be *sampled*; they do not renormalize the recorded
-    log-prob (SGLang does the same), so the trainer can recompute it from the model alone.
-    Temperature 0 is greedy; its recorded log-prob is that of ``T = 1``.
+    Under top-k / top-p there are two conventions (``GenerationRequest.logprobs``):
+    ``full`` (default; SGLang's): the filters only narrow what may be *sampled*, the record is
+    the full distribution's, and the trainer recomputes it from the model alone; ``sampled``:
+    the record is the truncated, renormalized distribution actually sampled, and the trainer
+    applies the same filters to its own logits (``srpo/logprobs.py``), so sampler and trainer
+    agree exactly at equal weights and a truncated support shows up in the ratio. The
+    ``full`` record is not the behaviour distribution (off by log Z_kept per token), which the
+    mismatch correction cannot see; ``sampled`` makes it explicit. Temperature 0 is greedy;
+    its recorded log-prob is that of ``T = 1``.
 
 Each row draws its uniform number from its own ``torch.Generator`` (seeded per request), so the
 token sampled for a request does not depend on which other requests share its batch.
@@ -30,6 +36,7 @@ class RowParams:
     top_p: torch.Tensor  # [B] float; 1 = off
     allowed: torch.Tensor | None  # [B, V] bool, or None when no row is constrained
     generators: list[torch.Generator]
+    sampled_logprobs: torch.Tensor | None = None  # [B] bool: record the truncated distribution's log-prob
 
 
 def scaled_logprobs(logits: torch.Tensor, temperature: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -51,6 +58,16 @@ def scaled_logprobs(logits: torch.Tensor, temperature: torch.Tensor, allowed: to
     if allowed is not None:
         z = z.masked_fill(~allowed, float("-inf"))
     return torch.log_softmax(z, dim=-1)
+
+
+def truncation_mask(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[B, V] bool: the tokens top-k / top-p exclude from rows of log-probs ``logp`` (the trainer uses
+    it to recompute the ``sampled`` convention exactly as :func:`sample` drew).
+
+    >>> truncation_mask(torch.log(torch.tensor([[0.5, 0.3, 0.2]])), torch.tensor([2]), torch.tensor([1.0])).tolist()
+    [[False, False, True]]
+    """
+    return torch.isinf(_filter(logp, top_k, top_p)) & ~torch.isinf(logp)
 
 
 def _filter(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -91,4 +108,8 @@ def sample(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch
     greedy = params.temperature <= 0
     if bool(greedy.any()):
         idx = torch.where(greedy, pick.argmax(-1), idx)
-    return idx, logp.gather(-1, idx[:, None]).squeeze(-1)
+    record = logp
+    if params.sampled_logprobs is not None and bool(params.sampled_logprobs.any()) and pick is not logp:
+        truncated = torch.log_softmax(pick, dim=-1)  # renormalized over what top-k/top-p kept
+        record = torch.where(params.sampled_logprobs[:, None], truncated, logp)
+    return idx, record.gather(-1, idx[:, None]).squeeze(-1)

@@ -11,22 +11,45 @@ out; see docs/sglang.md and shared/reference/sglang.md for the wire format):
   ``no_stop_trim: true`` -- and nothing else unless asked (0.5.23 rejects unknown keys);
 * ``output_ids`` and ``meta_info.output_token_logprobs`` read back exactly (they must agree);
   the server's log-prob is ``log softmax(logits / T)`` over the full vocabulary, as ours;
-* retries with exponential backoff on connection errors and HTTP 5xx; a read timeout is a
-  :class:`BackendError` (the request may still be running; it is not sent twice);
-* ``/health`` is checked when the backend starts;
-* weights: ``sync_weights`` saves the model with ``save_pretrained`` into ``weight_dir`` (a
-  path every server can read) and calls ``/update_weights_from_disk`` on each worker, between
-  ``/pause_generation`` and ``/continue_generation`` where the server has them (404 tolerated),
-  tagging the version (``weight_version``) that later completions report.
+* retries with exponential backoff on connection errors and HTTP 5xx; ``timeout`` is a
+  **deadline per request** (connect, headers and the whole body: a server that drips bytes
+  slowly is cut off too); a request past it is a :class:`BackendError` and is not sent twice;
+* a failed request does not lose the others: ``generate`` answers every request it can, then
+  raises a :class:`BatchError` carrying the partial results, so the runtime fails only the
+  episodes that waited on the failed ones;
+* ``/health`` is checked when the backend starts.
 
-Constrained outputs (``allowed_token_ids``, an agent's ``allow:``) are **not supported**: SGLang
-has no per-request token whitelist whose log-probs are the renormalized ones the trainer
-recomputes, so such a request raises a :class:`BackendError` instead of sampling something
-else. Use the transformers backend for those workflows.
+Note [Constrained outputs on SGLang]
+    An agent's ``allow:`` (``allowed_token_ids``) goes to SGLang as its own *custom logit
+    processor* ``DisallowedTokensLogitsProcessor`` (shipped with SGLang; the server must run
+    with ``--enable-custom-logit-processor``) with ``custom_params.token_ids`` = every other
+    id of the vocabulary: the server sets those logits to -inf **before** sampling and before
+    it computes the returned log-prob, so both are those of ``softmax(logits / T)``
+    renormalized over the allowed ids -- what ``srpo/logprobs.py`` recomputes (verified against
+    a transformers forward in tests/backends/test_sglang_real.py). SGLang names a processor
+    by a JSON string ``{"callable": <hex>}`` where <hex> is a *by-reference* pickle of the class
+    (the constant ``_DISALLOW_CALLABLE`` below: module + class name, no code; we never build or
+    load a pickle). The server merges all rows that carry the same string and this processor
+    requires one id list per group, so the string also carries a digest of the allowed set
+    (``{"callable": ..., "srpo_graph_allow": <digest>}``; SGLang reads only ``callable``):
+    requests with different ``allow:`` lists never share a group.
+
+Note [Weight sync that loses nothing]
+    ``sync_weights`` saves the model with ``save_pretrained`` into ``weight_dir/v<version>``
+    and calls ``/update_weights_from_disk {model_path, weight_version, flush_cache}`` on every
+    worker. It does **not** call ``/pause_generation`` (whose default mode aborts requests in
+    flight): SGLang's update takes the model-update writer lock, which waits for running
+    ``/generate`` requests to finish, and the trainer syncs only between rollouts anyway.
+    Every answer's ``meta_info.weight_version`` (and ``weight_versions`` per token span) is
+    read back: a completion spanning several versions reports the oldest. ``weight_dir`` keeps
+    a manifest (``.srpo-graph-weights.json``) of the folders this backend wrote; only those are
+    ever replaced or deleted (the newest two are kept), never anything else in the folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import threading
 import time
@@ -38,6 +61,36 @@ from srpo_graph.backends.base import Completion, GenerationRequest
 from srpo_graph.errors import BackendError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+# pickle protocol 4 of `sglang.srt.sampling.custom_logit_processor.DisallowedTokensLogitsProcessor`,
+# by reference (= DisallowedTokensLogitsProcessor.to_str() in sglang 0.5.23); see Note above.
+_DISALLOW_CALLABLE = ("80049552000000000000008c2a73676c616e672e7372742e73616d706c696e672e637573746f6d5f6c6f6769745f"
+                      "70726f636573736f72948c1f446973616c6c6f776564546f6b656e734c6f6769747350726f636573736f729493942e")
+MANIFEST = ".srpo-graph-weights.json"
+
+
+class BatchError(BackendError):
+    """Some requests of a batch failed for good.
+
+    Attributes:
+        partial: one entry per request, in order: its :class:`Completion`, or None where it failed.
+        errors: the error message of each failed request (None where it succeeded).
+    """
+
+    def __init__(self, message: str, partial: list[Completion | None], errors: list[str | None]):
+        super().__init__(message)
+        self.partial, self.errors = partial, errors
+
+
+def allow_processor(allowed: Sequence[int]) -> str:
+    """The ``custom_logit_processor`` string for one allowed set (see Note [Constrained outputs on SGLang]).
+
+    >>> json.loads(allow_processor([5, 3]))["callable"] == _DISALLOW_CALLABLE
+    True
+    >>> allow_processor([3, 5]) == allow_processor([5, 3]) != allow_processor([3])
+    True
+    """
+    digest = hashlib.blake2b(json.dumps(sorted({int(t) for t in allowed})).encode(), digest_size=8).hexdigest()
+    return json.dumps({"callable": _DISALLOW_CALLABLE, "srpo_graph_allow": digest})
 
 
 class SGLangBackend:
@@ -46,13 +99,14 @@ class SGLangBackend:
     Args:
         url: the server or router, e.g. ``http://127.0.0.1:30000``.
         tokenizer: the served model's tokenizer (the runtime tokenizes prompts with it).
-        timeout: seconds for one HTTP request (connect + read) before it is an error.
+        timeout: seconds one request may take in all (connect + answer + the whole body), > 0.
         max_retries: retries of one request after a connection error or a 5xx answer.
         backoff: first retry delay in seconds, doubled each retry.
         concurrency: requests in flight at once.
         worker_urls: where weight updates go (default ``[url]``; a router has no update
             routes, so list its workers here).
         weight_dir: directory, readable by every server, where ``sync_weights`` saves models.
+        vocab_size: the model's vocabulary size (logit rows); needed for ``allow:`` requests.
         send_seed: also send ``sampling_seed`` per request (only honoured by servers in
             deterministic mode; off by default because older servers reject the key).
         check_health: call ``/health`` now.
@@ -62,25 +116,62 @@ class SGLangBackend:
 
     def __init__(self, url: str, tokenizer: Any, *, timeout: float = 300.0, max_retries: int = 4,
                  backoff: float = 0.5, concurrency: int = 64, worker_urls: Sequence[str] | None = None,
-                 weight_dir: str | Path | None = None, send_seed: bool = False, check_health: bool = True):
+                 weight_dir: str | Path | None = None, vocab_size: int | None = None, send_seed: bool = False,
+                 check_health: bool = True):
         import httpx
 
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
         self.weight_version = 0
-        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+        self.reports_weight_versions = True  # completions carry the server's weight_version (the executor checks it)
+        self.timeout, self.max_retries, self.backoff = float(timeout), int(max_retries), float(backoff)
         self.worker_urls = [u.rstrip("/") for u in (worker_urls or [self.url])]
         self.weight_dir = Path(weight_dir) if weight_dir else Path.home() / ".cache" / "srpo-graph" / "sglang-weights"
+        self.vocab_size = int(vocab_size) if vocab_size else None
         self.send_seed = send_seed
-        self.stats = {"requests": 0, "retries": 0, "retractions": 0}
+        self.stats = {"requests": 0, "retries": 0, "retractions": 0, "failed": 0}
         self._lock = threading.Lock()
+        self._disallowed: dict[tuple[int, ...], list[int]] = {}
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self._client = httpx.Client(timeout=timeout, limits=limits)
+        self._client = httpx.Client(timeout=self.timeout, limits=limits)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="srpo-sglang")
         if check_health:
             self.check_health()
 
     # ------------------------------------------------------------------ HTTP
+
+    def _read(self, url: str, payload: dict[str, Any], deadline: float):
+        """One POST whose headers and body must all arrive before ``deadline`` (monotonic).
+
+        A timer closes the response when the deadline passes, which ends a read blocked on a
+        server that sends a byte now and then (httpx's own timeouts are per read).
+        """
+        import httpx
+
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise httpx.ReadTimeout("deadline passed")
+        with self._client.stream("POST", url, json=payload, timeout=httpx.Timeout(remaining)) as resp:
+            late = threading.Event()
+
+            def cut() -> None:
+                late.set()
+                resp.close()
+
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
+            timer.daemon = True
+            timer.start()
+            try:
+                body = b"".join(resp.iter_bytes())
+            except (httpx.HTTPError, RuntimeError, OSError):
+                if late.is_set():
+                    raise httpx.ReadTimeout("deadline passed while reading the body") from None
+                raise
+            finally:
+                timer.cancel()
+            if late.is_set() or time.monotonic() > deadline:
+                raise httpx.ReadTimeout("deadline passed while reading the body")
+            return resp.status_code, body
 
     def _post(self, base: str, route: str, payload: dict[str, Any], *, tolerate_404: bool = False) -> Any:
         """POST with retries (connection errors, 5xx); the decoded JSON answer."""
@@ -89,22 +180,24 @@ class SGLangBackend:
         url = f"{base}{route}"
         for attempt in range(self.max_retries + 1):
             try:
-                resp = self._client.post(url, json=payload)
+                status, body = self._read(url, payload, time.monotonic() + self.timeout)
             except httpx.TimeoutException as exc:
-                raise BackendError(f"sglang: {url} did not answer within {self.timeout:g}s ({type(exc).__name__})") from None
+                raise BackendError(f"sglang: {url} did not answer within {self.timeout:g}s ({type(exc).__name__}; "
+                                   "the deadline covers the whole answer)") from None
             except httpx.TransportError as exc:
                 problem = f"connection error: {type(exc).__name__}: {exc}"
             else:
-                if resp.status_code == 404 and tolerate_404:
+                text = body.decode("utf-8", errors="replace")
+                if status == 404 and tolerate_404:
                     return None
-                if resp.status_code < 500:
-                    if resp.status_code >= 400:
-                        raise BackendError(f"sglang: {url} answered HTTP {resp.status_code}: {resp.text[:500]}")
+                if status < 500:
+                    if status >= 400:
+                        raise BackendError(f"sglang: {url} answered HTTP {status}: {text[:500]}")
                     try:
-                        return resp.json()
+                        return json.loads(text)
                     except ValueError:
-                        raise BackendError(f"sglang: {url} answered non-JSON: {resp.text[:200]!r}") from None
-                problem = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                        raise BackendError(f"sglang: {url} answered non-JSON: {text[:200]!r}") from None
+                problem = f"HTTP {status}: {text[:200]}"
             if attempt == self.max_retries:
                 raise BackendError(f"sglang: {url} failed after {self.max_retries + 1} attempts; last: {problem}")
             with self._lock:
@@ -121,22 +214,42 @@ class SGLangBackend:
         except httpx.HTTPError as exc:
             raise BackendError(
                 f"sglang: no server answers at {self.url} ({type(exc).__name__}: {exc}). Start one with "
-                "`python -m sglang.launch_server --model-path MODEL --port 30000` (see docs/sglang.md) "
-                "and pass its address with --url."
+                "`python -m sglang.launch_server --model-path MODEL --port 30000 --enable-custom-logit-processor` "
+                "(see docs/sglang.md) and pass its address with --url, or let `srpo-graph train` launch it "
+                "(rollout.sglang_launch)."
             ) from None
         if resp.status_code != 200:
             raise BackendError(f"sglang: {self.url}/health answered HTTP {resp.status_code} (still starting?)")
 
     # ------------------------------------------------------------------ generation
 
+    def _disallowed_ids(self, req: GenerationRequest) -> list[int]:
+        allowed = tuple(sorted({int(t) for t in req.allowed_token_ids or ()}))
+        if self.vocab_size is None:
+            raise BackendError(f"sglang: request {req.request_id!r} is constrained (an agent with `allow:`) but the "
+                               "backend does not know the model's vocab_size; pass vocab_size= (load_backend does)")
+        if not allowed or allowed[0] < 0 or allowed[-1] >= self.vocab_size:
+            raise BackendError(f"sglang: request {req.request_id!r}: allowed token ids {list(allowed)[:8]} must be "
+                               f"non-empty and inside the vocabulary [0, {self.vocab_size})")
+        with self._lock:
+            hit = self._disallowed.get(allowed)
+            if hit is None:
+                keep = set(allowed)
+                hit = self._disallowed[allowed] = [t for t in range(self.vocab_size) if t not in keep]
+        return hit
+
     def payload(self, req: GenerationRequest) -> dict[str, Any]:
-        """The ``/generate`` body for one request (see the module docstring)."""
-        if req.allowed_token_ids is not None:
-            raise BackendError(
-                f"sglang: request {req.request_id!r} is constrained to {len(req.allowed_token_ids)} token ids "
-                "(an agent with `allow:`); SGLang cannot sample from the renormalized constrained "
-                "distribution, so this workflow needs the transformers backend"
-            )
+        """The ``/generate`` body for one request (see the module docstring).
+
+        Raises:
+            BackendError: what SGLang cannot sample as asked -- ``logprobs="sampled"`` (the
+                truncated distribution's log-probs) with top-k/top-p on: SGLang returns the
+                full distribution's; a constraint outside the vocabulary.
+        """
+        if getattr(req, "logprobs", "full") == "sampled" and (req.top_k > 0 or req.top_p < 1.0):
+            raise BackendError(f"sglang: request {req.request_id!r} asks for the log-probs of the top-k/top-p "
+                               "truncated distribution (logprobs='sampled'); SGLang returns those of the full "
+                               "distribution. fix: logprobs='full', or the transformers backend")
         params: dict[str, Any] = {
             "max_new_tokens": int(req.max_new_tokens),
             "temperature": float(req.temperature),
@@ -148,7 +261,12 @@ class SGLangBackend:
         }
         if self.send_seed and req.seed is not None:
             params["sampling_seed"] = int(req.seed % 2**31)
-        return {"input_ids": [int(t) for t in req.prompt_ids], "sampling_params": params, "return_logprob": True}
+        body: dict[str, Any] = {"input_ids": [int(t) for t in req.prompt_ids], "sampling_params": params,
+                                "return_logprob": True}
+        if req.allowed_token_ids is not None:
+            params["custom_params"] = {"token_ids": self._disallowed_ids(req)}
+            body["custom_logit_processor"] = allow_processor(req.allowed_token_ids)
+        return body
 
     def _one(self, req: GenerationRequest) -> Completion:
         answer = self._post(self.url, "/generate", self.payload(req))
@@ -178,25 +296,83 @@ class SGLangBackend:
         retractions = meta.get("num_retractions", meta.get("total_retractions", 0)) or 0
         with self._lock:
             self.stats["retractions"] += int(retractions)
-        version = meta.get("weight_version")
-        try:
-            version = int(version)
-        except (TypeError, ValueError):
-            version = self.weight_version
-        return Completion(tuple(ids), tuple(lps), _FINISH[kind], version)  # type: ignore[arg-type]
+        return Completion(tuple(ids), tuple(lps), _FINISH[kind], self._version_of(meta))  # type: ignore[arg-type]
+
+    def _version_of(self, meta: dict[str, Any]) -> int:
+        """The weight version that produced a completion: the oldest of its spans' (see Note)."""
+        tags = [seg.get("version") for seg in meta.get("weight_versions") or [] if isinstance(seg, dict)]
+        tags = tags or [meta.get("weight_version")]
+        versions = []
+        for tag in tags:
+            try:
+                versions.append(int(tag))
+            except (TypeError, ValueError):  # "default": the weights the server started with
+                versions.append(0 if tag == "default" else self.weight_version)
+        return min(versions)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Send every request concurrently; results in request order.
 
         Raises:
-            BackendError: a constrained request, a failed request after retries, a timeout, or
-                a malformed answer.
+            BackendError: a request that cannot be sent (checked before anything is sent).
+            BatchError: some requests failed after retries, timed out or were answered
+                malformed; it carries every result that did come back.
         """
         for r in requests:
             self.payload(r)  # reject what cannot be sent before sending anything
-        return list(self._pool.map(self._one, requests))
+
+        def guarded(req: GenerationRequest) -> Completion | BackendError:
+            try:
+                return self._one(req)
+            except BackendError as exc:
+                return exc
+
+        results = list(self._pool.map(guarded, requests))
+        errors = [str(r) if isinstance(r, BackendError) else None for r in results]
+        bad = [e for e in errors if e is not None]
+        if bad:
+            with self._lock:
+                self.stats["failed"] += len(bad)
+            partial = [None if isinstance(r, BackendError) else r for r in results]
+            raise BatchError(f"{bad[0]}" + (f" (and {len(bad) - 1} more of {len(requests)} requests failed)"
+                                            if len(bad) > 1 else ""), partial, errors)
+        return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ weights
+
+    def _manifest(self) -> list[str]:
+        try:
+            data = json.loads((self.weight_dir / MANIFEST).read_text())
+            return [str(n) for n in data.get("written", [])]
+        except (OSError, ValueError, AttributeError):
+            return []
+
+    def _write_manifest(self, names: list[str]) -> None:
+        self.weight_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.weight_dir / f"{MANIFEST}.tmp"
+        tmp.write_text(json.dumps({"written": names}, indent=1))
+        tmp.replace(self.weight_dir / MANIFEST)
+
+    def save_weights(self, model: Any, version: int) -> Path:
+        """Save ``model`` (and the tokenizer) as ``weight_dir/v<version>``; record it in the manifest.
+
+        Raises:
+            BackendError: that folder exists but was not written by this backend (it is left alone).
+        """
+        name = f"v{int(version)}"
+        path = self.weight_dir / name
+        written = self._manifest()
+        if path.exists():
+            if name not in written:
+                raise BackendError(f"sglang: {path} exists and was not written by srpo-graph (not in "
+                                   f"{self.weight_dir / MANIFEST}); refusing to replace it. fix: point "
+                                   "rollout.weight_dir at a folder of its own")
+            shutil.rmtree(path)
+        self._write_manifest(sorted(set(written) | {name}, key=_vkey))  # before writing: a crash leaves it known
+        model.save_pretrained(path, safe_serialization=True)
+        if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+            self.tokenizer.save_pretrained(path)
+        return path
 
     def sync_weights(self, model: Any, version: int) -> None:
         """Save ``model`` (or use a directory path) and load it into every worker, tagged ``version``.
@@ -204,31 +380,30 @@ class SGLangBackend:
         Raises:
             BackendError: a worker that refuses the update.
         """
-        if isinstance(model, (str, Path)):
-            path = Path(model)
-        else:
-            path = self.weight_dir / f"v{int(version)}"
-            if path.exists():
-                shutil.rmtree(path)
-            model.save_pretrained(path, safe_serialization=True)
-            if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
-                self.tokenizer.save_pretrained(path)
+        path = Path(model) if isinstance(model, (str, Path)) else self.save_weights(model, version)
         for worker in self.worker_urls:
-            self._post(worker, "/pause_generation", {}, tolerate_404=True)
-            try:
-                answer = self._post(worker, "/update_weights_from_disk", {
-                    "model_path": str(path), "weight_version": str(int(version)), "flush_cache": True})
-            finally:
-                self._post(worker, "/continue_generation", {}, tolerate_404=True)
+            answer = self._post(worker, "/update_weights_from_disk", {
+                "model_path": str(path), "weight_version": str(int(version)), "flush_cache": True,
+                "abort_all_requests": False})
             if not isinstance(answer, dict) or not answer.get("success", False):
                 msg = answer.get("message") if isinstance(answer, dict) else answer
                 raise BackendError(f"sglang: {worker} refused the weight update to {path}: {msg}")
         self.weight_version = int(version)
         if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
-            for old in self.weight_dir.glob("v*"):
-                if old.name not in (f"v{int(version)}", f"v{int(version) - 1}") and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)
+            keep = {f"v{int(version)}", f"v{int(version) - 1}"}
+            written = self._manifest()
+            for name in written:
+                if name not in keep:
+                    shutil.rmtree(self.weight_dir / name, ignore_errors=True)
+            self._write_manifest([n for n in written if n in keep])
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
+
+
+def _vkey(name: str) -> tuple[int, str]:
+    try:
+        return int(name[1:]), name
+    except ValueError:
+        return -1, name

@@ -122,6 +122,7 @@ class TransformersBackend:
             top_p=torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=self.device),
             allowed=allowed,
             generators=gens,
+            sampled_logprobs=torch.tensor([r.logprobs == "sampled" for r in reqs], dtype=torch.bool, device=self.device),
         )
 
     def _generate_chunk(self, reqs: Sequence[GenerationRequest]) -> list[Completion]:
@@ -170,8 +171,8 @@ class TransformersBackend:
             )
             past, logits, next_pos = _cache_of(out), out.logits[:, -1, :], next_pos + 1
         return [
-            Completion(tuple(t), tuple(l), f or "length", self.weight_version)  # type: ignore[arg-type]
-            for t, l, f in zip(tokens, logprobs, finish)
+            Completion(tuple(t), tuple(lp), f or "length", self.weight_version)  # type: ignore[arg-type]
+            for t, lp, f in zip(tokens, logprobs, finish)
         ]
 
     # ------------------------------------------------------------------ weights

@@ -32,45 +32,70 @@ def _read(path: Path, skip_bad: bool) -> tuple[list, list[str], int]:
     return episodes, where, bad
 
 
+_FLAG_NAMES = {"use_std": "--std/--no-std"}  # the one flag whose CLI name differs from its field
+
+
+def _config_options(fn):
+    """One option per :class:`CompileConfig` field (choices, defaults and help from the model)."""
+    import enum
+    import typing
+
+    from srpo_graph.compiler.options import CompileConfig
+
+    for name, info in reversed(list(CompileConfig.model_fields.items())):
+        if name == "policies":
+            continue
+        flag = "--" + name.replace("_", "-")
+        ann, default, help_ = info.annotation, info.default, info.description
+        if isinstance(ann, type) and issubclass(ann, enum.Enum):
+            opt = click.option(flag, name, type=click.Choice([m.value for m in ann]), default=default.value,
+                               show_default=True, help=help_)
+        elif typing.get_origin(ann) is typing.Literal:
+            opt = click.option(flag, name, type=click.Choice(list(typing.get_args(ann))), default=default,
+                               show_default=True, help=help_)
+        elif ann is bool:
+            pair = _FLAG_NAMES.get(name, f"{flag}/--no-{name.replace('_', '-')}")
+            opt = click.option(pair, name, default=default, show_default=True, help=help_)
+        else:
+            opt = click.option(flag, name, type=ann, default=default, show_default=True, help=help_)
+        fn = opt(fn)
+    return fn
+
+
 @click.command("compile")
 @click.argument("traces", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The SetBatch file to write (.safetensors).")
-@click.option("--advantage", type=click.Choice(["transition", "episode", "agent"]), default="transition",
-              show_default=True, help="Advantage grouping.")
-@click.option("--returns", type=click.Choice(["reward_to_go", "episode"]), default="reward_to_go", show_default=True)
-@click.option("--no-std", is_flag=True, help="Do not divide by the group std (Dr. GRPO).")
-@click.option("--eps", type=float, default=1e-6, show_default=True, help="Added to the group std.")
-@click.option("--drop-zero-variance", is_flag=True, help="Drop events whose group has zero variance.")
-@click.option("--micro-batch-tokens", type=int, default=8192, show_default=True, help="Token budget per micro-batch (0 = one).")
-@click.option("--missing-member", type=click.Choice(["drop", "error"]), default="drop", show_default=True)
+@_config_options
 @click.option("--policies", default="", help="Comma-separated policy order (policy ids).")
 @click.option("--skip-bad", is_flag=True, help="Skip trace lines that do not validate (reported, counted).")
-def compile_cmd(traces: Path, output: Path, advantage: str, returns: str, no_std: bool, eps: float,
-                drop_zero_variance: bool, micro_batch_tokens: int, missing_member: str, policies: str,
-                skip_bad: bool) -> None:
-    """Compile TRACES (JSONL episodes) into a packed SetBatch file."""
+def compile_cmd(traces: Path, output: Path, policies: str, skip_bad: bool, **options) -> None:
+    """Compile TRACES (JSONL episodes) into a packed SetBatch file.
+
+    Every option is a field of the compiler's configuration (docs/algorithm.md states each
+    rule); an objective's compile options are listed in docs/algorithm.md's objectives table.
+    """
     from pydantic import ValidationError
 
     from srpo_graph.compiler.compile import CompileConfig, compile
     from srpo_graph.errors import ConfigError
 
     try:
-        config = CompileConfig(advantage=advantage, returns=returns, use_std=not no_std, eps=eps,
-                               drop_zero_variance=drop_zero_variance, micro_batch_tokens=micro_batch_tokens,
-                               missing_member=missing_member,
-                               policies=tuple(p for p in policies.split(",") if p))
+        config = CompileConfig(**options, policies=tuple(p for p in policies.split(",") if p))
     except ValidationError as exc:
-        raise ConfigError("; ".join(f"option {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+        raise ConfigError("; ".join(f"option --{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
+                                    for e in exc.errors())) from None
     episodes, where, bad = _read(traces, skip_bad)
     batch = compile(episodes, config, where=where)
-    batch.stats["skipped_bad_lines"] = bad
+    batch.stats.skipped_bad_lines = bad
     batch.save(output)
     s = batch.stats
-    click.echo(f"{output}: {s['events']} events, {s['members']} members, {s['tokens']} tokens "
-               f"({s['completion_tokens']} completion) in {batch.num_micro_batches} micro-batches; "
-               f"dropped {s['dropped_incomplete_events']} incomplete and {s['dropped_zero_variance_events']} "
-               f"zero-variance events, {s['failed_episodes']} failed episodes")
+    click.echo(f"{output}: {s.events} events, {s.members} members, {s.tokens} tokens "
+               f"({s.completion_tokens} completion) in {batch.num_micro_batches} micro-batches; "
+               f"dropped {s.dropped_incomplete_events} incomplete and {s.dropped_zero_variance_events} "
+               f"zero-variance events; {s.failed_episodes} failed episodes ({s.dropped_failed_episodes} "
+               f"dropped), {s.truncated_episodes} truncated ({s.dropped_truncated_episodes} dropped, "
+               f"{s.penalized_truncated_episodes} penalized); {s.singleton_groups} singleton groups")
 
 
 @click.command("inspect")
@@ -102,8 +127,10 @@ def inspect_cmd(batch: Path, as_json: bool) -> None:
         ("advantage = 0 share", f"{100 * summary.advantage_zero_share:.1f}%"),
         ("policies", ", ".join(summary.policies)), ("transitions", ", ".join(summary.transitions)),
     ]
-    for k in ("failed_episodes", "truncated_episodes", "dropped_incomplete_events", "empty_events",
-              "zero_variance_groups", "dropped_zero_variance_events", "skipped_bad_lines"):
+    for k in ("failed_episodes", "dropped_failed_episodes", "zeroed_failed_episodes", "truncated_episodes",
+              "dropped_truncated_episodes", "penalized_truncated_episodes", "dropped_incomplete_events",
+              "empty_events", "zero_variance_groups", "singleton_groups", "singleton_events",
+              "dropped_zero_variance_events", "skipped_bad_lines"):
         rows.append((k.replace("_", " "), summary.stats.get(k, 0)))
     for k, v in rows:
         table.add_row(k, str(v))

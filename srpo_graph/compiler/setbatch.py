@@ -23,7 +23,60 @@ from safetensors.torch import save_file
 from srpo_graph.errors import CompileError
 
 FORMAT = "srpo-graph.setbatch/1"
-_OPTIONAL = {"stats", "member_agent", "set_episode_events", "agents", "member_ids", "set_ids", "micro_batch_tokens"}
+EPISODE_STATUS = {"ok": 0, "truncated": 1, "failed": 2}  # episode_status codes
+
+
+@dataclass
+class CompileStats:
+    """What the compiler counted (the typed hand-off of ``SetBatch.stats``; saved in the header).
+
+    Episodes: all, failed (dropped or zeroed), truncated (dropped or penalized). Events: kept,
+    dropped incomplete (a missing or aborted member), empty (consumed nothing), in zero-variance
+    or singleton groups, dropped for zero variance. Sizes: members, tokens, completion tokens.
+    ``skipped_bad_lines``: trace lines the CLI skipped (``--skip-bad``).
+    """
+
+    episodes: int = 0
+    failed_episodes: int = 0
+    dropped_failed_episodes: int = 0
+    zeroed_failed_episodes: int = 0
+    truncated_episodes: int = 0
+    dropped_truncated_episodes: int = 0
+    penalized_truncated_episodes: int = 0
+    dropped_incomplete_events: int = 0
+    empty_events: int = 0
+    advantage_groups: int = 0
+    zero_variance_groups: int = 0
+    singleton_groups: int = 0
+    zero_variance_events: int = 0
+    singleton_events: int = 0
+    dropped_zero_variance_events: int = 0
+    events: int = 0
+    members: int = 0
+    tokens: int = 0
+    completion_tokens: int = 0
+    skipped_bad_lines: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompileStats":
+        """From a header (keys it does not know, e.g. from a newer writer, are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: int(v) for k, v in data.items() if k in known})
+
+
+def _dim(dim: str, dtype: torch.dtype, optional: bool = False) -> Any:
+    """A tensor field, its leading dimension (T tokens, M members, S sets, E episodes, A allowed
+    rows) and dtype. ``_take`` (selection), ``load`` and ``from_columns`` (the compiler) read it,
+    so a new field is declared once, here."""
+    meta = {"dim": dim, "dtype": dtype, "optional": optional}
+    return field(default=None, metadata=meta) if optional else field(metadata=meta)
+
+
+def _dims() -> dict[str, str]:
+    return {f.name: f.metadata["dim"] for f in fields(SetBatch) if "dim" in f.metadata}
 
 
 def _episode_counts(set_episode: torch.Tensor) -> torch.Tensor:
@@ -86,53 +139,88 @@ class SetBatch:
         :meth:`select_sets`, kept by :meth:`micro_batches`, used by the per-episode loss
         reduction), header ``agents``, ``member_ids`` (output ids), ``set_ids`` (transition
         record ids) and ``micro_batch_tokens`` (the token budget micro-batches are filled to;
-        0 = one micro-batch).
+        0 = one micro-batch); member_advantage [M] (float32; each member's advantage: its set's,
+        except in the per-member Dr. MAS mode), member_max_tokens [M] (int64; the max_new_tokens
+        each member was sampled with, Dr. GRPO's constant denominator), episode_status [E]
+        (int8; ``EPISODE_STATUS``: 0 ok, 1 truncated, 2 failed and scored 0); member_top_k
+        (int64), member_top_p (float32) [M]: the top-k / top-p the trainer re-applies to recompute
+        a member recorded under the ``sampled`` log-prob convention (0 / 1 = none).
     """
 
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    sampler_logprobs: torch.Tensor
-    old_logprobs: torch.Tensor
-    member_offsets: torch.Tensor
-    member_set: torch.Tensor
-    member_policy: torch.Tensor
-    member_policy_version: torch.Tensor
-    member_index: torch.Tensor
-    member_temperature: torch.Tensor
-    member_allowed: torch.Tensor
-    set_size: torch.Tensor
-    set_expected_size: torch.Tensor
-    set_advantage: torch.Tensor
-    set_reward: torch.Tensor
-    set_episode: torch.Tensor
-    set_transition: torch.Tensor
-    set_group: torch.Tensor
-    set_prestate: torch.Tensor
-    micro_batch: torch.Tensor
-    episode_reward: torch.Tensor
-    episode_group: torch.Tensor
-    allowed_ids: torch.Tensor
-    allowed_offsets: torch.Tensor
+    input_ids: torch.Tensor = _dim("T", torch.int64)
+    position_ids: torch.Tensor = _dim("T", torch.int64)
+    loss_mask: torch.Tensor = _dim("T", torch.bool)
+    sampler_logprobs: torch.Tensor = _dim("T", torch.float32)
+    old_logprobs: torch.Tensor = _dim("T", torch.float32)
+    member_offsets: torch.Tensor = _dim("M+1", torch.int64)
+    member_set: torch.Tensor = _dim("M", torch.int64)
+    member_policy: torch.Tensor = _dim("M", torch.int64)
+    member_policy_version: torch.Tensor = _dim("M", torch.int64)
+    member_index: torch.Tensor = _dim("M", torch.int64)
+    member_temperature: torch.Tensor = _dim("M", torch.float32)
+    member_allowed: torch.Tensor = _dim("M", torch.int64)
+    set_size: torch.Tensor = _dim("S", torch.int64)
+    set_expected_size: torch.Tensor = _dim("S", torch.int64)
+    set_advantage: torch.Tensor = _dim("S", torch.float32)
+    set_reward: torch.Tensor = _dim("S", torch.float32)
+    set_episode: torch.Tensor = _dim("S", torch.int64)
+    set_transition: torch.Tensor = _dim("S", torch.int64)
+    set_group: torch.Tensor = _dim("S", torch.int64)
+    set_prestate: torch.Tensor = _dim("S", torch.int64)
+    micro_batch: torch.Tensor = _dim("S", torch.int64)
+    episode_reward: torch.Tensor = _dim("E", torch.float32)
+    episode_group: torch.Tensor = _dim("E", torch.int64)
+    allowed_ids: torch.Tensor = _dim("A", torch.int64)
+    allowed_offsets: torch.Tensor = _dim("A", torch.int64)
     policies: list[str] = field(default_factory=list)
     transitions: list[str] = field(default_factory=list)
     episode_ids: list[str] = field(default_factory=list)
     group_ids: list[str] = field(default_factory=list)
     task_ids: list[str] = field(default_factory=list)
     workflow: str = ""
-    stats: dict[str, Any] = field(default_factory=dict)
-    member_agent: torch.Tensor | None = None
-    set_episode_events: torch.Tensor | None = None
+    stats: CompileStats = field(default_factory=CompileStats)
+    member_agent: torch.Tensor | None = _dim("M", torch.int64, optional=True)
+    set_episode_events: torch.Tensor | None = _dim("S", torch.int64, optional=True)
+    member_advantage: torch.Tensor | None = _dim("M", torch.float32, optional=True)
+    member_max_tokens: torch.Tensor | None = _dim("M", torch.int64, optional=True)
+    member_top_k: torch.Tensor | None = _dim("M", torch.int64, optional=True)
+    member_top_p: torch.Tensor | None = _dim("M", torch.float32, optional=True)
+    episode_status: torch.Tensor | None = _dim("E", torch.int8, optional=True)
     agents: list[str] = field(default_factory=list)
     member_ids: list[str] = field(default_factory=list)
     set_ids: list[str] = field(default_factory=list)
     micro_batch_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.stats, dict):  # a plain mapping (hand-built batches): typed here
+            self.stats = CompileStats.from_dict(self.stats)
         if self.member_agent is None:
             self.member_agent = torch.zeros(self.member_set.numel(), dtype=torch.int64)
         if self.set_episode_events is None:
             self.set_episode_events = _episode_counts(self.set_episode)
+        if self.member_advantage is None:  # one advantage per set: every member carries it
+            self.member_advantage = self.set_advantage.index_select(0, self.member_set)
+        if self.member_max_tokens is None:  # unknown: the member's own completion length
+            self.member_max_tokens = self.member_completion_tokens
+        if self.member_top_k is None:  # no filter to re-apply (the "full" log-prob convention)
+            self.member_top_k = torch.zeros(self.member_set.numel(), dtype=torch.int64)
+        if self.member_top_p is None:
+            self.member_top_p = torch.ones(self.member_set.numel(), dtype=torch.float32)
+        if self.episode_status is None:
+            self.episode_status = torch.zeros(self.episode_reward.numel(), dtype=torch.int8)
+
+    @property
+    def member_completion_tokens(self) -> torch.Tensor:
+        """[M] int64: completion tokens of each member."""
+        prefix = torch.zeros(self.num_tokens + 1, dtype=torch.int64, device=self.loss_mask.device)
+        torch.cumsum(self.loss_mask.long(), 0, out=prefix[1:])
+        at = prefix.index_select(0, self.member_offsets)
+        return at[1:] - at[:-1]
+
+    @property
+    def set_truncated(self) -> torch.Tensor:
+        """[S] bool: the set's episode was truncated."""
+        return self.episode_status.index_select(0, self.set_episode) == EPISODE_STATUS["truncated"]
 
     # -- sizes and derived views --------------------------------------------------
 
@@ -169,22 +257,41 @@ class SetBatch:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
 
     def header(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "policies": self.policies,
-            "transitions": self.transitions,
-            "episode_ids": self.episode_ids,
-            "group_ids": self.group_ids,
-            "task_ids": self.task_ids,
-            "workflow": self.workflow,
-            "stats": self.stats,
-            "agents": self.agents,
-            "member_ids": self.member_ids,
-            "set_ids": self.set_ids,
-            "micro_batch_tokens": self.micro_batch_tokens,
-        }
+        """The JSON header: every field that is not a tensor (names, ids, counters), by declaration."""
+        out: dict[str, Any] = {"format": FORMAT}
+        for f in fields(self):
+            if "dim" not in f.metadata:
+                value = getattr(self, f.name)
+                out[f.name] = value.to_dict() if isinstance(value, CompileStats) else value
+        return out
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, Any], **rest: Any) -> "SetBatch":
+        """A batch from plain columns (lists or arrays, one per tensor field, named as the
+        fields) and the header fields; each column becomes a tensor of its declared dtype.
+
+        Raises:
+            TypeError: a column names no tensor field (or a required one is missing).
+        """
+        import numpy as np
+
+        meta = {f.name: f.metadata for f in fields(cls) if "dim" in f.metadata}
+        unknown = sorted(set(columns) - set(meta))
+        if unknown:
+            raise TypeError(f"SetBatch has no tensor fields {unknown}")
+        tensors = {}
+        for name, col in columns.items():
+            if torch.is_tensor(col):
+                tensors[name] = col.to(meta[name]["dtype"])
+            else:
+                np_dtype = np.dtype(str(meta[name]["dtype"]).removeprefix("torch."))
+                tensors[name] = torch.as_tensor(np.asarray(col, dtype=np_dtype))
+        return cls(**tensors, **rest)
 
     def with_(self, **changes: Any) -> "SetBatch":
+        """A copy with ``changes``; new set advantages without member ones are given to every member."""
+        if "set_advantage" in changes and "member_advantage" not in changes:
+            changes["member_advantage"] = changes["set_advantage"].index_select(0, self.member_set)
         return replace(self, **changes)
 
     def to(self, device: torch.device | str) -> "SetBatch":
@@ -259,42 +366,28 @@ class SetBatch:
         seg = torch.repeat_interleave(torch.arange(members.numel(), device=dev), lengths)
         tok = starts[seg] + (torch.arange(int(new_offsets[-1]), device=dev) - new_offsets[:-1][seg])
 
-        def t(x: torch.Tensor) -> torch.Tensor:
-            return x[tok]
-
-        def m(x: torch.Tensor) -> torch.Tensor:
-            return x[members]
-
-        def s(x: torch.Tensor) -> torch.Tensor:
-            return x[sets]
-
-        set_episode = s(self.set_episode)
+        set_episode = self.set_episode[sets]
         if keep_micro_batch:
-            old_mb = s(self.micro_batch)
+            old_mb = self.micro_batch[sets]
             micro_batch = old_mb - old_mb.min() if old_mb.numel() else old_mb
         else:
             set_tok = torch.zeros(sets.numel(), dtype=torch.int64, device=dev).index_add_(
                 0, mem_new_set[members], lengths)
             micro_batch = torch.tensor(assign_micro_batches(set_tok.tolist(), self.micro_batch_tokens),
                                        dtype=torch.int64, device=dev)
-        ml = members.tolist()
-        sl = sets.tolist()
-        return replace(
-            self,
-            input_ids=t(self.input_ids), position_ids=t(self.position_ids), loss_mask=t(self.loss_mask),
-            sampler_logprobs=t(self.sampler_logprobs), old_logprobs=t(self.old_logprobs),
-            member_offsets=new_offsets, member_set=mem_new_set[members],
-            member_policy=m(self.member_policy), member_policy_version=m(self.member_policy_version),
-            member_index=m(self.member_index), member_temperature=m(self.member_temperature),
-            member_allowed=m(self.member_allowed), member_agent=m(self.member_agent),
-            set_size=s(self.set_size), set_expected_size=s(self.set_expected_size),
-            set_advantage=s(self.set_advantage), set_reward=s(self.set_reward), set_episode=set_episode,
-            set_transition=s(self.set_transition), set_group=s(self.set_group),
-            set_prestate=s(self.set_prestate), micro_batch=micro_batch,
-            set_episode_events=_episode_counts(set_episode) if recount else s(self.set_episode_events),
-            member_ids=[self.member_ids[i] for i in ml] if self.member_ids else [],
-            set_ids=[self.set_ids[i] for i in sl] if self.set_ids else [],
+        # every field by its declared dimension (``_dim``): tokens, members and sets follow the
+        # selection, episode- and table-level rows are kept whole (the indices still point there)
+        index = {"T": tok, "M": members, "S": sets}
+        changes: dict[str, Any] = {name: getattr(self, name)[index[dim]] for name, dim in _dims().items()
+                                   if dim in index and getattr(self, name) is not None}
+        changes.update(
+            member_offsets=new_offsets, member_set=mem_new_set[members], set_episode=set_episode,
+            micro_batch=micro_batch,
+            set_episode_events=_episode_counts(set_episode) if recount else self.set_episode_events[sets],
+            member_ids=[self.member_ids[i] for i in members.tolist()] if self.member_ids else [],
+            set_ids=[self.set_ids[i] for i in sets.tolist()] if self.set_ids else [],
         )
+        return replace(self, **changes)
 
     # -- file format ------------------------------------------------------------------
 
@@ -319,9 +412,10 @@ class SetBatch:
         header = json.loads(meta["srpo_graph"])
         if header.get("format") != FORMAT:
             raise CompileError(f"{path}: error: format {header.get('format')!r} is not {FORMAT!r}")
-        names = {f.name for f in fields(cls)}
-        missing = sorted(n for n in names - _OPTIONAL if n not in tensors and n not in header)
+        required = {f.name for f in fields(cls) if "dim" in f.metadata and not f.metadata["optional"]}
+        missing = sorted(n for n in required if n not in tensors)
         if missing:
             raise CompileError(f"{path}: error: missing tensors {missing}")
         header.pop("format")
+        header["stats"] = CompileStats.from_dict(header.get("stats") or {})
         return cls(**tensors, **header)

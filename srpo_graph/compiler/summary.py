@@ -43,7 +43,7 @@ class BatchSummary:
     advantage_zero_share: float
     policies: list[str] = field(default_factory=list)
     transitions: list[str] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)  # CompileStats.to_dict(), for JSON
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,5 +69,5 @@ def summarize(batch: SetBatch) -> BatchSummary:
         advantage_mean=float(adv.mean()) if n else 0.0, advantage_std=float(adv.std()) if n > 1 else 0.0,
         advantage_min=float(adv.min()) if n else 0.0, advantage_max=float(adv.max()) if n else 0.0,
         advantage_zero_share=float((adv == 0).double().mean()) if n else 0.0,
-        policies=list(batch.policies), transitions=list(batch.transitions), stats=dict(batch.stats),
+        policies=list(batch.policies), transitions=list(batch.transitions), stats=batch.stats.to_dict(),
     )

@@ -39,19 +39,25 @@ def synthetic_episodes(
     (6, True)
     """
     rng = random.Random(seed)
+    prov = random.Random(seed + 7919)  # provenance draws: a stream of their own, the rest stays as it was
     out: list[Episode] = []
     allowed = list(range(4, 14))
     for task in range(num_tasks):
         num_events = rng.randint(1, max_events)
         for g in range(samples):
             outputs: list[Output] = []
-            transitions: list[TransitionRecord] = []
             total = 0.0
+            activated: list[list[str]] = []
+            specs: list[tuple[int, list[str], float | None]] = []
             for step in range(num_events):
                 k = rng.randint(1, max_set)
                 consumed = []
                 for j in range(k):
                     oid = f"o{step}_{j}"
+                    # provenance: a random earlier firing activated it (branches and joins), or the start
+                    parent = prov.randrange(step) if step and prov.random() < 0.8 else None
+                    if parent is not None:
+                        activated[parent].append(f"agent{j % 3}")
                     constrained = rng.random() < constrained_share
                     n = rng.randint(*completion_len)
                     comp = [rng.choice(allowed) if constrained else rng.randrange(vocab) for _ in range(n)]
@@ -61,14 +67,17 @@ def synthetic_episodes(
                         prompt_ids=[rng.randrange(vocab) for _ in range(rng.randint(*prompt_len))],
                         completion_ids=comp, logprobs=[-rng.uniform(0.05, 3.0) for _ in comp],
                         temperature=rng.choice([1.0, 0.7]),
-                        allowed_token_ids=allowed if constrained else None,
-                        text="", value=None))
+                        allowed_token_ids=allowed if constrained else None, max_tokens=completion_len[1],
+                        activated_by=None if parent is None else f"t{parent}", text="", value=None))
                     consumed.append(oid)
                 r = float(rng.randint(0, 1)) if transition_rewards and rng.random() < 0.5 else None
                 total += r or 0.0
-                transitions.append(TransitionRecord(
-                    id=f"t{step}", name=f"t{step}", step=step, consumed=consumed,
-                    activated=["end"] if step == num_events - 1 else ["next"], reward=r))
+                activated.append([])
+                specs.append((step, consumed, r))
+            # the records, once every activation list is complete
+            transitions = [TransitionRecord(id=f"t{step}", name=f"t{step}", step=step, consumed=consumed,
+                                            activated=list(dict.fromkeys(acts)) or ["end"], reward=r)
+                           for (step, consumed, r), acts in zip(specs, activated)]
             out.append(Episode(
                 workflow=WorkflowRef(name="synthetic", hash="0" * 64), task_id=f"task{task}",
                 group_id=f"task{task}", sample=g, seed=seed, outputs=outputs, transitions=transitions,

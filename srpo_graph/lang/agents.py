@@ -30,13 +30,19 @@ from srpo_graph.workflow import (
 DEFAULT_EXTRACTORS = {"text": "text", "int": "last_int", "choice": "choice", "record": "json_record"}
 # The sampling parameters a `sample { }` block accepts, and the Python type of each value.
 SAMPLING_KEYS = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": int, "stop": list, "allow": list}
-# Range rules on the numeric parameters: {key: (predicate, what the message says)}.
+# Range rules on the numeric parameters: {key: (predicate, what the message says, hint)}.
+MAX_TOKENS = 1_000_000  # tokens per generation; more is surely a typo (and as rollout.max_tokens allows)
 SAMPLING_RANGES = {
-    "temperature": (lambda x: x > 0, "must be > 0"),
-    "top_p": (lambda x: 0 < x <= 1, "must be in (0, 1]"),
-    "top_k": (lambda x: x >= 0, "must be >= 0 (0 = off)"),
-    "max_tokens": (lambda x: x >= 1, "must be >= 1"),
+    "temperature": (lambda x: 0 < x <= 100, "must be in (0, 100]",
+                    "1.0 samples the model as trained; lower is more deterministic (eval is greedy already)"),
+    "top_p": (lambda x: 0 < x <= 1, "must be in (0, 1]", "1.0 = off; 0.9 keeps the smallest set of tokens with 90% mass"),
+    "top_k": (lambda x: 0 <= x <= 1_000_000, "must be in [0, 1000000] (0 = off)", "0 = off; e.g. 50"),
+    "max_tokens": (lambda x: 1 <= x <= MAX_TOKENS, f"must be in [1, {MAX_TOKENS}]",
+                   "the most tokens one generation may have, e.g. 64 (1 for a single-token answer)"),
 }
+# What each sampling parameter takes, for the hint of a type error.
+SAMPLING_EXAMPLES = {"temperature": "temperature: 0.7", "top_p": "top_p: 0.9", "top_k": "top_k: 50",
+                     "max_tokens": "max_tokens: 64", "stop": 'stop: ["\\n"]', "allow": 'allow: ["0", "1"]'}
 
 
 def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
@@ -137,17 +143,18 @@ def sampling_of(scope: Scope, s: ast.SampleItem | None) -> Sampling:
         if want is list:
             items = v.items if isinstance(v, ast.ListLit) else (v,)
             if not all(isinstance(x, ast.StringLit) and x.value for x in items):
-                scope.err(f"`{key}` takes a list of non-empty strings", e.value.span, code="type-mismatch")
+                scope.err(f"`{key}` takes a list of non-empty strings", e.value.span,
+                          f"e.g. `{SAMPLING_EXAMPLES[key]}`", "type-mismatch")
                 continue
             values[key] = tuple(x.value for x in items)
         elif not isinstance(v, ast.NumberLit) or (want is int and not isinstance(v.value, int)):
             scope.err(f"`{key}` takes {'an integer' if want is int else 'a number'}", e.value.span,
-                     code="type-mismatch")
+                     f"e.g. `{SAMPLING_EXAMPLES[key]}`", "type-mismatch")
         else:
             values[key] = want(v.value)
-    for key, (ok, why) in SAMPLING_RANGES.items():
+    for key, (ok, why, hint) in SAMPLING_RANGES.items():
         if key in values and not ok(values[key]):
             entry = next(e for e in s.entries if e.key.value == key)
-            scope.err(f"`{key}` {why}", entry.value.span, code="bad-value")
+            scope.err(f"`{key}` {why}", entry.value.span, hint, "bad-value")
             del values[key]
     return Sampling(**values)

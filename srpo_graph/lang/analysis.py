@@ -162,21 +162,26 @@ def _check_availability(w: Workflow, trans: list[Transition], events, sink: Diag
     a_in = {a: top for a in by_agent_sources}
     t_out = {t.name: top for t in trans}
     t_in = {t.name: top for t in trans}
+    # Every update intersects with the previous value, so each set only shrinks: the loop ends
+    # after at most |nodes| x |names| rounds even on a malformed graph (two transitions with one
+    # name used to make it oscillate forever). The cap below is a second, explicit bound.
     changed = True
-    while changed:
-        changed = False
+    rounds = 0
+    limit = (len(by_agent_sources) + len(trans) + 1) * (len(top) + 1) + 1
+    while changed and rounds < limit:
+        changed, rounds = False, rounds + 1
         for a, sources in by_agent_sources.items():
             if not sources:
                 continue
-            new = frozenset.intersection(*[frozenset() if s is None else t_out[s] for s in sources])
+            new = frozenset.intersection(*[frozenset() if s is None else t_out[s] for s in sources]) & a_in[a]
             if new != a_in[a]:
                 a_in[a], changed = new, True
         for t in trans:
             outs = [a_in.get(c, top) | {c} for c in t.consume]
             if not outs:
                 continue
-            new_in = frozenset.union(*outs) if full[t.name] else frozenset.intersection(*outs)
-            new_out = new_in | {tc.name for tc in t.tools}
+            new_in = (frozenset.union(*outs) if full[t.name] else frozenset.intersection(*outs)) & t_in[t.name]
+            new_out = (new_in | {tc.name for tc in t.tools}) & t_out[t.name]
             if new_in != t_in[t.name] or new_out != t_out[t.name]:
                 t_in[t.name], t_out[t.name], changed = new_in, new_out, True
 
@@ -203,8 +208,40 @@ def _check_availability(w: Workflow, trans: list[Transition], events, sink: Diag
         isinstance(t.activate, ActivateRoute) and (any(END in ts for _, ts in t.activate.cases)
                                                    or len(t.activate.cases) < _num_options(w, t.activate)))]
     at_end = frozenset.intersection(*[t_out[n] for n in enders]) if enders else top
+    # the terminal reward runs when the episode finishes, i.e. once nothing is pending and every
+    # fresh output was consumed, not when the first `end` is activated: whatever every complete
+    # episode produces is there too (a start agent joined with a later one, Note [Produced at end])
+    at_end = at_end | _produced_by_every_episode(w, trans)
     for r in uses.terminal_refs:
         need(r, at_end, "the episode ends")
+
+
+def _produced_by_every_episode(w: Workflow, trans: list[Transition]) -> frozenset[str]:
+    """Agents and tool results every episode that finishes ``ok`` has produced (a least fixpoint).
+
+    Note [Produced at end]
+        A start agent is produced. An ``ok`` episode only finishes when no output is left
+        unconsumed, so a transition consuming a surely produced agent surely fires; its tools
+        then surely run, and the agents it activates unconditionally (a fixed list, or the
+        agents every route case names when every label has a case) are surely produced.
+    """
+    sure = set(w.start)
+    fired: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for t in trans:
+            if t.name in fired or not any(c in sure for c in t.consume):
+                continue
+            fired.add(t.name)
+            changed = True
+            sure |= {tc.name for tc in t.tools}
+            act = t.activate
+            if isinstance(act, ActivateAgents):
+                sure |= set(act.agents) - {END}
+            elif isinstance(act, ActivateRoute) and act.cases and len(act.cases) >= _num_options(w, act):
+                sure |= set.intersection(*[set(ts) for _, ts in act.cases]) - {END}
+    return frozenset(sure)
 
 
 def _num_options(w: Workflow, act: ActivateRoute) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from lark import Token, Transformer, v_args
 
-from srpo_graph.errors import Span
+from srpo_graph.errors import Diagnostic, Span, WorkflowSyntaxError
 from srpo_graph.lang import ast
 from srpo_graph.lang.templates import decode_string, split_template
 
@@ -130,7 +130,7 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def max_rounds_item(self, meta, children):
-        return ast.MaxRoundsItem(ast.NumberLit(int(children[0]), tok_span(children[0], self.path)), self._span(meta))
+        return ast.MaxRoundsItem(ast.NumberLit(number_value(children[0], self.path), tok_span(children[0], self.path)), self._span(meta))
 
     @v_args(meta=True)
     def activate_end(self, meta, children):
@@ -168,7 +168,7 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def max_steps_stmt(self, meta, children):
-        return ast.MaxStepsStmt(ast.NumberLit(int(children[0]), tok_span(children[0], self.path)), self._span(meta))
+        return ast.MaxStepsStmt(ast.NumberLit(number_value(children[0], self.path), tok_span(children[0], self.path)), self._span(meta))
 
     def name_list(self, children):
         return tuple(self._name(t) for t in children)
@@ -238,9 +238,7 @@ class BuildAst(Transformer):
 
     def signed_number(self, children):
         tok = children[0]
-        text = tok.value
-        value: int | float = float(text) if any(c in text for c in ".eE") else int(text)
-        return ast.NumberLit(value, tok_span(tok, self.path))
+        return ast.NumberLit(number_value(tok, self.path), tok_span(tok, self.path))
 
     @v_args(meta=True)
     def true(self, meta, _):
@@ -253,3 +251,32 @@ class BuildAst(Transformer):
     @v_args(meta=True)
     def value_list(self, meta, children):
         return ast.ListLit(tuple(c for c in children if c is not None), self._span(meta))
+
+
+MAX_INT_DIGITS = 18  # an integer literal fits int64 (and every count the runtime keeps)
+
+
+def number_value(tok: Token, path: str) -> int | float:
+    """The value of a number token, exactly as written, or a ``bad-number`` error: a float that
+    overflows to inf or underflows to 0 would silently become another number (and print as
+    ``inf``, which is no number of the language), an integer beyond int64 reaches no counter.
+    """
+    text = tok.value
+    is_float = any(c in text for c in ".eE")
+    digits = text.lstrip("+-")
+    problem = None
+    if is_float:
+        value: int | float = float(text)
+        mantissa = digits.split("e")[0].split("E")[0]
+        if value in (float("inf"), float("-inf")):
+            problem = f"number {text} is too large for a float (it would become inf)"
+        elif value == 0 and any(c in "123456789" for c in mantissa):
+            problem = f"number {text} is too small for a float (it would become 0)"
+    elif len(digits.lstrip("0")) > MAX_INT_DIGITS:
+        value, problem = 0, f"integer {text[:24]}{'...' if len(text) > 24 else ''} has more than {MAX_INT_DIGITS} digits"
+    else:
+        value = int(text)
+    if problem is not None:
+        raise WorkflowSyntaxError(diagnostics=[Diagnostic(
+            problem, tok_span(tok, path), "write a number in range, e.g. 1e6 or 0.001", code="bad-number")])
+    return value

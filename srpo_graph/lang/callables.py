@@ -46,7 +46,10 @@ def import_module(dotted: str, base_dir: Path | None) -> types.ModuleType:
     """Import the module a ``.wf`` file names, with ``base_dir`` first on ``sys.path``.
 
     Raises:
-        ImportError: the module cannot be found or its import raised (the cause is chained).
+        ImportError: the module cannot be found or its import raised anything at all, also
+            ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` (the cause is
+            chained): a module's code must never end or fool the checker (``SystemExit(0)``
+            would otherwise exit 0 and "accept" the file).
     """
     name = python_module_name(dotted)
     added = base_dir is not None and str(base_dir) not in sys.path
@@ -56,7 +59,7 @@ def import_module(dotted: str, base_dir: Path | None) -> types.ModuleType:
         return importlib.import_module(name)
     except ImportError:
         raise
-    except Exception as exc:  # a user module that fails while importing
+    except BaseException as exc:  # noqa: BLE001 - a user module that fails (or exits) while importing
         raise ImportError(f"importing {name!r} raised {type(exc).__name__}: {exc}") from exc
     finally:
         if added:
@@ -158,10 +161,12 @@ def returns_fit(declared: WfType, ann: Any) -> bool:
 
 @dataclass(frozen=True)
 class ArgProblem:
-    """One problem with a call: ``index`` is the argument (None: the call as a whole)."""
+    """One problem with a call: ``index`` is the positional argument, ``keyword`` the keyword
+    argument it is about (both None: the call as a whole)."""
 
     message: str
     index: int | None = None
+    keyword: str | None = None
 
 
 def check_call(
@@ -188,7 +193,10 @@ def check_call(
     try:
         bound = sig.bind(*range(len(positional)), **{k: -1 for k in kwarg_types})
     except TypeError as exc:
-        return [ArgProblem(str(exc))]
+        import re
+
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        return [ArgProblem(str(exc), keyword=unexpected.group(1) if unexpected else None)]
     hints = _hints(fn)
     problems: list[ArgProblem] = []
     for pname, value in bound.arguments.items():
@@ -209,7 +217,8 @@ def check_call(
             if arg_index is not None and arg_index < 0:
                 problems.append(ArgProblem(f"its parameter {label!r} takes {_ann_str(ann)}, not the completion text"))
             else:
-                problems.append(ArgProblem(f"parameter {label!r} takes {_ann_str(ann)}, got {type_str(t)}", arg_index))
+                problems.append(ArgProblem(f"parameter {label!r} takes {_ann_str(ann)}, got {type_str(t)}", arg_index,
+                                           keyword=label if index is None else None))
     return problems
 
 

@@ -22,11 +22,52 @@ from srpo_graph.errors import Diagnostic, Span, WorkflowCheckError
 from srpo_graph.lang import ast
 from srpo_graph.lang.agents import DEFAULT_EXTRACTORS, build_agent
 from srpo_graph.lang.callables import import_module, python_module_name, return_annotation, wf_type_of
-from srpo_graph.lang.scope import Scope, Uses, close_names
+from srpo_graph.lang.scope import MAX_COUNT, Scope, Uses, close_names
 from srpo_graph.lang.transitions import build_transition
 from srpo_graph.workflow import Import, Policy, TextType, Workflow, source_hash
 
-RESERVED = {"start", "end", "task"}
+# Names a node, tool result or import alias cannot take: each is read as a keyword or literal
+# where a name may stand (`activate: end`, `activate: route r`, `f(true)`, `{task.x}`), so a node
+# so named could never be referred to unambiguously.
+RESERVED = {"start", "end", "task", "true", "false", "route"}
+_RESERVED_WHY = {"start": "the start list", "end": "the end of an episode", "task": "the task record",
+                 "true": "a literal", "false": "a literal", "route": "a keyword of `activate:`"}
+
+
+ALLOWED_IMPORTS_ENV = "SRPO_GRAPH_ALLOWED_IMPORTS"
+
+
+@dataclass(frozen=True)
+class ImportPolicy:
+    """Which Python modules a ``.wf`` file may make the checker import (and so run).
+
+    ``check``, ``viz``, ``run`` and ``train`` import every module a file names, which runs its
+    code. ``allowed``: module names (``my_tools``) or package prefixes (``pkg.*``) that may be
+    imported, None = any; ``std`` is always allowed (it is srpo-graph's own). ``no_import``:
+    import nothing but ``std``; everything else is checked, except what needs the functions of
+    other modules themselves (that they exist, their signatures and return types).
+
+    >>> ImportPolicy(allowed=("tools", "pkg.*")).permits("pkg.sub"), ImportPolicy(allowed=("tools",)).permits("other")
+    (True, False)
+    """
+
+    allowed: tuple[str, ...] | None = None
+    no_import: bool = False
+
+    @classmethod
+    def from_env(cls) -> "ImportPolicy":
+        """The policy of ``$SRPO_GRAPH_ALLOWED_IMPORTS`` (comma-separated names; unset = any)."""
+        import os
+
+        raw = os.environ.get(ALLOWED_IMPORTS_ENV)
+        if raw is None:
+            return cls()
+        return cls(allowed=tuple(x.strip() for x in raw.split(",") if x.strip()))
+
+    def permits(self, dotted: str) -> bool:
+        if dotted == "std" or self.allowed is None:
+            return True
+        return any(dotted == a or (a.endswith(".*") and dotted.startswith(a[:-1])) for a in self.allowed)
 
 
 @dataclass
@@ -66,13 +107,15 @@ def check(module: ast.Module, source: str | None = None, *, base_dir: str | Path
     return check_module(module, source, base_dir=base_dir).workflow
 
 
-def check_module(module: ast.Module, source: str | None = None, *, base_dir: str | Path | None = None) -> CheckResult:
+def check_module(module: ast.Module, source: str | None = None, *, base_dir: str | Path | None = None,
+                 imports: ImportPolicy | None = None) -> CheckResult:
     """Like :func:`check`, returning the warnings and the episode bound as well.
 
     Args:
         module: the parsed module.
         source: its text (defaults to ``module.source``), used to render errors.
         base_dir: the directory searched first for imported modules (default: the file's).
+        imports: which modules may be imported (default: ``ImportPolicy.from_env()``).
 
     Returns:
         A :class:`CheckResult`: the workflow, its warnings, and the bound on transition
@@ -92,12 +135,12 @@ def check_module(module: ast.Module, source: str | None = None, *, base_dir: str
     source = module.source if source is None else source
     if base_dir is None and not module.path.startswith("<"):
         base_dir = Path(module.path).resolve().parent
-    ck = _Checker(module, Path(base_dir) if base_dir is not None else None)
+    ck = _Checker(module, Path(base_dir) if base_dir is not None else None,
+                  imports if imports is not None else ImportPolicy.from_env())
     draft = ck.run()
     result = analyze(draft, ck.sink, ck.decl_spans, ck.uses)
     if ck.sink.errors:
-        diags = sorted(ck.sink.errors, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0))
-        raise WorkflowCheckError(diagnostics=diags, source=source)
+        raise WorkflowCheckError(diagnostics=_root_causes_first(ck.sink.errors), source=source)
     try:
         workflow = Workflow.model_validate(
             {**draft.model_dump(), "transitions": [t.model_dump() for t in result.transitions],
@@ -108,12 +151,39 @@ def check_module(module: ast.Module, source: str | None = None, *, base_dir: str
     return CheckResult(workflow, ck.sink.warnings + result.warnings, result.max_firings, result.bound_reason)
 
 
+# Graph rules judge the graph the declarations describe; while a name or type is wrong (a typo
+# in `consume:`), that graph is not the one the user meant and these errors mostly repeat it.
+FOLLOW_ON_CODES = ("unconsumed", "unreachable", "no-end", "unbounded-cycle", "not-produced")
+
+
+def _root_causes_first(errors: list[Diagnostic]) -> list[Diagnostic]:
+    """Errors in source order; when any is a name/type/syntax error, the graph-rule errors are
+    folded into one closing line that names them (nothing is lost: they are counted by rule and
+    listed by node, and come back in full once the errors above are fixed)."""
+    by_place = lambda d: (d.span.line, d.span.col) if d.span else (10**9, 0)  # noqa: E731
+    roots = sorted((d for d in errors if d.code not in FOLLOW_ON_CODES), key=by_place)
+    follow = sorted((d for d in errors if d.code in FOLLOW_ON_CODES), key=by_place)
+    if not roots or not follow:
+        return sorted(errors, key=by_place)
+    counts: dict[str, int] = {}
+    for d in follow:
+        counts[d.code] = counts.get(d.code, 0) + 1
+    listed = "; ".join(d.message.split(":")[0] for d in follow[:4]) + ("; ..." if len(follow) > 4 else "")
+    summary = ", ".join(f"{n} {code}" for code, n in counts.items())
+    note = Diagnostic(f"{len(follow)} more error{'s' if len(follow) > 1 else ''} of the graph rules may follow from "
+                      f"the ones above ({summary}): {listed}",
+                      hint="fix the errors above first; `check` then reports the graph rules in full",
+                      code="follow-on")
+    return roots + [note]
+
+
 class _Checker(Scope):
     """One pass over a module's declarations, in dependency order (see the module docstring)."""
 
-    def __init__(self, module: ast.Module, base_dir: Path | None):
+    def __init__(self, module: ast.Module, base_dir: Path | None, imports: ImportPolicy = ImportPolicy()):
         super().__init__(base_dir)
         self.m = module
+        self.imports = imports
 
     def run(self) -> Workflow:
         items = self.m.items
@@ -139,7 +209,8 @@ class _Checker(Scope):
         for node in agents + transitions:
             name = node.name
             if name.value in RESERVED:
-                self.err(f"'{name.value}' is reserved and cannot name a node", name.span, code="reserved-name")
+                self.err(f"'{name.value}' is reserved and cannot name a node", name.span,
+                         f"'{name.value}' means {_RESERVED_WHY[name.value]}; choose another name", "reserved-name")
             elif self.unique(name, self.decl_spans, "node name"):
                 pass
         for a in agents:  # output types first: templates may refer to any agent
@@ -179,6 +250,22 @@ class _Checker(Scope):
         if alias in self.modules:
             self.err(f"duplicate import name '{alias}'", (it.alias or it.module[0]).span, code="duplicate-name")
             return
+        if alias in RESERVED:
+            self.err(f"'{alias}' is reserved and cannot name an import", (it.alias or it.module[0]).span,
+                     f"'{alias}' means {_RESERVED_WHY[alias]}; write `import {dotted} as OTHER`", "reserved-name")
+            return
+        span = Span(path=it.span.path, line=it.module[0].span.line, col=it.module[0].span.col,
+                    end_line=it.module[-1].span.end_line, end_col=it.module[-1].span.end_col)
+        if not self.imports.permits(dotted):
+            allowed = ", ".join(self.imports.allowed or ()) or "none"
+            self.err(f"module '{dotted}' may not be imported (allowed: std, {allowed})", span,
+                     f"importing runs the module's code; allow it with --allow-import {dotted} or in "
+                     f"${ALLOWED_IMPORTS_ENV}", "bad-import")
+            self.modules[alias] = (python_module_name(dotted), None, it.span)
+            return
+        if self.imports.no_import and dotted != "std":  # checked without running its code
+            self.modules[alias] = (python_module_name(dotted), None, it.span)
+            return
         try:
             mod = import_module(dotted, self.base_dir)
         except ImportError as exc:
@@ -187,10 +274,13 @@ class _Checker(Scope):
             folder = str(shown or ".").rstrip("/") + "/"
             where = f" (searched {folder} first, then sys.path)" if self.base_dir else ""
             cause = str(exc).splitlines()[0] if str(exc) else "module not found"
+            raised = exc.__cause__ is not None and not isinstance(exc.__cause__, ImportError)
+            hint = ("the module was found, and its own code raised while `check` imported it (check, viz and run "
+                    "import the modules a .wf names, running their code): fix the module" if raised else
+                    f"put {dotted.replace('.', '/')}.py next to the .wf file or install it{where}")
             self.err(f"cannot import module '{dotted}': {cause}", Span(
                 path=it.span.path, line=it.module[0].span.line, col=it.module[0].span.col,
-                end_line=it.module[-1].span.end_line, end_col=it.module[-1].span.end_col),
-                f"put {dotted.replace('.', '/')}.py next to the .wf file or install it{where}", "bad-import")
+                end_line=it.module[-1].span.end_line, end_col=it.module[-1].span.end_col), hint, "bad-import")
             mod = None
         self.modules[alias] = (python_module_name(dotted), mod, it.span)
 
@@ -235,8 +325,9 @@ class _Checker(Scope):
             reward = self.reward(rewards[0].call, self.uses.terminal_refs)
         max_steps = 32
         if steps:
-            if steps[0].value.value < 1:
-                self.err("`max_steps` must be >= 1", steps[0].value.span, code="bad-value")
+            if not 1 <= steps[0].value.value <= MAX_COUNT:
+                self.err(f"`max_steps` must be in [1, {MAX_COUNT}]", steps[0].value.span,
+                         "the most transition firings per episode, e.g. `max_steps: 8` (default 32)", "bad-value")
             else:
                 max_steps = int(steps[0].value.value)
         return start, reward, max_steps

@@ -18,26 +18,56 @@ from srpo_graph.errors import SrpoGraphError, WorkflowCheckError, render
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "json_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also save each checked Workflow as DIR/<name>.json (the typed spec later stages read).")
-def check_cmd(files: tuple[Path, ...], json_dir: Path | None) -> None:
-    """Parse and type-check FILES; print a summary of each workflow (exit 2 on errors)."""
-    from srpo_graph.lang.checker import check_module
+@click.option("--no-import", "no_import", is_flag=True, default=False,
+              help="Import no module but std: check everything except the called functions' signatures "
+                   "and return types (runs none of the file's Python code).")
+@click.option("--allow-import", "allow_import", multiple=True, metavar="MODULE",
+              help="Only these modules may be imported (repeatable; `pkg.*` allows a package). "
+                   "Default: $SRPO_GRAPH_ALLOWED_IMPORTS (comma-separated), else any.")
+@click.option("--no-tokens", "no_tokens", is_flag=True, default=False,
+              help="Skip the token check (allow entries and prompt text against each local tokenizer).")
+def check_cmd(files: tuple[Path, ...], json_dir: Path | None, no_import: bool, allow_import: tuple[str, ...],
+              no_tokens: bool) -> None:
+    """Parse and type-check FILES; print a summary of each workflow (exit 2 on errors).
+
+    A .wf file is code: `check` (like `viz`, `run` and `train`) imports the Python modules the
+    file names, which runs their code. Use --no-import or --allow-import on files you do not trust.
+
+    For policies whose tokenizer is local ("tiny", a model folder), `allow` entries must be single
+    tokens (an error) and prompt text unknown to the tokenizer is a warning.
+    """
+    from srpo_graph.lang.checker import ImportPolicy, check_module
     from srpo_graph.lang.parser import parse, read_source
     from srpo_graph.lang.summary import summary
 
+    policy = ImportPolicy.from_env()
+    if allow_import:
+        policy = ImportPolicy(allowed=tuple(allow_import))
+    if no_import:
+        policy = ImportPolicy(allowed=policy.allowed, no_import=True)
+    check_tokens = None if no_tokens else (click.get_current_context().obj or {}).get("check_tokens")
     failures: list[SrpoGraphError] = []
     shown = 0
     for path in files:
         try:
             text = read_source(path)
-            result = check_module(parse(text, str(path)), text)
+            result = check_module(parse(text, str(path)), text, imports=policy)
         except SrpoGraphError as exc:
             failures.append(exc)
             continue
-        if result.warnings:
-            click.echo(render(result.warnings, text), err=True)
+        token_diags = check_tokens(result.workflow) if check_tokens is not None else []
+        if any(d.severity == "error" for d in token_diags):
+            failures.append(WorkflowCheckError(diagnostics=token_diags + result.warnings, source=text))
+            continue
+        warnings = result.warnings + token_diags
+        if warnings:
+            click.echo(render(warnings, text), err=True)
         if shown:
             click.echo()  # a blank line between workflows
         click.echo(summary(result.workflow, result.max_firings, result.bound_reason))
+        skipped = [i.alias for i in result.workflow.imports if policy.no_import and i.module != "srpo_graph.std"]
+        if skipped:
+            click.echo(f"  not imported: {', '.join(skipped)} (--no-import: their functions' signatures are unchecked)")
         shown += 1
         if json_dir is not None:
             json_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
-from srpo_graph.errors import Diagnostic, Span, WorkflowSyntaxError
+from srpo_graph.errors import MAX_REPORTED, Diagnostic, Span, WorkflowSyntaxError
 from srpo_graph.lang import ast
 from srpo_graph.lang.build import BuildAst, tok_span
 
@@ -72,21 +72,99 @@ def parse(text: str, path: str = "<string>") -> ast.Module:
     >>> m.header.name.value, m.items[0].model.value
     ('w', 'tiny')
     """
+    if text.startswith("\ufeff"):
+        span = Span(path=path, line=1, col=1, end_line=1, end_col=2)
+        raise WorkflowSyntaxError(diagnostics=[Diagnostic(
+            "the file starts with a byte-order mark (BOM, U+FEFF)", span,
+            "save the file as UTF-8 without a BOM", code="bom")], source=text)
+    # A line ends at \n, \r\n or a lone \r, for the lexer as for the error printer
+    # (errors.source_lines): an old-Mac file gets real line numbers, a CRLF file the same columns.
+    lexed = text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
     token = _comments.set([])
     try:
         try:
-            tree = _lark().parse(text)
+            tree = _lark().parse(lexed)
         except UnexpectedInput as exc:
-            raise _syntax_error(exc, text, path) from None
+            raise _recover(_syntax_error(exc, lexed, path), lexed, path) from None
         comments = tuple(ast.Comment(t.value.rstrip(), tok_span(t, path)) for t in _comments.get())
     finally:
         _comments.reset(token)
+    _check_nesting(tree, lexed, path)
     try:
         return BuildAst(path, text, comments).transform(tree)
-    except VisitError as exc:  # a bad template or escape found while building nodes
-        if isinstance(exc.orig_exc, WorkflowSyntaxError):
-            raise exc.orig_exc from None
+    except VisitError as exc:  # a bad template, escape or number found while building nodes
+        orig = exc.orig_exc
+        if isinstance(orig, WorkflowSyntaxError):
+            if orig.diagnostics and orig.source is None:  # render it against this text, not the file
+                raise WorkflowSyntaxError(diagnostics=orig.diagnostics, source=lexed) from None
+            raise orig from None
         raise
+
+
+# Note [Syntax error recovery]
+# Top-level items start with a keyword at the start of a line (the formatter's layout). After a
+# syntax error, the item holding it is blanked (its lines kept empty, so positions stay true) and
+# the rest is parsed again: one error per broken item, several items at once, never a follow-on
+# error of the same item. An error in the header, or one not inside an item, ends the recovery.
+_ITEM_START = re.compile(r"^(import|task|policy|agent|transition|start|reward|max_steps)\b")
+
+
+def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntaxError:
+    """``first`` with the syntax errors of the other broken top-level items added (Note above)."""
+    diagnostics = list(first.diagnostics)
+    lines = text.split("\n")
+    current = list(lines)
+    err = first
+    for _ in range(MAX_REPORTED):
+        spans = [d.span for d in err.diagnostics if d.span is not None]
+        if not spans:
+            break
+        at = spans[0].line - 1
+        starts = [i for i, line in enumerate(current) if _ITEM_START.match(line)]
+        if at in starts and spans[0].col == 1:  # found at an item's keyword: the item before it is broken
+            begin, end = max((i for i in starts if i < at), default=None), at
+        else:
+            begin = max((i for i in starts if i <= at), default=None)
+            end = min((i for i in starts if i > at), default=len(current))
+        if begin is None:  # in the header or before the first item: nothing to skip to
+            break
+        current[begin:end] = [""] * (end - begin)
+        try:
+            _lark().parse("\n".join(current))
+            break
+        except UnexpectedInput as exc:
+            err = _syntax_error(exc, "\n".join(current), path)
+            seen = {(d.message, d.hint) for d in diagnostics}
+            new = [d for d in err.diagnostics if d.span is not None and d.span.line - 1 >= end
+                   and (d.message, d.hint) not in seen]
+            if not new:  # an error the blanking itself caused (e.g. a lone `}`): stop here
+                break
+            diagnostics.extend(new)
+    if len(diagnostics) == len(first.diagnostics):
+        return first
+    return WorkflowSyntaxError(diagnostics=diagnostics, source=text)
+
+
+MAX_NESTING = 32  # nested list[...] / {record} types; deeper is surely a mistake (and would exhaust the stack)
+_NESTING_RULES = {"list_type", "record_type"}
+
+
+def _check_nesting(tree, text: str, path: str) -> None:
+    """A located error for types nested deeper than :data:`MAX_NESTING` (no recursion here:
+    the tree may be thousands deep; everything after this point may recurse safely)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if not hasattr(node, "children"):
+            continue
+        depth += node.data in _NESTING_RULES
+        if depth > MAX_NESTING:
+            meta = node.meta
+            span = Span(path=path, line=meta.line, col=meta.column, end_line=meta.line, end_col=meta.column + 1)
+            raise WorkflowSyntaxError(diagnostics=[Diagnostic(
+                f"types nested deeper than {MAX_NESTING} levels", span,
+                "flatten the type: a record of records, at most a few levels deep", code="too-deep")], source=text)
+        stack.extend((c, depth) for c in node.children)
 
 
 def read_source(path: str | Path) -> str:
@@ -115,7 +193,8 @@ def read_source(path: str | Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        col = len(data[start:exc.start].decode("utf-8", errors="replace")) + 1  # characters, as elsewhere
         span = Span(path=str(p), line=line, col=col, end_line=line, end_col=col + 1)
         diag = Diagnostic(
             f"the file is not UTF-8: byte 0x{data[exc.start]:02x} cannot be decoded",
@@ -221,11 +300,59 @@ def _describe(token_type: str) -> str:
     return f"'{token_type.lower()}'"
 
 
+_SKIP_OR_NUMBER = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*'
+                             r'|(?<![A-Za-z0-9_.])[+-]?\.?[0-9][A-Za-z0-9_.]*(?:(?<=[eE])[+-][A-Za-z0-9_.]*)?', re.S)
+_NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+def _malformed_number(text: str, path: str, before: int) -> WorkflowSyntaxError | None:
+    """The first word that starts like a number but is none (``1e``, ``0x40``, ``0.7.1``, ``3px``)
+    before offset ``before``: the lexer splits such a word into a number and a name, and the
+    parser then fails somewhere after it, naming the wrong thing."""
+    for m in _SKIP_OR_NUMBER.finditer(text, 0, min(len(text), before + 1)):
+        word = m.group()
+        if word[0] in '"#' or _NUMBER.fullmatch(word):
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+        span = Span(path=path, line=line, col=col, end_line=line, end_col=col + len(word))
+        why = ("hexadecimal is not supported" if re.match(r"[+-]?0[xXoObB]", word) else
+               "more than one decimal point" if word.count(".") > 1 else
+               "an exponent needs digits" if re.search(r"[eE][+-]?$", word) else "letters after the digits")
+        return WorkflowSyntaxError(diagnostics=[Diagnostic(
+            f"malformed number '{word}' ({why})", span,
+            "numbers are written like 3, -2, 0.7, 1e-3 or 2.5E+4", code="bad-number")], source=text)
+    return None
+
+
+def _last_word_before(text: str, pos: int) -> tuple[str, int]:
+    """The word (name) ending right before ``pos`` (whitespace skipped) and its start offset."""
+    end = pos
+    while end > 0 and text[end - 1] in " \t\f\r\n":
+        end -= 1
+    start = end
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    return text[start:end], start
+
+
 def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxError:
     line, col = max(exc.line, 1), max(exc.column, 1)
     hint = None
+    stop = exc.pos_in_stream if isinstance(exc, UnexpectedCharacters) else (
+        len(text) if exc.token.type == "$END" else exc.token.end_pos or len(text))
+    bad_number = _malformed_number(text, path, stop)
+    if bad_number is not None:  # the root cause: what follows only repeats it
+        return bad_number
     if isinstance(exc, UnexpectedCharacters):
         char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        if char == '"' and text[max(0, exc.pos_in_stream - 2):exc.pos_in_stream + 1] == '"""':
+            # the lexer took `""` as an empty string before this quote: the string starts 2 back
+            span = Span(path=path, line=line, col=col - 2, end_line=line, end_col=col + 1)
+            return WorkflowSyntaxError(diagnostics=[Diagnostic(
+                'unclosed """ string', span,
+                'close it with """ (it may span lines; write \\" for a quote inside)', code="bad-string")],
+                source=text)
         if char == '"':
             end = text.find("\n", exc.pos_in_stream)
             end = len(text) if end < 0 else end
@@ -242,6 +369,9 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
 
     assert isinstance(exc, UnexpectedToken)
     tok = exc.token
+    special = _named_mistake(tok, text, path)
+    if special is not None:
+        return special
     label = None
     try:
         label = exc.match_examples(_lark().parse, _compiled_examples(), use_accepts=True)
@@ -271,6 +401,31 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
         hint = "expected " + ", ".join(expected) if expected else None
     code = "unclosed-block" if label is _EXAMPLES_KEYS[1] else "syntax"
     return WorkflowSyntaxError(diagnostics=[Diagnostic(message, span, hint, code=code)], source=text)
+
+
+def _named_mistake(tok: Token, text: str, path: str) -> WorkflowSyntaxError | None:
+    """Mistakes whose parser error would name a later token: a trailing comma in a list of
+    names (the next item's keyword is read as one more name, then its ':' fails), and a
+    `route` without the output it routes on."""
+    if tok.type == "COLON":
+        word, start = _last_word_before(text, tok.start_pos)
+        comma = start
+        while comma > 0 and text[comma - 1] in " \t\f\r\n":
+            comma -= 1
+        if word and comma > 0 and text[comma - 1] == ",":
+            at = comma - 1
+            line = text.count("\n", 0, at) + 1
+            col = at - (text.rfind("\n", 0, at) + 1) + 1
+            span = Span(path=path, line=line, col=col, end_line=line, end_col=col + 1)
+            return WorkflowSyntaxError(diagnostics=[Diagnostic(
+                f"trailing ',' at the end of a list of names (so `{word}:` was read as one more name)", span,
+                "remove the ',' after the last name", code="syntax")], source=text)
+    if tok.type == "LBRACE" and _last_word_before(text, tok.start_pos)[0] == "route":
+        return WorkflowSyntaxError(diagnostics=[Diagnostic(
+            "`route` needs the output it routes on", tok_span(tok, path),
+            "write `activate: route AGENT { label -> AGENT, ... }` (AGENT's output is a choice[...])",
+            code="syntax")], source=text)
+    return None
 
 
 _EXAMPLES_KEYS = list(_EXAMPLES)

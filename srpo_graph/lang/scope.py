@@ -62,6 +62,9 @@ def close_names(name: str, known: Iterable[str]) -> str | None:
     return None
 
 
+MAX_COUNT = 1_000_000  # bound of `max_rounds` and `max_steps` (an episode of more firings is a mistake)
+
+
 @dataclass
 class Uses:
     """References whose availability depends on paths (checked by the analysis)."""
@@ -216,10 +219,15 @@ class Scope:
             return None
         modname, fn = resolved
         if fn is not None:
+            positional = [a for a in c.args if a.name is None]
             for p in check_call(fn, arg_types, kw_types, leading=leading):
-                span = c.args[p.index].span if p.index is not None and p.index < len(c.args) else c.span
+                # point at the argument the problem is about, else at the call
+                named = [a for a in c.args if p.keyword is not None and a.name is not None and a.name.value == p.keyword]
+                span = (positional[p.index].span if p.index is not None and p.index < len(positional)
+                        else named[0].span if named else c.span)
+                about_arg = p.index is not None or (named and "takes" in p.message)
                 self.err(f"{role} {c.module.value}.{c.function.value}: {p.message}", span,
-                         signature_hint(fn), "type-mismatch" if p.index is not None else "bad-signature")
+                         signature_hint(fn), "type-mismatch" if about_arg else "bad-signature")
         return Call(module=modname, alias=c.module.value, function=c.function.value,
                     args=tuple(args), kwargs=tuple(kwargs), span=c.span)
 

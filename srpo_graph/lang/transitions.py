@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from srpo_graph.errors import Span
 from srpo_graph.lang import ast
-from srpo_graph.lang.scope import ITEM_WORD, Scope, close_names
+from srpo_graph.lang.scope import ITEM_WORD, MAX_COUNT, Scope, close_names
 from srpo_graph.workflow import (
     END,
     ActivateAgents,
@@ -70,8 +70,9 @@ def build_transition(scope: Scope, t: ast.TransitionDecl) -> Transition | None:
         activation = activation_of(scope, name, act_item.activation)
     max_rounds = None
     for mr in by_kind.get(ast.MaxRoundsItem, [])[:1]:
-        if mr.value.value < 1:
-            scope.err("`max_rounds` must be >= 1", mr.value.span, code="bad-value")
+        if not 1 <= mr.value.value <= MAX_COUNT:
+            scope.err(f"`max_rounds` must be in [1, {MAX_COUNT}]", mr.value.span,
+                      "how often this transition may fire per episode, e.g. `max_rounds: 3`", "bad-value")
         else:
             max_rounds = int(mr.value.value)
     if activation is None:
@@ -88,12 +89,12 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
     if isinstance(act, ast.ActivateEnd):
         return ActivateEnd()
     if isinstance(act, ast.ActivateAgents):
-        names = []
+        names, seen_act = [], {}
         for n in act.agents:
             if n.value not in scope.agent_types:
                 scope.err(f"transition '{tname}' activates unknown agent '{n.value}'", n.span,
                          close_names(n.value, scope.agent_types), "unknown-name")
-            else:
+            elif scope.unique(n, seen_act, "activated agent"):  # like `start:`: one activation per agent
                 names.append(n.value)
         return ActivateAgents(agents=tuple(names))
     on = Ref(path=act.on.path, optional=act.on.optional, span=act.on.span)
@@ -124,16 +125,18 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
             continue
         if not scope.unique(case.label, seen, "route case"):
             continue
-        targets = []
+        targets, seen_targets = [], {}
         for n in case.targets:
             if n.value != END and n.value not in scope.agent_types:
                 scope.err(f"route case '{case.label.value}' names '{n.value}', which is not an agent", n.span,
                          close_names(n.value, list(scope.agent_types) + [END]), "router-target")
-            else:
+            elif scope.unique(n, seen_targets, "route target"):
                 targets.append(n.value)
         cases.append((case.label.value, tuple(targets)))
     for label in t.options:
         if label not in seen:
             scope.sink.warning(f"route on '{on}' has no case for '{label}': that choice ends the episode",
                               act.span, f"add `{label} -> end` to say so", "route-default")
+            # spelled out, so every graph rule sees the episode end there (as the runtime does)
+            cases.append((label, (END,)))
     return ActivateRoute(on=on, cases=tuple(cases))

@@ -50,7 +50,7 @@ def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[
               help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).")
 @click.option("--retries", type=int, default=None,
               help="sglang: retries of a request on connection errors and 5xx (default 4, with backoff).")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="sglang: seconds to wait for one answer (default 300).")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="sglang: deadline in seconds for one request's whole answer, also against a server that drips bytes (default 300).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, url, device, max_concurrent,
             threads, retries, timeout_s, quiet):
@@ -147,9 +147,9 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
     from rich.console import Console
 
     from srpo_graph.runtime.show import episode_html, print_episode
-    from srpo_graph.runtime.trace import read_traces
+    from srpo_graph.runtime.trace import read_trace_set
 
-    episodes = read_traces(traces_file)
+    episodes = read_trace_set(traces_file)  # the rules compile applies: show never shows a file compile rejects
     if index is not None:
         if not 0 <= index < len(episodes):
             raise ConfigError(f"--episode {index}: {traces_file} has {len(episodes)} episodes (0..{len(episodes) - 1})")
@@ -177,12 +177,38 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
 
 @click.command("init-model")
 @click.argument("directory", type=click.Path(file_okay=False), required=False)
-def init_model_cmd(directory):
+@click.option("--show-vocab", is_flag=True, default=False,
+              help="Print the tiny model's vocabulary (id, token) with its special and role tokens.")
+@click.option("--recipe", "recipe", default=None, metavar="NAME",
+              help="Build a small model pre-trained locally instead (e.g. tiny-reason; a few minutes on 1 thread), "
+                   "cached like the tiny model; policies name it as `policy m = \"NAME\"`.")
+def init_model_cmd(directory, show_vocab, recipe):
     """Build the tiny default model into DIRECTORY (default: the cache used for policy "tiny")."""
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.backends.tiny import ROLE_TOKENS, SPECIAL_TOKENS, VOCAB, ensure_tiny_model
 
+    if recipe is not None:
+        from srpo_graph.backends.recipes import RECIPES, ensure_recipe_model, recipe_info
+        from srpo_graph.backends.recipes import VOCAB as RECIPE_VOCAB
+
+        if recipe not in RECIPES:
+            raise click.BadParameter(f"unknown recipe {recipe!r} (known: {', '.join(RECIPES)})", param_hint="--recipe")
+        click.echo(f"building {recipe}: {RECIPES[recipe].description} (cached after the first build)")
+        path = ensure_recipe_model(recipe, directory, log=click.echo)
+        info = recipe_info(path)
+        click.echo(f"{recipe} ready at {path}: {info['parameters']:,} parameters, final SFT loss "
+                   f"{info['final_loss']:.3f}, built in {info['build_seconds']} s")
+        if show_vocab:
+            for i, tok in enumerate(RECIPE_VOCAB):
+                click.echo(f"  {i:3d}  {tok!r}")
+        return
     path = ensure_tiny_model(directory)
     click.echo(f"tiny model ready at {path}")
+    if show_vocab:
+        click.echo(f"vocabulary: {len(VOCAB)} tokens; upper case is lower-cased, any other character is <unk>")
+        click.echo(f"  special: {' '.join(SPECIAL_TOKENS)} (encoding puts <bos> first)")
+        click.echo(f"  roles:   {' '.join(ROLE_TOKENS)} (one token each: use them in prompts, e.g. \"<a>{{task.x}}\")")
+        for i, tok in enumerate(VOCAB):
+            click.echo(f"  {i:3d}  {tok!r}")
 
 
 COMMANDS: list = [run_cmd, show_cmd, init_model_cmd]

@@ -23,8 +23,26 @@ from typing import Any, Callable
 from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.errors import RuntimeFailure
 from srpo_graph.runtime.render import State, call_args
-from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
+from srpo_graph.runtime.trace import MAX_ABS_REWARD, Episode, Output, TransitionRecord, WorkflowRef
 from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, Call, Transition, Workflow
+
+_OUTPUT_ORDER = tuple(Output.model_fields)  # the order model_construct (and so model_dump) keeps
+_OUTPUT_FIELDS = frozenset(_OUTPUT_ORDER)
+
+
+def _record_output(**fields: Any) -> Output:
+    """``Output.model_construct(**fields)`` without its per-field default handling when every
+    field is given (~4 us of the executor's ~25 us of Python per 1-token output, see
+    benchmarks/profile_overheads.py); ``model_construct`` itself otherwise. No validation
+    either way (see ``add_output``)."""
+    if fields.keys() != _OUTPUT_FIELDS or Output.__private_attributes__:
+        return Output.model_construct(**fields)
+    out = Output.__new__(Output)
+    object.__setattr__(out, "__dict__", {k: fields[k] for k in _OUTPUT_ORDER})
+    object.__setattr__(out, "__pydantic_fields_set__", set(_OUTPUT_FIELDS))
+    object.__setattr__(out, "__pydantic_extra__", None)
+    object.__setattr__(out, "__pydantic_private__", None)
+    return out
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,7 @@ class EpisodeRun:
         self.task_id, self.group_id, self.sample, self.seed = task_id, group_id, sample, seed
         self.state = State(task=dict(task))
         self.pending: list[str] = []  # activated agents without an output yet, in activation order
+        self.activator: dict[str, str | None] = {}  # pending agent -> the record id that activated it (None = start)
         self.fresh: dict[str, list[str]] = {}  # agent -> unconsumed output ids
         self.outputs: list[Output] = []
         self.records: list[TransitionRecord] = []
@@ -142,11 +161,13 @@ class EpisodeRun:
         # no re-validation here (it costs O(tokens) per output): every field is typed by
         # construction and the executor checked the backend's part (``checked_completion``);
         # the trace reader validates everything
-        self.outputs.append(Output.model_construct(
+        self.outputs.append(_record_output(
             id=oid, agent=agent.name, policy=agent.policy, policy_version=int(sampled.policy_version),
             step=len(self.records), prompt_ids=list(req.prompt_ids), completion_ids=list(sampled.completion_ids),
             logprobs=list(sampled.logprobs), temperature=float(req.temperature),
             allowed_token_ids=None if req.allowed_token_ids is None else list(req.allowed_token_ids),
+            max_tokens=int(req.max_new_tokens), activated_by=self.activator.pop(agent.name, None),
+            top_k=int(req.top_k), top_p=float(req.top_p), logprob_mode=req.logprobs,
             text=sampled.text, value=value, finish_reason=sampled.finish_reason,
         ))
         if error is not None:
@@ -241,7 +262,7 @@ class EpisodeRun:
         ))
         self.rounds[t.name] = self.rounds.get(t.name, 0) + 1
         self.transition_rewards += reward or 0.0
-        self._activate(activated)
+        self._activate(activated, by=self.records[-1].id)
         agents = [a for a in activated if a != END]
         if agents and (len(self.records) >= self.wf.max_steps or any(self._exhausted(a) for a in agents)):
             self._finish("truncated")
@@ -267,18 +288,19 @@ class EpisodeRun:
                     targets.append(a)
         return tuple(targets) or (END,)
 
-    def _activate(self, names: tuple[str, ...] | list[str]) -> None:
+    def _activate(self, names: tuple[str, ...] | list[str], by: str | None = None) -> None:
         for a in names:
             if a == END:
                 self.end_activated = True
             elif a not in self.pending:
                 self.pending.append(a)
+                self.activator[a] = by  # provenance: the firing that caused this output
 
     def _call_reward(self, call: Call) -> float:
         args, kwargs = call_args(call, self.state)
         value = float(self.callables.get(call)(*args, **kwargs))
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"reward {call.qualname} returned {value}")
+        if value != value or value in (float("inf"), float("-inf")) or abs(value) > MAX_ABS_REWARD:
+            raise ValueError(f"reward {call.qualname} returned {value} (rewards are finite, |r| <= {MAX_ABS_REWARD:g})")
         return value
 
     def _finish(self, status: str) -> None:
@@ -286,6 +308,9 @@ class EpisodeRun:
             terminal = self._call_reward(self.wf.reward) if self.wf.reward is not None else 0.0
         except Exception as exc:  # noqa: BLE001
             self.fail(f"terminal reward {self.wf.reward.qualname}: {exc!r}")  # type: ignore[union-attr]
+            return
+        if abs(terminal + self.transition_rewards) > MAX_ABS_REWARD:  # the trace schema's bound
+            self.fail(f"episode reward {terminal + self.transition_rewards:g} exceeds |r| <= {MAX_ABS_REWARD:g}")
             return
         self.status, self.reward = status, terminal + self.transition_rewards
 

@@ -26,7 +26,7 @@ import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel
 
@@ -50,6 +50,9 @@ class RunStats(BaseModel):
     failures: int
     truncated: int
     generate_calls: int = 0  # backend.generate calls (batches)
+    backend_failures: int = 0  # episodes failed because their request failed (on_backend_error="fail")
+    backend_error: str | None = None  # the first such error
+    stale_outputs: int = 0  # outputs whose engine reported another weight version than expected
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,6 +89,7 @@ def run(
     max_concurrent: int | None = None,
     tool_workers: int = 8,
     on_episode: Callable[[Episode], None] | None = None,
+    on_backend_error: str = "raise",
 ) -> RunResult:
     """Run every task ``samples`` times (a group per task).
 
@@ -101,11 +105,16 @@ def run(
         tool_workers: threads running tools.
         on_episode: called with each episode as soon as it is over (in the order they finish),
             e.g. to stream it to disk, so a run that dies later keeps what it finished.
+        on_backend_error: ``"raise"`` stops the run at the first backend failure; ``"fail"``
+            fails the episodes whose requests failed (status ``failed``, the error recorded,
+            counted in ``stats.backend_failures``) and runs the others on -- a server that
+            dies mid-rollout under training, which then applies its failure budget.
     Returns:
         The episodes (task-major) and statistics.
     Raises:
         RuntimeFailure: a policy without a backend, or an ``allow`` token the tokenizer lacks.
-        BackendError: the backend failed (episodes finished before went to ``on_episode``).
+        BackendError: the backend failed and ``on_backend_error="raise"`` (episodes finished
+            before went to ``on_episode``).
     """
     if samples < 1:
         raise RuntimeFailure(f"samples must be >= 1, got {samples}")
@@ -123,7 +132,10 @@ def run(
     finished: list[Episode | None] = [None] * len(runs)
     limit = max_concurrent or len(runs)
     started = time.perf_counter()
-    stats = {"tokens": 0, "calls": 0}
+    if on_backend_error not in ("raise", "fail"):
+        raise RuntimeFailure(f"on_backend_error must be 'raise' or 'fail', got {on_backend_error!r}")
+    stats: dict = {"tokens": 0, "calls": 0, "backend_failures": 0, "backend_error": None, "stale": 0,
+                   "on_backend_error": on_backend_error}
     bar = _Progress(len(runs)) if progress else None
     futures: dict[Future, EpisodeRun] = {}
     try:
@@ -174,12 +186,13 @@ def run(
         tokens_generated=stats["tokens"], seconds=seconds,
         failures=sum(e.status == "failed" for e in episodes),
         truncated=sum(e.status == "truncated" for e in episodes),
-        generate_calls=stats["calls"],
+        generate_calls=stats["calls"], backend_failures=stats["backend_failures"],
+        backend_error=stats["backend_error"], stale_outputs=stats["stale"],
     ))
 
 
 def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan],
-                    backends: Mapping[str, Backend], versions: Mapping[str, int], stats: dict[str, int]) -> None:
+                    backends: Mapping[str, Backend], versions: Mapping[str, int], stats: dict) -> None:
     """Render, tokenize and sample every pending agent of every episode; hand outputs back.
 
     The per-output work is kept small: prompts are tokenized in one call per agent (and each
@@ -211,7 +224,14 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
         policy0 = items[0][1].agent.policy
         backend = backends[policy0]
         try:
-            completions = backend.generate([req for _, _, req in items])
+            completions: list[Completion | None] = list(backend.generate([req for _, _, req in items]))
+            errors: list[str | None] = [None] * len(items)
+        except BackendError as exc:
+            partial = getattr(exc, "partial", None)  # sglang's BatchError: what did come back
+            if stats["on_backend_error"] == "raise":
+                raise
+            completions = list(partial) if partial is not None and len(partial) == len(items) else [None] * len(items)
+            errors = list(getattr(exc, "errors", None) or [str(exc)] * len(items))
         except SrpoGraphError:
             raise
         except Exception as exc:  # noqa: BLE001 - e.g. a device error: stop the run with a clear message
@@ -221,24 +241,59 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
         if len(completions) != len(items):
             raise BackendError(f"policy {policy0!r}: the backend answered {len(completions)} of {len(items)} requests")
         default_version = getattr(backend, "weight_version", 0)
-        for (ep, plan, req), comp in zip(items, completions):
+        reports_versions = bool(getattr(backend, "reports_weight_versions", False))
+        vocab_size = _vocab_size(backend)  # once per batch, not per output
+        for (ep, plan, req), comp, err in zip(items, completions, errors):
+            if comp is None:
+                if not ep.done:
+                    stats["backend_failures"] += 1
+                    stats["backend_error"] = stats["backend_error"] or f"policy {plan.agent.policy!r}: {err}"
+                    ep.fail(f"backend error on agent {plan.agent.name!r} (policy {plan.agent.policy!r}): {err}")
+                continue
             stats["tokens"] += len(comp.completion_ids)
             if ep.done:
                 continue
-            ids, lps, finish, text = trim_at_stop(plan, checked_completion(comp, req))
+            ids, lps, finish, text = trim_at_stop(plan, checked_completion(comp, req, vocab_size=vocab_size))
             version = versions.get(plan.agent.policy, default_version)
+            if reports_versions and comp.weight_version != version:
+                # the engine says other weights produced it (a sync raced the rollout): stale
+                stats["stale"] += 1
+                version = comp.weight_version
             ep.add_output(plan.agent.name, Sampled(req, ids, lps, finish, text, version))
 
 
-def checked_completion(comp: Completion, req: GenerationRequest) -> Completion:
+def _vocab_size(backend: Any) -> int | None:
+    """Token ids a backend may return: those its tokenizer can decode (None: unknown)."""
+    try:
+        return len(backend.tokenizer)
+    except TypeError:
+        return None
+
+
+def checked_completion(comp: Completion, req: GenerationRequest, *, vocab_size: int | None = None) -> Completion:
     """What the trace schema needs of a backend's answer (the checks ``Output`` validates).
 
     Raises:
-        BackendError: log-probs that do not pair with the ids, or are not finite log-probabilities.
+        BackendError: log-probs that do not pair with the ids, or are not finite log-probabilities;
+            token ids that are not integers in ``[0, vocab_size)``; more tokens than
+            ``req.max_new_tokens`` (a backend that ignored the limit).
 
     >>> checked_completion(Completion((5,), (-0.1,), "stop"), GenerationRequest((1,), 1)).completion_ids
     (5,)
+    >>> checked_completion(Completion((5, 99), (-0.1, -0.2), "stop"), GenerationRequest((1,), 2), vocab_size=32)
+    Traceback (most recent call last):
+    ...
+    srpo_graph.errors.BackendError: request '': token id 99 at completion position 1 is outside the vocabulary [0, 32)
     """
+    ids = comp.completion_ids
+    if len(ids) > req.max_new_tokens:
+        raise BackendError(f"request {req.request_id!r}: {len(ids)} completion tokens for max_new_tokens "
+                           f"{req.max_new_tokens} (the backend ignored the limit)")
+    for pos, tok in enumerate(ids):
+        if type(tok) is not int or tok < 0 or (vocab_size is not None and tok >= vocab_size):
+            why = (f"is a {type(tok).__name__}, not an integer" if type(tok) is not int else
+                   f"is outside the vocabulary [0, {vocab_size})" if vocab_size is not None else "is negative")
+            raise BackendError(f"request {req.request_id!r}: token id {tok!r} at completion position {pos} {why}")
     lps = comp.logprobs
     if len(lps) != len(comp.completion_ids) or comp.finish_reason not in ("stop", "length", "abort"):
         raise BackendError(f"request {req.request_id!r}: {len(lps)} log-probs for {len(comp.completion_ids)} tokens,"

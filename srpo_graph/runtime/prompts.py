@@ -24,7 +24,6 @@ from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import RuntimeFailure
 from srpo_graph.workflow import Agent, Workflow
 
-
 _CACHE_LIMIT = 100_000  # entries per cache before it is emptied (bounded memory on long runs)
 
 
@@ -131,7 +130,7 @@ class AgentPlan:
         return GenerationRequest(
             prompt_ids=prompt_ids, max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
             top_k=s.top_k, stop_token_ids=self.stop_token_ids, allowed_token_ids=self.allowed_token_ids,
-            seed=seed, request_id=request_id,
+            seed=seed, request_id=request_id, logprobs=s.logprobs,
         )
 
     def decode(self, ids: Sequence[int]) -> str:

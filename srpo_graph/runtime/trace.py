@@ -12,7 +12,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Annotated, Any, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -21,6 +21,16 @@ from srpo_graph.errors import TraceError
 SCHEMA_VERSION = "srpo-graph.trace/1"
 
 JsonValue = Any  # the typed, extracted output: str | int | float | bool | list | dict | None
+
+# Numbers are strict: a JSON string "1.0" is not a float here, nor `true` an int (pydantic would
+# coerce both), and every integer fits the int64 tensors the compiler builds from it.
+MAX_ABS_REWARD = 1e9  # |reward| above this is a bug upstream (and would overflow advantage statistics)
+MAX_DEPTH = 64  # JSON nesting allowed in one trace line (values and tool results included)
+TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**31)]
+Count = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
+Seed = Annotated[int, Field(strict=True, ge=-(2**63), lt=2**63)]
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Reward = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)]
 
 
 class _Frozen(BaseModel):
@@ -38,13 +48,18 @@ class Output(_Frozen):
     id: str
     agent: str
     policy: str
-    policy_version: int = 0
-    step: int  # number of transitions fired in the episode before this output was generated
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]  # the sampler's, one per completion token, of the distribution sampled
-    temperature: float = 1.0
-    allowed_token_ids: list[int] | None = None  # the constraint sampled under, if any
+    policy_version: Count = 0
+    step: Count  # number of transitions fired in the episode before this output was generated
+    prompt_ids: list[TokenId]
+    completion_ids: list[TokenId]
+    logprobs: list[Finite]  # the sampler's, one per completion token, of the distribution sampled
+    temperature: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0)] = 1.0
+    allowed_token_ids: list[TokenId] | None = None  # the constraint sampled under, if any
+    max_tokens: Annotated[int, Field(strict=True, ge=1, lt=2**31)] | None = None  # the max_new_tokens it was sampled with (Dr. GRPO's constant denominator)
+    activated_by: str | None = None  # id of the transition record whose firing activated it; None = start
+    top_k: Annotated[int, Field(strict=True, ge=0)] = 0  # the top-k / top-p it was sampled with (0 / 1.0 = off)
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    logprob_mode: Literal["full", "sampled"] = "full"  # the convention of ``logprobs`` (backends/sampling.py)
     text: str
     value: JsonValue = None
     finish_reason: Literal["stop", "length", "abort"] = "stop"
@@ -60,6 +75,15 @@ class Output(_Frozen):
         for i, lp in enumerate(self.logprobs):
             if not math.isfinite(lp) or lp > 1e-4:
                 raise ValueError(f"output {self.id!r}: logprobs[{i}] = {lp} is not a finite log-probability")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError(f"output {self.id!r}: allowed_token_ids is empty")
+            outside = set(self.completion_ids) - set(self.allowed_token_ids)
+            if outside:
+                raise ValueError(f"output {self.id!r}: completion_ids {sorted(outside)} are outside its allowed_token_ids")
+        if self.max_tokens is not None and len(self.completion_ids) > self.max_tokens:
+            raise ValueError(f"output {self.id!r}: {len(self.completion_ids)} completion tokens for max_tokens "
+                             f"{self.max_tokens}")
         return self
 
 
@@ -68,11 +92,11 @@ class TransitionRecord(_Frozen):
 
     id: str
     name: str
-    step: int
+    step: Count
     consumed: list[str]  # output ids
     activated: list[str]  # agent names, or ["end"]
     tool_results: dict[str, JsonValue] | None = None
-    reward: float | None = None
+    reward: Reward | None = None
 
 
 class Episode(_Frozen):
@@ -80,11 +104,11 @@ class Episode(_Frozen):
     workflow: WorkflowRef
     task_id: str
     group_id: str  # episodes of one group (same task, G samples) share it
-    sample: int
-    seed: int
+    sample: Annotated[int, Field(strict=True, ge=0, lt=2**31)]
+    seed: Seed
     outputs: list[Output]
     transitions: list[TransitionRecord]
-    reward: float
+    reward: Reward
     status: Literal["ok", "truncated", "failed"]
     error: str | None = None
 
@@ -98,10 +122,20 @@ class Episode(_Frozen):
         if len(set(ids)) != len(ids):
             raise ValueError("duplicate output ids")
         known = set(ids)
+        seen: set[str] = set()
+        consumer: dict[str, str] = {}
         for k, t in enumerate(self.transitions):
+            if t.id in seen:
+                raise ValueError(f"transitions[{k}].id: duplicate transition id {t.id!r}")
+            seen.add(t.id)
             missing = [c for c in t.consumed if c not in known]
             if missing and self.status != "failed":
                 raise ValueError(f"transitions[{k}].consumed: transition {t.id!r} consumes unknown output ids {missing}")
+            for c in t.consumed:
+                if c in consumer:
+                    raise ValueError(f"transitions[{k}].consumed: output {c!r} is consumed by both "
+                                     f"{consumer[c]!r} and {t.id!r}")
+                consumer[c] = t.id
         if not math.isfinite(self.reward):
             raise ValueError(f"reward: {self.reward} is not finite")
         return self
@@ -124,14 +158,51 @@ def _format_validation(err: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def parse_episode_line(line: str, path: str = "<string>", lineno: int = 1) -> Episode:
-    """Parse one trace line; raise :class:`TraceError` naming ``path:line`` and the field."""
+def _too_deep(data: Any) -> str | None:
+    """The JSON path of the first place nested deeper than :data:`MAX_DEPTH`, or None (no recursion)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return where or "<root>"
+        if isinstance(node, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node))
+    return None
+
+
+def parse_episode_line(line: str | bytes, path: str = "<string>", lineno: int = 1) -> Episode:
+    """Parse one trace line; raise :class:`TraceError` naming ``path:line`` and the field.
+
+    Every way a line can be wrong is a TraceError: not UTF-8, not JSON (also numbers too long
+    to read, nesting deeper than Python's stack), nesting deeper than :data:`MAX_DEPTH`, or a
+    field that breaks the schema.
+
+    >>> parse_episode_line(b'{"schema": \\xff}', "t.jsonl", 3)
+    Traceback (most recent call last):
+    ...
+    srpo_graph.errors.TraceError: t.jsonl:3:12: error: not UTF-8 text (byte 0xff)
+    """
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            col = len(line[: exc.start].decode("utf-8", errors="replace")) + 1
+            raise TraceError(f"{path}:{lineno}:{col}: error: not UTF-8 text (byte 0x{line[exc.start]:02x})") from None
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:{lineno}:{exc.colno}: error: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise TraceError(f"{path}:{lineno}: error: not valid JSON here: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python reads (4300 digits)
+        raise TraceError(f"{path}:{lineno}: error: not valid JSON here: {exc}") from None
     if not isinstance(data, dict):
         raise TraceError(f"{path}:{lineno}: error: an episode must be a JSON object, got {type(data).__name__}")
+    deep = _too_deep(data)
+    if deep is not None:
+        raise TraceError(f"{path}:{lineno}: error: field {deep}: nested deeper than {MAX_DEPTH} levels")
     schema = data.get("schema")
     if schema != SCHEMA_VERSION:
         raise TraceError(
@@ -174,7 +245,7 @@ def iter_numbered_traces(
     """
     p = Path(path)
     try:
-        fh = p.open(encoding="utf-8")
+        fh = p.open("rb")  # bytes: a line that is not UTF-8 is an error of that line, not of the reader
     except OSError as exc:
         raise TraceError(f"{p}: error: cannot read trace file: {exc.strerror}") from None
     with fh:
@@ -188,6 +259,36 @@ def iter_numbered_traces(
                     raise
                 if errors is not None:
                     errors.append(exc)
+
+
+def read_trace_set(path: str | os.PathLike) -> list[Episode]:
+    """Read a trace file that is one batch: every line valid, one workflow (name and hash) and
+    each ``(group_id, sample)`` once -- the rules ``compile`` applies, so ``show`` shows exactly
+    the files ``compile`` accepts.
+
+    Raises:
+        TraceError: ``path:line`` and the field of the first line that breaks a rule.
+    """
+    episodes: list[Episode] = []
+    first: tuple[str, str, int] | None = None
+    seen: dict[tuple[str, int], int] = {}
+    for lineno, ep in iter_numbered_traces(path):
+        where = f"{path}:{lineno}"
+        if first is None:
+            first = (ep.workflow.name, ep.workflow.hash, lineno)
+        elif ep.workflow.name != first[0]:
+            raise TraceError(f"{where}: error: field workflow.name: {ep.workflow.name!r}, but line {first[2]} is from "
+                             f"workflow {first[0]!r}; one trace file holds one workflow's episodes")
+        elif ep.workflow.hash != first[1]:
+            raise TraceError(f"{where}: error: field workflow.hash: workflow {first[0]!r} changed since line {first[2]} "
+                             f"(hash {ep.workflow.hash[:12]} vs {first[1][:12]})")
+        key = (ep.group_id, ep.sample)
+        if key in seen:
+            raise TraceError(f"{where}: error: field sample: group {ep.group_id!r} sample {ep.sample} appears twice "
+                             f"(also line {seen[key]})")
+        seen[key] = lineno
+        episodes.append(ep)
+    return episodes
 
 
 def write_traces(path: str | os.PathLike, episodes: Iterable[Episode], *, append: bool = False) -> int:

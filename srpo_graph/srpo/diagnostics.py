@@ -1,140 +1,341 @@
 """Per-step diagnostics of the SRPO loss (objective stage).
 
 Consumes the intermediate tensors of :func:`srpo_graph.srpo.loss.srpo_loss` (under
-``no_grad``) and produces :class:`LossDiagnostics`: tensors, so computing them never forces a
-device sync; :meth:`LossDiagnostics.to_dict` turns them into plain floats for a metrics
-logger (keys such as ``clip_frac_upper/k2`` for set size 2).
+``no_grad``) and produces :class:`LossDiagnostics`. They hold *sums*, maxima and minima (0-d
+tensors, or 1-d bins by set size, agent and policy), never means, so the diagnostics of
+several micro-batches, mini-batches and epochs combine exactly (:meth:`LossDiagnostics.combine`):
+a clip fraction is the clipped items of the whole mini-batch over its items, not a mean of
+per-micro-batch fractions. Nothing here forces a device sync; :meth:`LossDiagnostics.to_dict`
+reads them as plain floats (keys such as ``clip_upper/k2`` for set size 2, ``clip_upper/solver``
+for an agent).
+
+Per-agent statistics are token-weighted: the share of an agent's completion tokens whose item
+(set, member or token, by the ratio unit) was clipped, and the mean item ratio over them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, Sequence
 
 import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
 
 
+def _pad_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    n = max(a.numel(), b.numel())
+    out = torch.zeros(n, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
+    out[: a.numel()] += a
+    out[: b.numel()] += b.to(a.device)
+    return out
+
+
+def _pad_max(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    n = max(a.numel(), b.numel())
+    out = torch.zeros(n, dtype=a.dtype, device=a.device)
+    out[: a.numel()] = a
+    out[: b.numel()] = torch.maximum(out[: b.numel()], b.to(a.device))
+    return out
+
+
 @dataclass
 class LossDiagnostics:
-    """What one loss evaluation saw. Scalars are 0-d tensors; ``*_by_size`` align with ``sizes``."""
+    """What one or more loss evaluations saw, as sums (see the module docstring).
 
-    loss: torch.Tensor
-    pg_loss: torch.Tensor
-    kl_loss: torch.Tensor
-    clip_frac_upper: torch.Tensor  # share of items clipped above (ratio > 1+eps_high, A > 0)
-    clip_frac_lower: torch.Tensor  # share of items clipped below (ratio < 1-eps_low, A < 0)
-    ratio_min: torch.Tensor
-    ratio_max: torch.Tensor
-    approx_kl_k3: torch.Tensor  # mean over completion tokens of k3(old || new)
-    approx_kl_mean: torch.Tensor  # mean over completion tokens of old - new
-    adv_mean: torch.Tensor  # over events
-    adv_std: torch.Tensor
-    adv_zero_share: torch.Tensor  # events with advantage exactly 0
-    mismatch_abs_mean: torch.Tensor  # mean |old - sampler| over completion tokens
-    mismatch_abs_max: torch.Tensor
-    mismatch_weight_mean: torch.Tensor  # mean set-level correction weight (1 when off)
-    mismatch_masked_share: torch.Tensor  # events with weight 0
-    sizes: torch.Tensor  # [Z] the set sizes present among the items
-    clip_upper_by_size: torch.Tensor  # [Z]
-    clip_lower_by_size: torch.Tensor  # [Z]
-    log_ratio_mean_by_size: torch.Tensor  # [Z]
-    log_ratio_absmax_by_size: torch.Tensor  # [Z]
-    ratio_mean_by_size: torch.Tensor  # [Z]
-    events_by_size: torch.Tensor  # [Z] number of events of each size
-    num_events: int
-    num_members: int
-    num_tokens: int  # completion tokens
-    num_episodes: int
-    zero_variance_groups: int  # from the compiler's stats (the whole compiled batch)
-    ref_kl: torch.Tensor | None = None  # mean k3 to the reference policy
-    entropy_mean: torch.Tensor | None = None
-    entropy_by_policy: torch.Tensor | None = None  # [P], aligned with ``policies``
+    ``batches``: mini-batches represented (the loss terms are per mini-batch, so they are
+    averaged over it); ``passes``: epochs represented (counts of events, members and tokens
+    are per pass).
+    """
+
+    sums: dict[str, torch.Tensor]
+    size_sums: dict[str, torch.Tensor]  # [Z] bins indexed by set size
+    size_absmax: torch.Tensor  # [Z] max |log-ratio| per set size
+    agent_sums: dict[str, torch.Tensor]  # [A] aligned with ``agents``
+    entropy_by_policy_sum: torch.Tensor | None  # [P]
+    tokens_by_policy: torch.Tensor | None  # [P]
+    ratio_lo: torch.Tensor
+    ratio_hi: torch.Tensor
+    mismatch_max: torch.Tensor
+    has_ref: bool
+    has_entropy: bool
+    agents: list[str] = field(default_factory=list)
     policies: list[str] = field(default_factory=list)
+    zero_variance_groups: int = 0
+    batches: int = 1
+    passes: int = 1
+
+    # -- combining -------------------------------------------------------------------
+
+    @classmethod
+    def combine(cls, parts: Sequence["LossDiagnostics"], how: Literal["micro", "mini", "epoch"]) -> "LossDiagnostics":
+        """Exact diagnostics of several evaluations: the micro-batches of one mini-batch
+        (``micro``), the mini-batches of one epoch (``mini``) or several epochs (``epoch``)."""
+        if not parts:
+            raise ValueError("nothing to combine")
+        first = parts[0]
+        out = cls(**{**first.__dict__, "sums": dict(first.sums), "size_sums": dict(first.size_sums),
+                     "agent_sums": dict(first.agent_sums)})
+        for p in parts[1:]:
+            for k in out.sums:
+                out.sums[k] = out.sums[k] + p.sums[k].to(out.sums[k].device)
+            for k in out.size_sums:
+                out.size_sums[k] = _pad_add(out.size_sums[k], p.size_sums[k])
+            for k in out.agent_sums:
+                out.agent_sums[k] = _pad_add(out.agent_sums[k], p.agent_sums[k])
+            out.size_absmax = _pad_max(out.size_absmax, p.size_absmax)
+            if out.entropy_by_policy_sum is not None and p.entropy_by_policy_sum is not None:
+                out.entropy_by_policy_sum = _pad_add(out.entropy_by_policy_sum, p.entropy_by_policy_sum)
+                out.tokens_by_policy = _pad_add(out.tokens_by_policy, p.tokens_by_policy)
+            out.ratio_lo = torch.minimum(out.ratio_lo, p.ratio_lo.to(out.ratio_lo.device))
+            out.ratio_hi = torch.maximum(out.ratio_hi, p.ratio_hi.to(out.ratio_hi.device))
+            out.mismatch_max = torch.maximum(out.mismatch_max, p.mismatch_max.to(out.mismatch_max.device))
+            if how != "micro":
+                out.batches += p.batches
+            if how == "epoch":
+                out.passes += p.passes
+        return out
+
+    # -- derived values (0-d tensors) -----------------------------------------------------
+
+    def _ratio(self, num: str, den: str) -> torch.Tensor:
+        return self.sums[num] / self.sums[den].clamp(min=1)
+
+    @property
+    def loss(self) -> torch.Tensor:
+        return self.sums["loss"] / self.batches
+
+    @property
+    def pg_loss(self) -> torch.Tensor:
+        return self.sums["pg_loss"] / self.batches
+
+    @property
+    def kl_loss(self) -> torch.Tensor:
+        return self.sums["kl_loss"] / self.batches
+
+    @property
+    def clip_frac_upper(self) -> torch.Tensor:
+        """Share of items clipped above (ratio > 1 + eps_high with A > 0; CISPO: weight capped)."""
+        return self._ratio("clip_upper", "items")
+
+    @property
+    def clip_frac_lower(self) -> torch.Tensor:
+        return self._ratio("clip_lower", "items")
+
+    @property
+    def clip_frac(self) -> torch.Tensor:
+        return self.clip_frac_upper + self.clip_frac_lower
+
+    @property
+    def ratio_mean(self) -> torch.Tensor:
+        return self._ratio("ratio_sum", "items")
+
+    @property
+    def ratio_min(self) -> torch.Tensor:
+        return self.ratio_lo
+
+    @property
+    def ratio_max(self) -> torch.Tensor:
+        return self.ratio_hi
+
+    @property
+    def approx_kl_k3(self) -> torch.Tensor:
+        """Mean over completion tokens of k3(old || new)."""
+        return self._ratio("k3_old", "tokens")
+
+    @property
+    def approx_kl_mean(self) -> torch.Tensor:
+        return self._ratio("old_minus_new", "tokens")
+
+    @property
+    def adv_mean(self) -> torch.Tensor:
+        return self._ratio("adv", "events")
+
+    @property
+    def adv_std(self) -> torch.Tensor:
+        n = self.sums["events"]
+        var = (self.sums["adv_sq"] - self.sums["adv"] ** 2 / n.clamp(min=1)) / (n - 1).clamp(min=1)
+        return var.clamp(min=0).sqrt()
+
+    @property
+    def adv_zero_share(self) -> torch.Tensor:
+        return self._ratio("adv_zero", "events")
+
+    @property
+    def mismatch_abs_mean(self) -> torch.Tensor:
+        return self._ratio("mismatch_abs", "tokens")
+
+    @property
+    def mismatch_abs_max(self) -> torch.Tensor:
+        return self.mismatch_max
+
+    @property
+    def mismatch_weight_mean(self) -> torch.Tensor:
+        return self._ratio("mismatch_weight", "events")
+
+    @property
+    def mismatch_masked_share(self) -> torch.Tensor:
+        return self._ratio("masked", "events")
+
+    @property
+    def ref_kl(self) -> torch.Tensor | None:
+        return self._ratio("ref_k3", "tokens") if self.has_ref else None
+
+    @property
+    def entropy_mean(self) -> torch.Tensor | None:
+        return self._ratio("entropy", "tokens") if self.has_entropy else None
+
+    @property
+    def entropy_by_policy(self) -> torch.Tensor | None:
+        if self.entropy_by_policy_sum is None:
+            return None
+        return self.entropy_by_policy_sum / self.tokens_by_policy.clamp(min=1)
+
+    @property
+    def num_events(self) -> int:
+        return round(float(self.sums["events"]) / self.passes)
+
+    @property
+    def num_members(self) -> int:
+        return round(float(self.sums["members"]) / self.passes)
+
+    @property
+    def num_tokens(self) -> int:
+        return round(float(self.sums["tokens"]) / self.passes)
+
+    # per set size, aligned with ``sizes``
+    @property
+    def sizes(self) -> torch.Tensor:
+        return self.size_sums["items"].nonzero().squeeze(1)
+
+    def _by_size(self, key: str) -> torch.Tensor:
+        z = self.sizes
+        return self.size_sums[key].index_select(0, z) / self.size_sums["items"].index_select(0, z)
+
+    @property
+    def clip_upper_by_size(self) -> torch.Tensor:
+        return self._by_size("clip_upper")
+
+    @property
+    def clip_lower_by_size(self) -> torch.Tensor:
+        return self._by_size("clip_lower")
+
+    @property
+    def log_ratio_mean_by_size(self) -> torch.Tensor:
+        return self._by_size("log_ratio")
+
+    @property
+    def ratio_mean_by_size(self) -> torch.Tensor:
+        return self._by_size("ratio")
+
+    @property
+    def log_ratio_absmax_by_size(self) -> torch.Tensor:
+        return self.size_absmax.index_select(0, self.sizes)
+
+    @property
+    def events_by_size(self) -> torch.Tensor:
+        return (self.size_sums["events"].index_select(0, self.sizes) / self.passes).round().long()
 
     def to_dict(self) -> dict[str, float]:
-        """Plain floats for logging; per-size values as ``name/k{size}``, per policy as ``name/{policy}``."""
+        """Plain floats for logging; per size as ``name/k{size}``, per agent ``name/{agent}``, per
+        policy ``entropy/{policy}``."""
         out: dict[str, float] = {}
-        for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor) and value.dim() == 0:
+        for name in ("loss", "pg_loss", "kl_loss", "clip_frac", "clip_frac_upper", "clip_frac_lower", "ratio_mean",
+                     "ratio_min", "ratio_max", "approx_kl_k3", "approx_kl_mean", "adv_mean", "adv_std",
+                     "adv_zero_share", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_weight_mean",
+                     "mismatch_masked_share", "ref_kl", "entropy_mean"):
+            value = getattr(self, name)
+            if value is not None:
                 out[name] = float(value)
-            elif isinstance(value, int):
-                out[name] = float(value)
+        out.update(num_events=float(self.num_events), num_members=float(self.num_members),
+                   num_tokens=float(self.num_tokens), zero_variance_groups=float(self.zero_variance_groups))
         sizes = self.sizes.tolist()
         for name in ("clip_upper_by_size", "clip_lower_by_size", "log_ratio_mean_by_size",
                      "log_ratio_absmax_by_size", "ratio_mean_by_size", "events_by_size"):
             stem = name.removesuffix("_by_size")
             for k, v in zip(sizes, getattr(self, name).tolist()):
                 out[f"{stem}/k{k}"] = float(v)
-        if self.entropy_by_policy is not None:
-            for p, v in zip(self.policies, self.entropy_by_policy.tolist()):
+        tok = self.agent_sums["tokens"]
+        for i, agent in enumerate(self.agents[: tok.numel()]):
+            n = float(tok[i])
+            if n > 0:
+                for key in ("clip_upper", "clip_lower", "ratio"):
+                    out[f"{key}/{agent}" if key != "ratio" else f"ratio_mean/{agent}"] = float(self.agent_sums[key][i]) / n
+        ent = self.entropy_by_policy
+        if ent is not None:
+            for p, v in zip(self.policies, ent.tolist()):
                 out[f"entropy/{p}"] = float(v)
         return out
 
 
-def _mean(x: torch.Tensor) -> torch.Tensor:
-    return x.float().mean() if x.numel() else torch.zeros((), device=x.device)
-
-
-def _max(x: torch.Tensor, empty: float) -> torch.Tensor:
-    return x.max() if x.numel() else torch.full((), empty, device=x.device)
-
-
 def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_ratio: torch.Tensor,
-             adv: torch.Tensor, d: torch.Tensor, old_c: torch.Tensor, comp: torch.Tensor, comp_mem: torch.Tensor,
-             eps_low: float, eps_high: float, loss: torch.Tensor, pg_loss: torch.Tensor, kl_loss: torch.Tensor,
-             k3: torch.Tensor | None, entropy: torch.Tensor | None,
+             adv: torch.Tensor, clipped_upper: torch.Tensor, clipped_lower: torch.Tensor, item_of_token: torch.Tensor,
+             d: torch.Tensor, old_c: torch.Tensor, comp: torch.Tensor, comp_mem: torch.Tensor, loss: torch.Tensor,
+             pg_loss: torch.Tensor, kl_loss: torch.Tensor, k3: torch.Tensor | None, entropy: torch.Tensor | None,
              set_weight: torch.Tensor | None) -> LossDiagnostics:
     """Assemble :class:`LossDiagnostics` from the loss's intermediates (detached here).
 
     Reuses what the loss already gathered (completion positions ``comp``, their members,
-    the token log-ratios ``d`` and old log-probs ``old_c``); only the sampler's log-probs
-    are gathered anew. ``set_weight`` None means the mismatch correction is off (weight 1).
+    the token log-ratios ``d`` and old log-probs ``old_c``, the surrogate's clip flags);
+    only the sampler's log-probs are gathered anew. ``set_weight`` None means the mismatch
+    correction is off (weight 1).
     """
-    ratio, log_ratio, adv, d = ratio.detach(), log_ratio.detach(), adv.detach(), d.detach()
-    upper = ((ratio > 1 + eps_high) & (adv > 0)).float()
-    lower = ((ratio < 1 - eps_low) & (adv < 0)).float()
-    # set sizes are small integers (at most M): bin by the size itself, all statistics in
-    # one segment sum, then keep the sizes present
-    nbins = b.num_members + 1
-    stats = torch.stack([torch.ones_like(ratio), upper, lower, log_ratio, ratio], 1).float()
-    sums = torch.zeros(nbins, 5, device=ratio.device).index_add_(0, item_size, stats)
-    sizes = sums[:, 0].nonzero().squeeze(1)
-    sums = sums.index_select(0, sizes)
-    by_size = sums[:, 1:] / sums[:, :1]  # [Z, 4]: clip upper, clip lower, log-ratio, ratio means
-    absmax = torch.zeros(nbins, device=ratio.device).scatter_reduce_(
-        0, item_size, log_ratio.abs().float(), reduce="amax", include_self=False).index_select(0, sizes)
-    events_by_size = torch.zeros(nbins, dtype=torch.int64, device=ratio.device).index_add_(
-        0, b.set_size, torch.ones_like(b.set_size)).index_select(0, sizes)
-    x = -d.float()  # old - new
-    mismatch = (old_c - b.sampler_logprobs.index_select(0, comp).to(old_c.dtype)).abs().float()
-    set_adv = b.set_advantage.float()
-    ent_mean = ent_pol = None
-    if entropy is not None:
-        ent = entropy.detach().index_select(0, comp).float()
-        ent_mean = _mean(ent)
+    dev = ratio.device
+    f = torch.float32  # per-item and per-token work in float32; the sums are kept in float64
+    ratio, log_ratio, d = ratio.detach().to(f), log_ratio.detach().to(f), d.detach().to(f)
+    upper, lower = clipped_upper.to(f), clipped_lower.to(f)
+    nbins = b.num_members + 1  # set sizes are at most M: bin by the size itself (no host sync)
+    stats = torch.stack([upper, lower, log_ratio, ratio], 1)
+    bins = torch.zeros(nbins, 4, dtype=f, device=dev).index_add_(0, item_size, stats)
+    items_by_size = torch.bincount(item_size, minlength=nbins).to(f)
+    absmax = torch.zeros(nbins, dtype=f, device=dev).scatter_reduce_(
+        0, item_size, log_ratio.abs(), reduce="amax", include_self=True)
+    events_by_size = torch.bincount(b.set_size.to(dev), minlength=nbins).to(f)
+    x = (-d).clamp(max=20.0)  # old - new (a now-excluded token's floor would overflow exp)
+    mismatch = (old_c.detach().to(f) - b.sampler_logprobs.index_select(0, comp).to(f)).abs()
+    set_adv = b.set_advantage.to(f)
+    # per agent, token-weighted: each completion token carries its item's clip flags and ratio
+    n_agents = max(len(b.agents), 1)
+    tok_agent = b.member_agent.index_select(0, comp_mem)
+    per_tok = torch.stack([upper, lower, ratio], 1).index_select(0, item_of_token)
+    agent_bins = torch.zeros(n_agents, 3, dtype=f, device=dev).index_add_(0, tok_agent, per_tok)
+    agent_tokens = torch.bincount(tok_agent, minlength=n_agents).to(f)
+    ent_sum = tok_pol = None
+    ent = entropy.detach().index_select(0, comp).to(f) if entropy is not None else None
+    if ent is not None:
         pol = b.member_policy.index_select(0, comp_mem)
-        n_pol = len(b.policies)
-        ent_pol = torch.bincount(pol, weights=ent, minlength=n_pol) / torch.bincount(pol, minlength=n_pol).clamp(min=1)
+        n_pol = max(len(b.policies), 1)
+        ent_sum = torch.zeros(n_pol, dtype=f, device=dev).index_add_(0, pol, ent)
+        tok_pol = torch.bincount(pol, minlength=n_pol).to(f)
+    zero = torch.zeros((), dtype=f, device=dev)
     if set_weight is None:
-        weight_mean, masked_share = torch.ones((), device=ratio.device), torch.zeros((), device=ratio.device)
+        weight_sum, masked = torch.tensor(float(b.num_sets), dtype=f, device=dev), zero
     else:
-        weight_mean, masked_share = _mean(set_weight), _mean((set_weight == 0).float())
+        weight_sum, masked = set_weight.detach().to(f).sum(), (set_weight == 0).to(f).sum()
+    n_items, n_tok = float(ratio.numel()), float(comp.numel())
+    sums = {k: v.to(torch.float64) for k, v in {
+        "loss": loss.detach(), "pg_loss": pg_loss.detach(), "kl_loss": kl_loss.detach(),
+        "items": torch.tensor(n_items, device=dev), "clip_upper": upper.sum(), "clip_lower": lower.sum(),
+        "ratio_sum": ratio.sum(), "tokens": torch.tensor(n_tok, device=dev),
+        "k3_old": (x.exp() - x - 1).sum(), "old_minus_new": x.sum(),
+        "events": torch.tensor(float(b.num_sets), device=dev), "adv": set_adv.sum(),
+        "adv_sq": (set_adv * set_adv).sum(), "adv_zero": (set_adv == 0).sum(), "mismatch_abs": mismatch.sum(),
+        "mismatch_weight": weight_sum, "masked": masked, "members": torch.tensor(float(b.num_members), device=dev),
+        "ref_k3": k3.detach().sum() if k3 is not None else zero,
+        "entropy": ent.sum() if ent is not None else zero,
+    }.items()}
     return LossDiagnostics(
-        loss=loss.detach(), pg_loss=pg_loss.detach(), kl_loss=kl_loss.detach(),
-        clip_frac_upper=_mean(upper), clip_frac_lower=_mean(lower),
-        ratio_min=-_max(-ratio, -1.0), ratio_max=_max(ratio, 1.0),
-        approx_kl_k3=_mean(x.exp() - x - 1), approx_kl_mean=_mean(x),
-        adv_mean=_mean(set_adv), adv_std=set_adv.std() if set_adv.numel() > 1 else torch.zeros(()),
-        adv_zero_share=_mean((set_adv == 0).float()),
-        mismatch_abs_mean=_mean(mismatch), mismatch_abs_max=_max(mismatch, 0.0),
-        mismatch_weight_mean=weight_mean, mismatch_masked_share=masked_share,
-        sizes=sizes, clip_upper_by_size=by_size[:, 0], clip_lower_by_size=by_size[:, 1],
-        log_ratio_mean_by_size=by_size[:, 2], log_ratio_absmax_by_size=absmax,
-        ratio_mean_by_size=by_size[:, 3], events_by_size=events_by_size,
-        num_events=b.num_sets, num_members=b.num_members, num_tokens=int(comp.numel()),
-        num_episodes=int(torch.unique(b.set_episode).numel()),
-        zero_variance_groups=int(b.stats.get("zero_variance_groups", 0)),
-        ref_kl=_mean(k3.detach()) if k3 is not None else None,
-        entropy_mean=ent_mean, entropy_by_policy=ent_pol, policies=list(b.policies),
+        sums=sums,
+        size_sums={"items": items_by_size, "clip_upper": bins[:, 0], "clip_lower": bins[:, 1],
+                   "log_ratio": bins[:, 2], "ratio": bins[:, 3], "events": events_by_size},
+        size_absmax=absmax,
+        agent_sums={"tokens": agent_tokens, "clip_upper": agent_bins[:, 0], "clip_lower": agent_bins[:, 1],
+                    "ratio": agent_bins[:, 2]},
+        entropy_by_policy_sum=ent_sum, tokens_by_policy=tok_pol,
+        ratio_lo=ratio.min() if ratio.numel() else torch.ones((), dtype=f, device=dev),
+        ratio_hi=ratio.max() if ratio.numel() else torch.ones((), dtype=f, device=dev),
+        mismatch_max=mismatch.max() if mismatch.numel() else zero,
+        has_ref=k3 is not None, has_entropy=entropy is not None,
+        agents=list(b.agents), policies=list(b.policies),
+        zero_variance_groups=b.stats.zero_variance_groups,
     )

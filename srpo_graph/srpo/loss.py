@@ -16,8 +16,13 @@ K_e members, member j with completion tokens u, advantage A_e::
 
 The *ratio unit* chooses what one ratio and one clip cover: ``set`` (SRPO: one per event),
 ``member`` (one per output: GSPO with length-normalized log-ratios, or independent members
-sharing their set's advantage) or ``token`` (GRPO / Dr. GRPO / DAPO). The *reduction* gives
-the weights w of the items (events, members or tokens) and the denominator D; see
+sharing their set's advantage) or ``token`` (GRPO / Dr. GRPO / DAPO). The *surrogate* (``SURROGATES``)
+turns an item's log-ratio into its objective: PPO's clip above, CISPO's clipped stop-gradient
+weight, or GMPO's log-space token clip. The *reduction* gives the weights w of the items
+(events, members or tokens) and the denominator D; see Note [Packing and loss normalization]
+below. Named objectives (each a row with its compile options and paper) live in
+``objectives.OBJECTIVES``; :meth:`LossConfig.preset` reads their loss part.
+
 Note [Packing and loss normalization] below. Named presets: :meth:`LossConfig.preset`.
 
 Note [Packing and loss normalization]
@@ -60,24 +65,25 @@ Departures from the paper (whose PDF was not available; DESIGN.md):
        were not recovered.
     2. The log-ratio is clamped to +-20 before exp (verl's guard); gradients beyond it are 0.
     3. KL (k3, to a reference policy) is a separate token-level term outside the set ratio,
-       weighted like the items it belongs to; off by default (kl_coef = 0).
+       weighted like the items it belongs to (not by the mismatch weight unless
+       kl_mismatch_weight), its log-ratio clamped like the ratio's; off by default (kl_coef = 0).
     4. Sampler/trainer mismatch correction (truncated or masked set-level importance weight
        exp(sum_j sum_u (log pi_old - log mu))) is an addition; off by default.
-    5. Reductions other than the event mean, and the token/member units, exist for the
-       baselines; the paper uses the event mean.
+    5. Reductions other than the event mean, the token/member units and the CISPO/GMPO
+       surrogates exist for the baselines; the paper uses the event mean and the clip.
+    6. dual_clip (off by default) bounds a negative-advantage event's objective at c*A.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from srpo_graph.compiler.setbatch import SetBatch
-from srpo_graph.errors import ConfigError
 from srpo_graph.srpo.diagnostics import LossDiagnostics, diagnose
 
 
@@ -101,6 +107,12 @@ class Reduction(str, Enum):
     CONSTANT = "constant"  # plain sum / a constant (Dr. GRPO)
 
 
+class Surrogate(str, Enum):
+    CLIP = "clip"  # PPO's min(rho A, clip(rho) A) (SRPO, GRPO, DAPO, GSPO)
+    CISPO = "cispo"  # sg(clip(rho)) A log-ratio: the IS weight is clipped, no item loses its gradient
+    GMPO = "gmpo"  # A exp(agg(clip_log(token log-ratios))): geometric mean, tokens clipped in log space
+
+
 class Mismatch(str, Enum):
     NONE = "none"
     TIS = "tis"  # truncated importance weight min(exp(H_e), C)
@@ -121,37 +133,34 @@ class LossConfig(BaseModel):
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip: ratio >= 1 - eps_low; unitless in [0, 1].")
     eps_high: float = Field(0.2, ge=0.0, le=10.0, description="Upper clip: ratio <= 1 + eps_high; DAPO uses 0.28.")
     reduction: Reduction = Field(Reduction.EVENT_MEAN, description="Item weights and denominator; see Reduction.")
+    surrogate: Surrogate = Field(Surrogate.CLIP, description=(
+        "The per-item objective (SURROGATES): 'clip' (PPO), 'cispo' (clipped stop-gradient IS weight x "
+        "log-ratio), 'gmpo' (geometric mean, token log-ratios clipped to [-eps_low, eps_high])."))
+    dual_clip: float | None = Field(None, gt=1.0, description=(
+        "Dual-clip c > 1 for negative advantages: the surrogate is at least c*A, bounding the gradient of an "
+        "event whose ratio blew up (verl uses 3); None = off."))
     constant_denominator: float | None = Field(None, gt=0.0, description=(
-        "D of the 'constant' reduction; None = members x longest completion in the mini-batch (TRL's dr_grpo)."))
+        "D of the 'constant' reduction; None = the sum of each member's max_new_tokens in the mini-batch "
+        "(outputs x max tokens: TRL's dr_grpo B x max_completion_length)."))
     logratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="Log-ratios are clamped to +-this before exp (nats).")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to a reference policy (GRPO: 0.04); 0 = off.")
+    kl_mismatch_weight: bool = Field(False, description=(
+        "Also multiply the KL term by the set-level mismatch weight (off: the KL regularizes every token as sampled)."))
     mismatch: Mismatch = Field(Mismatch.NONE, description="Set-level sampler/trainer mismatch correction: none | tis | mask.")
     mismatch_threshold: float = Field(2.0, gt=1.0, description="C: the TIS cap and the mask's upper bound on exp(H_e).")
     mismatch_low: float | None = Field(None, gt=0.0, lt=1.0, description="The mask's lower bound; None = 1/C.")
 
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        "srpo": {},
-        "grpo": {"ratio_unit": RatioUnit.TOKEN, "reduction": Reduction.MEMBER_MEAN},
-        "dr_grpo": {"ratio_unit": RatioUnit.TOKEN, "reduction": Reduction.CONSTANT},
-        "dapo": {"ratio_unit": RatioUnit.TOKEN, "reduction": Reduction.TOKEN, "eps_high": 0.28},
-        "gspo": {"ratio_unit": RatioUnit.MEMBER, "member_logratio": MemberLogRatio.MEAN,
-                 "reduction": Reduction.MEMBER_MEAN, "eps_low": 3e-4, "eps_high": 4e-4},
-        "independent": {"ratio_unit": RatioUnit.MEMBER, "reduction": Reduction.MEMBER_MEAN},
-    }
-
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "LossConfig":
-        """A named configuration: srpo, grpo, dr_grpo, dapo, gspo, independent.
-
-        Dr. GRPO also wants ``CompileConfig(use_std=False)``; DAPO its dynamic sampling
-        (``drop_zero_variance=True``).
+        """The loss options of the named objective in ``objectives.OBJECTIVES`` (its paper, its
+        compile options and the docs' table are there too).
 
         >>> LossConfig.preset("dapo").eps_high
         0.28
         """
-        if name not in cls.PRESETS:
-            raise ConfigError(f"unknown loss preset {name!r}; known: {', '.join(cls.PRESETS)}")
-        return cls(**{**cls.PRESETS[name], **overrides})
+        from srpo_graph.srpo.objectives import get_objective
+
+        return get_objective(name).loss_config(**overrides)
 
     @model_validator(mode="after")
     def _check(self) -> "LossConfig":
@@ -199,14 +208,26 @@ def _context(b: SetBatch, dt: torch.dtype) -> _Ctx:
 
 @dataclass
 class _Items:
-    """What one ratio covers: ``log_ratio[I]`` of items in events ``event[I]``."""
+    """What one ratio covers: items of events ``event[I]``; ``aggregate`` maps token log-ratios to theirs.
 
-    log_ratio: torch.Tensor  # [I]
+    ``aggregate`` is linear (a segment sum, mean or scale), so a surrogate may transform the
+    token log-ratios first (GMPO clips them) and aggregate after.
+    """
+
+    aggregate: Callable[[torch.Tensor], torch.Tensor]  # [C] -> [I]
     event: torch.Tensor  # [I]
     tokens: torch.Tensor  # [I] completion tokens covered (float)
     per_event: torch.Tensor  # [I] how many items the item's event has (float)
     per_member: torch.Tensor  # [I] members the item stands for / items of its member (member-mean weight)
     of_token: Callable[[], torch.Tensor]  # -> [C] the item each completion token belongs to
+    member: torch.Tensor | None  # [I] the member of each item (None: set items, which span members)
+
+    def advantage(self, b: SetBatch, dt: torch.dtype) -> torch.Tensor:
+        """[I]: the set's advantage for set items, the member's own for member and token items
+        (they differ only in the per-member Dr. MAS mode)."""
+        if self.member is None:
+            return b.set_advantage.to(dt).index_select(0, self.event)
+        return b.member_advantage.to(dt).index_select(0, self.member)
 
 
 def _member_log_ratio(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> torch.Tensor:
@@ -216,30 +237,96 @@ def _member_log_ratio(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> torch.Tens
     return ell  # [M]
 
 
-def _set_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
-    ell = _member_log_ratio(d, ctx, cfg)
-    L = torch.zeros(ctx.num_sets, dtype=d.dtype, device=d.device).index_add_(0, ctx.mem_set, ell)
-    L = L * ctx.K.clamp(min=1).pow(-cfg.alpha)
-    return _Items(L, torch.arange(ctx.num_sets, device=d.device), ctx.set_len, torch.ones_like(L), ctx.K,
-                  lambda: ctx.mem_set.index_select(0, ctx.comp_mem))
+def _set_items(ctx: _Ctx, cfg: LossConfig) -> _Items:
+    scale = ctx.K.clamp(min=1).pow(-cfg.alpha)
+
+    def aggregate(d: torch.Tensor) -> torch.Tensor:
+        ell = _member_log_ratio(d, ctx, cfg)
+        return torch.zeros(ctx.num_sets, dtype=d.dtype, device=d.device).index_add_(0, ctx.mem_set, ell) * scale
+
+    ones = torch.ones(ctx.num_sets, dtype=ctx.K.dtype, device=ctx.K.device)
+    return _Items(aggregate, torch.arange(ctx.num_sets, device=ctx.K.device), ctx.set_len, ones, ctx.K,
+                  lambda: ctx.mem_set.index_select(0, ctx.comp_mem), None)
 
 
-def _member_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
-    ell = _member_log_ratio(d, ctx, cfg)
-    return _Items(ell, ctx.mem_set, ctx.mem_len, ctx.K.index_select(0, ctx.mem_set), torch.ones_like(ell),
-                  lambda: ctx.comp_mem)
+def _member_items(ctx: _Ctx, cfg: LossConfig) -> _Items:
+    members = torch.arange(ctx.num_members, device=ctx.K.device)
+    return _Items(lambda d: _member_log_ratio(d, ctx, cfg), ctx.mem_set, ctx.mem_len,
+                  ctx.K.index_select(0, ctx.mem_set), torch.ones_like(ctx.mem_len), lambda: ctx.comp_mem, members)
 
 
-def _token_items(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> _Items:
+def _token_items(ctx: _Ctx, cfg: LossConfig) -> _Items:
     event = ctx.mem_set.index_select(0, ctx.comp_mem)
-    return _Items(d, event, torch.ones_like(d), ctx.set_len.index_select(0, event),
-                  1.0 / ctx.mem_len.index_select(0, ctx.comp_mem), lambda: torch.arange(d.numel(), device=d.device))
+    ones = torch.ones(ctx.comp.numel(), dtype=ctx.K.dtype, device=ctx.K.device)
+    return _Items(lambda d: d, event, ones, ctx.set_len.index_select(0, event),
+                  1.0 / ctx.mem_len.index_select(0, ctx.comp_mem),
+                  lambda: torch.arange(ctx.comp.numel(), device=ctx.K.device), ctx.comp_mem)
 
 
-UNITS: dict[RatioUnit, Callable[[torch.Tensor, _Ctx, LossConfig], _Items]] = {
+UNITS: dict[RatioUnit, Callable[[_Ctx, LossConfig], _Items]] = {
     RatioUnit.SET: _set_items,
     RatioUnit.MEMBER: _member_items,
     RatioUnit.TOKEN: _token_items,
+}
+
+
+# --------------------------------------------------------------------------- surrogates
+
+
+@dataclass
+class _Surr:
+    """A surrogate's per-item outputs: the objective to maximize and what the diagnostics read."""
+
+    objective: torch.Tensor  # [I] s_i (with grad)
+    log_ratio: torch.Tensor  # [I] the unclipped item log-ratio
+    ratio: torch.Tensor  # [I] exp of it (clamped in log space)
+    clipped_upper: torch.Tensor  # [I] bool: the clip removed this item's gradient (or capped its weight) above
+    clipped_lower: torch.Tensor  # [I] bool: ... below
+
+
+def _clip_surrogate(d: torch.Tensor, items: _Items, adv: torch.Tensor, cfg: LossConfig) -> _Surr:
+    """PPO: ``min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)``, optionally dual-clipped."""
+    L = items.aggregate(d)
+    ratio = L.clamp(-cfg.logratio_clamp, cfg.logratio_clamp).exp()
+    surr = torch.minimum(ratio * adv, ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv)
+    if cfg.dual_clip is not None:  # for A < 0 the objective is at least c*A: a bounded gradient
+        surr = torch.where(adv < 0, torch.maximum(surr, cfg.dual_clip * adv), surr)
+    return _Surr(surr, L, ratio, (ratio > 1 + cfg.eps_high) & (adv > 0), (ratio < 1 - cfg.eps_low) & (adv < 0))
+
+
+def _cispo_surrogate(d: torch.Tensor, items: _Items, adv: torch.Tensor, cfg: LossConfig) -> _Surr:
+    """CISPO: ``sg(clip(rho, 1 - eps_low, 1 + eps_high)) A L``. Its gradient is the clipped IS weight
+    times A times the gradient of the log-prob (L differs from log pi_theta by a constant), so
+    no item ever loses its gradient; the value is the objective up to that constant."""
+    L = items.aggregate(d)
+    ratio = L.clamp(-cfg.logratio_clamp, cfg.logratio_clamp).exp()
+    weight = ratio.detach().clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
+    return _Surr(weight * adv * L, L, ratio, ratio > 1 + cfg.eps_high, ratio < 1 - cfg.eps_low)
+
+
+def _gmpo_surrogate(d: torch.Tensor, items: _Items, adv: torch.Tensor, cfg: LossConfig) -> _Surr:
+    """GMPO: token log-ratios clipped in log space to ``[-eps_low, eps_high]`` on the side the
+    advantage pushes (sign(A) * min(sign(A) x, sign(A) clip(x))), aggregated by the unit (a
+    mean per member: the geometric mean of the token ratios), then ``A * exp(.)``."""
+    adv_tok = adv.index_select(0, items.of_token())
+    sign = torch.where(adv_tok < 0, -1.0, 1.0).to(d.dtype)
+    clipped = sign * torch.minimum(sign * d, sign * d.clamp(-cfg.eps_low, cfg.eps_high))
+    L = items.aggregate(d)
+    Lc = items.aggregate(clipped)
+    c = cfg.logratio_clamp
+    item_of = items.of_token()
+    n = adv.numel()
+    up = torch.zeros(n, dtype=torch.bool, device=d.device).index_put_((item_of,), (clipped < d) & (adv_tok > 0),
+                                                                       accumulate=True)
+    low = torch.zeros(n, dtype=torch.bool, device=d.device).index_put_((item_of,), (clipped > d) & (adv_tok < 0),
+                                                                        accumulate=True)
+    return _Surr(adv * Lc.clamp(-c, c).exp(), L, L.clamp(-c, c).exp(), up, low)
+
+
+SURROGATES: dict[Surrogate, Callable[[torch.Tensor, _Items, torch.Tensor, LossConfig], _Surr]] = {
+    Surrogate.CLIP: _clip_surrogate,
+    Surrogate.CISPO: _cispo_surrogate,
+    Surrogate.GMPO: _gmpo_surrogate,
 }
 
 
@@ -257,11 +344,10 @@ WEIGHTS: dict[Reduction, Callable[[_Items, _Ctx, SetBatch], torch.Tensor]] = {
 
 
 def _d_constant(b: SetBatch, cfg: LossConfig) -> float:
+    """Dr. GRPO's constant: outputs x max tokens (each member's max_new_tokens, summed)."""
     if cfg.constant_denominator is not None:
         return cfg.constant_denominator
-    lengths = torch.zeros(b.num_members, dtype=torch.int64, device=b.loss_mask.device).index_add_(
-        0, b.token_member.to(b.loss_mask.device), b.loss_mask.long())
-    return float(b.num_members * int(lengths.max())) if b.num_members else 1.0
+    return float(b.member_max_tokens.sum()) if b.num_members else 1.0
 
 
 DENOMINATORS: dict[Reduction, Callable[[SetBatch, LossConfig], float]] = {
@@ -352,23 +438,21 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
     new_c = new_logprobs.index_select(0, ctx.comp).to(dt)  # [C]; backward: one index_add
     old_c = b.old_logprobs.index_select(0, ctx.comp).to(dt)
     d = new_c - old_c  # [C] token log-ratios
-    items = UNITS[config.ratio_unit](d, ctx, config)
-    c = config.logratio_clamp
-    ratio = items.log_ratio.clamp(-c, c).exp()  # [I]
-    adv = b.set_advantage.to(dt).index_select(0, items.event)
-    clipped = ratio.clamp(1 - config.eps_low, 1 + config.eps_high)
-    surr = torch.minimum(ratio * adv, clipped * adv)
+    items = UNITS[config.ratio_unit](ctx, config)
+    adv = items.advantage(b, dt)
+    sr = SURROGATES[config.surrogate](d, items, adv, config)
     w = WEIGHTS[config.reduction](items, ctx, b).to(dt)
     set_w = _mismatch_weight(old_c, b, ctx, config)
-    if set_w is not None:
-        w = w * set_w.index_select(0, items.event)
-    pg_loss = -(w * surr).sum() / D
+    w_pg = w if set_w is None else w * set_w.index_select(0, items.event)
+    pg_loss = -(w_pg * sr.objective).sum() / D
 
     k3 = None
     if ref_logprobs is not None:
-        x = ref_logprobs.index_select(0, ctx.comp).to(dt) - new_c
+        c = config.logratio_clamp  # clamped in log space: exp never overflows
+        x = (ref_logprobs.index_select(0, ctx.comp).to(dt) - new_c).clamp(-c, c)
         k3 = x.exp() - x - 1  # [C]
-        tok_w = (w / items.tokens.clamp(min=1)).index_select(0, items.of_token())
+        w_kl = w_pg if config.kl_mismatch_weight else w
+        tok_w = (w_kl / items.tokens.clamp(min=1)).index_select(0, items.of_token())
         kl_loss = config.kl_coef * (tok_w * k3).sum() / D
         loss = pg_loss + kl_loss
     else:
@@ -377,8 +461,8 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
     if not diagnostics:
         return loss, None
     with torch.no_grad():
-        diag = diagnose(b, item_size=b.set_size.index_select(0, items.event), ratio=ratio, log_ratio=items.log_ratio,
-                        adv=adv, d=d, old_c=old_c, comp=ctx.comp, comp_mem=ctx.comp_mem, eps_low=config.eps_low,
-                        eps_high=config.eps_high, loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3,
-                        entropy=entropy, set_weight=set_w)
+        diag = diagnose(b, item_size=b.set_size.index_select(0, items.event), ratio=sr.ratio, log_ratio=sr.log_ratio,
+                        adv=adv, clipped_upper=sr.clipped_upper, clipped_lower=sr.clipped_lower,
+                        item_of_token=items.of_token(), d=d, old_c=old_c, comp=ctx.comp, comp_mem=ctx.comp_mem,
+                        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3, entropy=entropy, set_weight=set_w)
     return loss, diag

@@ -9,18 +9,26 @@ state (step, data cursor); produces a folder that ``--resume`` reads back exactl
       optim/<policy>.json          optimizer param groups + scheduler state
       rng.safetensors              torch (and CUDA) RNG states
       state.json                   step, data cursor, python/numpy RNG states, metrics so far
-      COMPLETE                     written last: a folder without it is never loaded
+      config.toml                  a copy of the run's config.toml when it was saved
+      COMPLETE                     written last: the manifest (size + sha256 of every other
+                                   file); a folder without it is never loaded
 
 Atomicity: everything is written into ``checkpoints/.tmp-step_N-<pid>``, fsynced, then the
 folder is renamed to ``step_N`` (a rename is atomic on POSIX). A crash leaves either the old set
 of checkpoints or a ``.tmp-`` folder that :func:`latest_checkpoint` ignores and the next save
 removes. Only the newest ``keep_last`` complete checkpoints are kept.
 
+Damage after the fact (a flipped byte, a truncated or deleted file, a model with NaN weights) is
+found by :func:`verify_checkpoint` (every file against the manifest, every weight finite), and
+:func:`latest_good_checkpoint` skips such a checkpoint, naming it and why, so ``--resume`` falls
+back to the previous good one instead of training on a damaged model.
+
 This module knows nothing about rollouts or losses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -37,6 +45,7 @@ from safetensors.torch import load_file, save_file
 from srpo_graph.errors import ConfigError
 
 COMPLETE = "COMPLETE"
+MANIFEST_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -175,22 +184,29 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step_{state.step}"
     tmp = root / f".tmp-step_{state.step}-{os.getpid()}"
-    (tmp / "optim").mkdir(parents=True)
-    for name, model in models.items():
-        model.save_pretrained(tmp / "policies" / name, safe_serialization=True)
-        tokenizers[name].save_pretrained(tmp / "policies" / name)
-        opt_sd = (optimizer_states or {}).get(name)
-        tensors, meta = _optimizer_to_files(opt_sd if opt_sd is not None else optimizers[name].state_dict())
-        save_file(tensors, tmp / "optim" / f"{name}.safetensors")
-        meta["scheduler"] = schedulers[name].state_dict() if name in schedulers else None
-        (tmp / "optim" / f"{name}.json").write_text(json.dumps(meta))
-    rng_tensors, rng_meta = _rng_state()
-    save_file(rng_tensors, tmp / "rng.safetensors")
-    payload = {"step": state.step, "cursor": state.cursor, "skipped_updates": state.skipped_updates,
-               "extra": state.extra, "rng": rng_meta, "policies": sorted(models)}
-    (tmp / "state.json").write_text(json.dumps(payload))
-    (tmp / COMPLETE).write_text(json.dumps({"step": state.step}))
-    _fsync_tree(tmp)
+    try:  # a failure (disk full, Ctrl-C) leaves no half-written folder taking space
+        (tmp / "optim").mkdir(parents=True)
+        for name, model in models.items():
+            model.save_pretrained(tmp / "policies" / name, safe_serialization=True)
+            tokenizers[name].save_pretrained(tmp / "policies" / name)
+            opt_sd = (optimizer_states or {}).get(name)
+            tensors, meta = _optimizer_to_files(opt_sd if opt_sd is not None else optimizers[name].state_dict())
+            save_file(tensors, tmp / "optim" / f"{name}.safetensors")
+            meta["scheduler"] = schedulers[name].state_dict() if name in schedulers else None
+            (tmp / "optim" / f"{name}.json").write_text(json.dumps(meta))
+        if (Path(run_dir) / "config.toml").is_file():  # a copy, so a damaged config.toml loses nothing
+            shutil.copyfile(Path(run_dir) / "config.toml", tmp / "config.toml")
+        rng_tensors, rng_meta = _rng_state()
+        save_file(rng_tensors, tmp / "rng.safetensors")
+        payload = {"step": state.step, "cursor": state.cursor, "skipped_updates": state.skipped_updates,
+                   "extra": state.extra, "rng": rng_meta, "policies": sorted(models)}
+        (tmp / "state.json").write_text(json.dumps(payload))
+        (tmp / COMPLETE).write_text(json.dumps({"step": state.step, "manifest": MANIFEST_VERSION,
+                                                "files": _manifest(tmp)}, indent=1))
+        _fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # e.g. the same step saved again after a resume
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -202,6 +218,96 @@ def save_checkpoint(
     for _, old in checkpoint_dirs(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(root: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size": bytes, "sha256": hex}}`` of every file under ``root``."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != COMPLETE:
+            out[p.relative_to(root).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+    return out
+
+
+def verify_checkpoint(checkpoint: str | Path) -> str | None:
+    """Why ``checkpoint`` cannot be trusted, or None when it is good.
+
+    Checks, in order: the ``COMPLETE`` manifest reads; every file it lists exists with its
+    size and sha256; ``state.json`` reads; every weight of every policy is finite. A checkpoint
+    written before manifests existed (no ``files`` in ``COMPLETE``) gets the last two checks.
+
+    >>> verify_checkpoint("/nonexistent")
+    'no COMPLETE marker (a half-written checkpoint)'
+    """
+    ck = Path(checkpoint)
+    try:
+        marker = json.loads((ck / COMPLETE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"no {COMPLETE} marker (a half-written checkpoint)"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{COMPLETE} marker unreadable ({exc})"
+    if not isinstance(marker, dict):
+        return f"{COMPLETE} marker is not a JSON object"
+    files = marker.get("files")
+    if files is not None:
+        if not isinstance(files, dict):
+            return f"{COMPLETE} manifest has no file table"
+        for rel, want in files.items():
+            p = ck / rel
+            if not p.is_file():
+                return f"{rel} is missing"
+            try:
+                size = p.stat().st_size
+                if size != want.get("size"):
+                    return f"{rel} has {size} bytes, the manifest says {want.get('size')}"
+                if _sha256(p) != want.get("sha256"):
+                    return f"{rel} does not match its checksum (sha256) in the manifest"
+            except (OSError, AttributeError) as exc:
+                return f"{rel} unreadable ({exc})"
+    try:
+        payload = json.loads((ck / "state.json").read_text(encoding="utf-8"))
+        policies = list(payload["policies"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        return f"state.json unreadable ({type(exc).__name__}: {exc})"
+    for name in policies:
+        weights = sorted(policy_path(ck, name).glob("*.safetensors"))
+        if not weights:
+            return f"policy {name!r} has no weights (policies/{name}/*.safetensors)"
+        for wpath in weights:
+            try:
+                tensors = load_file(wpath)
+            except Exception as exc:  # safetensors raises its own error types for damaged headers
+                return f"{wpath.relative_to(ck)} does not load ({type(exc).__name__}: {exc})"
+            for tname, t in tensors.items():
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    return f"{wpath.relative_to(ck)}: weight {tname} is not finite"
+    return None
+
+
+def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that :func:`verify_checkpoint` accepts, and the newer ones it skipped.
+
+    Returns:
+        (checkpoint or None, [(damaged checkpoint, why), ...] newest first).
+    """
+    skipped: list[tuple[Path, str]] = []
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else ())
+                   if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+    for _, path in reversed(steps):  # a step_N without COMPLETE is damage: renames are atomic
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
 
 
 def policy_path(checkpoint: str | Path, policy: str) -> Path:
@@ -224,23 +330,31 @@ def load_checkpoint(
     ``optimizer.load_state_dict`` (fsdp: into the sharded optimizer).
 
     Raises:
-        ConfigError: the folder is not a complete checkpoint or lacks a policy.
+        ConfigError: the folder is not a complete checkpoint, lacks a policy, or a file of it
+            does not read (call :func:`verify_checkpoint` first to choose a good one).
     """
     ck = Path(checkpoint)
     if not (ck / COMPLETE).is_file():
         raise ConfigError(f"{ck}: error: not a complete checkpoint (no {COMPLETE} marker)\n"
                           "  fix: resume from a run folder; the newest complete checkpoint is used")
-    payload = json.loads((ck / "state.json").read_text())
-    for name, opt in optimizers.items():
-        if name not in payload["policies"]:
-            raise ConfigError(f"{ck}: error: checkpoint has no policy {name!r} (has {payload['policies']})\n"
-                              "  fix: resume with the workflow the run was started with")
-        meta = json.loads((ck / "optim" / f"{name}.json").read_text())
-        opt_sd = _optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta)
-        (loaders or {}).get(name, opt.load_state_dict)(opt_sd)
-        if meta.get("scheduler") is not None and name in schedulers:
-            schedulers[name].load_state_dict(meta["scheduler"])
-    if restore_rng:
-        _set_rng_state(load_file(ck / "rng.safetensors"), payload["rng"])
-    return LoopState(step=payload["step"], cursor=payload["cursor"],
-                     skipped_updates=payload.get("skipped_updates", 0), extra=payload.get("extra", {}))
+    try:
+        payload = json.loads((ck / "state.json").read_text())
+        for name, opt in optimizers.items():
+            if name not in payload["policies"]:
+                raise ConfigError(f"{ck}: error: checkpoint has no policy {name!r} (has {payload['policies']})\n"
+                                  "  fix: resume with the workflow the run was started with")
+            meta = json.loads((ck / "optim" / f"{name}.json").read_text())
+            opt_sd = _optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta)
+            (loaders or {}).get(name, opt.load_state_dict)(opt_sd)
+            if meta.get("scheduler") is not None and name in schedulers:
+                schedulers[name].load_state_dict(meta["scheduler"])
+        if restore_rng:
+            _set_rng_state(load_file(ck / "rng.safetensors"), payload["rng"])
+        return LoopState(step=payload["step"], cursor=payload["cursor"],
+                         skipped_updates=payload.get("skipped_updates", 0), extra=payload.get("extra", {}))
+    except ConfigError:
+        raise
+    except Exception as exc:  # json, safetensors, torch: a damaged file of any kind, never a traceback
+        raise ConfigError(f"{ck}: error: damaged checkpoint ({type(exc).__name__}: {exc})\n"
+                          "  fix: resume from the run folder: --resume falls back to the previous good "
+                          "checkpoint") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -35,7 +36,14 @@ def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None,
         if not saved.is_file():
             raise ConfigError(f"{resume}: error: not a run folder (no config.toml)\n"
                               "  fix: pass the --run-dir of an earlier `srpo-graph train`")
-        data, source = load_toml(saved), str(saved)
+        try:
+            data, source = load_toml(saved), str(saved)
+        except ConfigError as exc:  # damaged: not TOML, not UTF-8
+            _check_saved_config(None, saved, str(exc).splitlines()[0].split("error: ", 1)[-1])
+        _check_saved_config(data, saved)
+        from srpo_graph.train.config import _without_objective_defaults
+
+        data = _without_objective_defaults(data)  # an `objective=...` override then takes effect
     if config_path is not None:
         data = merge_overrides({**data, **load_toml(config_path)}, [])
         source = str(config_path)
@@ -47,6 +55,28 @@ def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None,
         if value is not None:
             flags.append(f"{key}={json.dumps(str(value))}")
     return validate(merge_overrides(data, flags), source if not flags else f"{source} + overrides")
+
+
+# what every config.toml the trainer writes holds (None fields are left out, these never are)
+_SAVED_KEYS = ("steps", "seed", "run_dir", "rollout", "optim", "loss", "compile", "eval", "checkpoint", "logging")
+
+
+def _check_saved_config(data: dict | None, path: Path, damage: str = "") -> None:
+    """A run's config.toml that is damaged, empty or cut short must stop ``--resume``: read with
+    the defaults filled in, it would silently train another run (and then overwrite the file)."""
+    from srpo_graph.errors import ConfigError
+
+    missing = [k for k in _SAVED_KEYS if k not in (data or {})]
+    if missing:
+        what = (f"is damaged ({damage})" if data is None else "is empty" if not data
+                else f"is incomplete (no {', '.join(missing)})")
+        copies = sorted(path.parent.glob("checkpoints/step_*/config.toml"),
+                        key=lambda p: int(p.parent.name.split("_")[1]) if p.parent.name.split("_")[1].isdigit() else -1)
+        fix = (f"restore it from the newest checkpoint's copy: cp {copies[-1]} {path}" if copies
+               else "restore config.toml from a backup (or write the run's settings back by hand)")
+        raise ConfigError(f"{path}: error: the run's saved configuration {what}\n"
+                          "  why: resuming with defaults in its place would silently change the run\n"
+                          f"  fix: {fix}, then --resume again")
 
 
 @click.command("train", context_settings={"ignore_unknown_options": False})
@@ -87,19 +117,28 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
                        "(the run folder named above)", err=True)
             sys.exit(130)
         sys.exit(code)
-    from srpo_graph.train.trainer import TrainingInterrupted, train
-
     main_rank = int(os.environ.get("RANK", "0")) == 0
+    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
-        summary = train(workflow, cfg, resume=resume is not None)
-    except TrainingInterrupted as exc:  # Ctrl-C: no traceback, say how to continue
+        from srpo_graph.train.trainer import RunStopped, TrainingInterrupted, train
+
+        try:
+            summary = train(workflow, cfg, resume=resume is not None)
+        except RunStopped as exc:  # the disk is full: one line, with the command that continues
+            if main_rank:
+                click.echo(exc.advice(workflow), err=True)
+            sys.exit(exc.exit_code)
+    except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM in the loop: no traceback, say how to continue
         if main_rank:
             click.echo(exc.advice(workflow), err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:  # before the loop started (loading models, tasks)
+        sys.exit(_interrupt_code())
+    except KeyboardInterrupt:  # before the loop started (imports, loading models and tasks)
         if main_rank:
-            click.echo("srpo-graph train: interrupted before the first step; nothing was trained", err=True)
-        sys.exit(130)
+            again = (f"resume: srpo-graph train {workflow} --resume {resume}" if resume is not None
+                     else "nothing was trained; run the command again to start")
+            click.echo(f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}",
+                       err=True)
+        sys.exit(_interrupt_code())
     if main_rank and resume is not None and summary.steps_this_run == 0:
         click.echo(f"nothing to do: the run in {summary.run_dir} is already at step {summary.steps} "
                    f"(extend it with --steps N, N > {summary.steps})")
@@ -107,13 +146,30 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
     if main_rank:
         evals = ", ".join(f"step {s}: {r:.3f}" for s, r in summary.eval_rewards[-3:]) or "-"
         click.echo(
-            f"trained {summary.workflow} for {summary.steps} steps in {summary.seconds:.1f} s\n"
+            f"trained {summary.workflow} for {summary.steps_this_run} steps in {summary.seconds:.1f} s"
+            f"{f' (resumed; the run is now at step {summary.steps})' if resume is not None else ''}\n"
             f"  reward: first step {summary.first_reward:.3f} -> last {min(10, summary.steps)} steps "
             f"{summary.final_reward:.3f}\n"
             f"  eval reward: {evals}\n"
             f"  skipped updates: {summary.skipped_updates}\n"
             f"  run folder: {summary.run_dir} (metrics.jsonl, plots/, checkpoints/, tensorboard/)"
         )
+
+
+_SIGNAL: list[int] = []  # the signal that stopped this process, if it was not SIGINT
+
+
+def _terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
+    _SIGNAL.append(signum)
+    raise KeyboardInterrupt
+
+
+def _interrupt_name() -> str:
+    return "terminated (SIGTERM)" if _SIGNAL else "interrupted"
+
+
+def _interrupt_code() -> int:
+    return 128 + (_SIGNAL[0] if _SIGNAL else 2)
 
 
 LAUNCH_ENV = "SRPO_GRAPH_TRAIN_CONFIG"

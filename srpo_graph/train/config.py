@@ -18,15 +18,17 @@ compiler's :class:`CompileConfig` are embedded as the ``loss`` and ``compile`` s
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from srpo_graph.compiler.compile import CompileConfig
 from srpo_graph.errors import ConfigError
 from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.objectives import OBJECTIVES
+from srpo_graph.train.strategies import STRATEGIES
 
 
 class _Section(BaseModel):
@@ -51,13 +53,35 @@ class RolloutConfig(_Section):
     backend: Literal["transformers", "sglang"] = Field(
         "transformers", description="Inference engine: `transformers` (in-process, shares the trained model) or `sglang` (a server)."
     )
-    sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang server or sglang-router URL (backend = sglang).")
+    sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang server or sglang-router URL (backend = sglang) "
+                            "of every policy not in `sglang_urls`; ignored when `sglang_launch` is set.")
+    sglang_urls: dict[str, str] = Field(
+        default_factory=dict, description="Per-policy server URLs {policy name: URL} (backend = sglang): one server "
+        "per policy, each synced after every update of its policy. Policies not listed use `sglang_url`.")
     sglang_workers: tuple[str, ...] = Field(
         (), description="SGLang worker URLs that receive weight updates when `sglang_url` is a router "
-        "(the router has no update route). Empty: the server at `sglang_url` itself.")
+        "(the router has no update route). Empty: the server at `sglang_url` itself. One-policy workflows only.")
+    sglang_launch: str | None = Field(
+        None, description="Start the servers here, one per policy, and stop them when training ends, fails or is "
+        "interrupted: `cpu` (the CPU recipe of shared/sglang-cpu, with the python of $SRPO_GRAPH_SGLANG_PYTHON or "
+        "~/.cache/srpo-graph/sglang-venv), `gpu` (`python -m sglang.launch_server` defaults), or a command template "
+        "with {model} and {port} (and {host}, {python}). None: connect to servers you started (`sglang_url(s)`).")
+    sglang_port: int = Field(30000, ge=1024, le=65000, description="First port of launched servers; policy i (in "
+                             "declaration order) gets sglang_port + i. Launched servers listen on 127.0.0.1.")
+    sglang_health_timeout: float = Field(600.0, gt=0.0, description="Seconds a launched server may take to answer /health 200.")
+    sglang_timeout: float = Field(300.0, gt=0.0, description="Deadline in seconds for one /generate request in all "
+                                  "(connect, answer and the whole body; a server that drips bytes is cut off).")
+    sglang_retries: int = Field(4, ge=0, le=100, description="Retries of one request on connection errors and HTTP 5xx, "
+                                "with exponential backoff from 0.5 s.")
+    max_failed_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="Failure budget per step, [0, 1]: the share of a step's episodes that may fail "
+        "on backend errors (a server that died, hung or restarted mid-rollout) before the run stops with a message "
+        "naming the server (checkpoints intact: fix it, then `--resume`). Below it, the failed episodes are dropped "
+        "(counted as `rollout/backend_failures`) and the step trains on the rest.")
     weight_dir: Path | None = Field(
         None, description="Where updated weights are saved for SGLang's update_weights_from_disk; must be "
-        "readable by the server. Default: RUN_DIR/weights.")
+        "readable by the server; each policy saves into its own subfolder <policy>. Default: RUN_DIR/weights. Only folders srpo-graph wrote there (listed in "
+        "its .srpo-graph-weights.json) are ever replaced or deleted.")
     models: dict[str, str] = Field(
         default_factory=dict,
         description="Per-policy model overrides {policy name: HF name, local path or `tiny`}; e.g. run a math "
@@ -66,8 +90,13 @@ class RolloutConfig(_Section):
     max_tokens: int | None = Field(
         None, ge=1, le=1_000_000, description="If set, caps every agent's `max_tokens` (tokens per generation). None: as declared."
     )
+    logprobs: Literal["full", "sampled"] = Field(
+        "full", description="Log-prob of record for agents sampled with top-k/top-p: `full` (the full temperature-"
+        "scaled distribution, as SGLang returns it) or `sampled` (the truncated distribution actually sampled, "
+        "renormalized; the trainer re-applies the same filters). Without top-k/top-p both are the same.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
+                                                                      "refused for training: there is no loss scaler.")
 
 
 class OptimConfig(_Section):
@@ -82,6 +111,16 @@ class OptimConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (optimizer steps), >= 0.")
     epochs: int = Field(2, ge=1, le=100, description="Passes over each step's SetBatch (PPO-style inner epochs), 1..100.")
     mini_batches: int = Field(1, ge=1, le=4096, description="Optimizer steps per epoch; sets are split into this many mini-batches of whole events.")
+    rollback_nonfinite: bool = Field(
+        True, description="Undo an optimizer step that makes a weight non-finite (counted as skipped). Keeps a copy "
+        "of the stepped policies' weights and Adam state during each step: turn off for policies too large for "
+        "that copy (a non-finite step then stops the run; resume from the last checkpoint).")
+    layout: Literal["auto", "packed", "padded"] = Field(
+        "auto", description="How the log-prob forward batches each micro-batch's members (results are the same, "
+        "only speed differs): `packed` = one row per policy with positions restarting per member (fast with a "
+        "varlen attention kernel: flash-attention, FlexAttention), `padded` = length-bucketed right-padded rows "
+        "(fast with sdpa/eager, e.g. on CPU, where a packed row costs a dense [n, n] mask), `auto` = packed for "
+        "flash/flex attention, padded otherwise. See docs/performance.md (P5).")
 
     @field_validator("betas")
     @classmethod
@@ -129,10 +168,30 @@ class DebugConfig(_Section):
     )
 
 
+class ObjectiveConfig(_Section):
+    """The named objective: one row of ``srpo_graph.srpo.objectives.OBJECTIVES``."""
+
+    name: str = Field("srpo", description=(
+        f"The objective, a row of docs/algorithm.md's table ({', '.join(OBJECTIVES)}). It sets the `loss` and "
+        "`compile` options it needs; `loss.*` and `compile.*` given explicitly win. `objective=grpo` on the "
+        "command line, or `[objective] name = ...` in the TOML."))
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in OBJECTIVES:
+            import difflib
+
+            near = difflib.get_close_matches(v, list(OBJECTIVES), n=1)
+            raise ValueError(f"unknown objective {v!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        return v
+
+
 class TrainConfig(_Section):
     """Everything a training run needs besides the workflow file.
 
-    Sections: ``rollout``, ``optim``, ``loss`` (the objective's LossConfig), ``compile`` (the
+    Sections: ``rollout``, ``optim``, ``objective`` (a named row of ``OBJECTIVES`` that fills in
+    ``loss`` and ``compile``), ``loss`` (the objective's LossConfig), ``compile`` (the
     compiler's CompileConfig), ``eval``, ``checkpoint``, ``logging``, ``debug``.
     """
 
@@ -142,7 +201,7 @@ class TrainConfig(_Section):
     overwrite: bool = Field(False, description="Replace the outputs of an earlier run found in run_dir (otherwise "
                             "a fresh run refuses a used folder: resume it, or pick another folder).")
     nproc: int = Field(1, ge=1, le=1024, description="Data-parallel processes (torchrun); 1 = this process.")
-    strategy: Literal["ddp", "fsdp"] = Field(
+    strategy: str = Field(  # a key of train/strategies.py's STRATEGIES (checked below)
         "ddp", description="Data-parallel strategy with nproc > 1. `ddp`: every rank holds whole models, "
         "gradients are all-reduced (fastest while a policy, its gradients and Adam state fit one device). "
         "`fsdp`: FSDP2 `fully_shard` per decoder layer, each rank holds 1/N of weights, gradients and Adam "
@@ -151,12 +210,26 @@ class TrainConfig(_Section):
         "Same results either way (docs/training.md).")
     rollout: RolloutConfig = RolloutConfig()
     optim: OptimConfig = OptimConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
     loss: LossConfig = LossConfig()
     compile: CompileConfig = CompileConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     debug: DebugConfig = DebugConfig()
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        if v not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}; known: {', '.join(STRATEGIES)}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objective_fills_loss_and_compile(cls, data: Any) -> Any:
+        """``objective`` sets the loss and compile options of its row; explicit ones win (``resolve_objective``)."""
+        return resolve_objective(data) if isinstance(data, dict) else data
 
 
 # --------------------------------------------------------------------------- loading
@@ -235,9 +308,83 @@ def validate(data: dict[str, Any], source: str = "<config>") -> TrainConfig:
       fix: Peak learning rate, (0, 1]. ...
     """
     try:
-        return TrainConfig.model_validate(data)
+        config = TrainConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(exc, source) from None
+    check_trainable(config, source)
+    return config
+
+
+def resolve_objective(data: dict[str, Any]) -> dict[str, Any]:
+    """``objective`` (a name, or a section with ``name``) -> the row's loss and compile options
+    under the explicit ``loss`` / ``compile`` settings of ``data`` (a copy; unknown names are
+    left for validation to report).
+
+    >>> d = resolve_objective({"objective": "dapo", "loss": {"eps_low": 0.1}})
+    >>> d["objective"], d["loss"]["eps_low"], d["loss"]["eps_high"], d["compile"]["drop_zero_variance"]
+    ({'name': 'dapo'}, 0.1, 0.28, True)
+    """
+    out = dict(data)
+    obj = out.get("objective")
+    if isinstance(obj, str):
+        obj = out["objective"] = {"name": obj}
+    name = obj.get("name", "srpo") if isinstance(obj, dict) else None
+    row = OBJECTIVES.get(name) if isinstance(name, str) else None
+    if row is not None:
+        for section, values in (("loss", row.loss), ("compile", row.compile)):
+            given = out.get(section, {})
+            out[section] = {**values, **given} if isinstance(given, dict) else given
+    return out
+
+
+def _without_objective_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the loss/compile values that only restate its objective's row (or the defaults)
+    removed, so a new ``objective=...`` override takes effect instead of being outvoted by them."""
+    name = (data.get("objective") or {}).get("name", "srpo")
+    row = OBJECTIVES.get(name)
+    if row is None:
+        return data
+    out = dict(data)
+    for section, base in (("loss", to_data(row.loss_config())), ("compile", to_data(row.compile_config()))):
+        given = out.get(section)
+        if isinstance(given, dict):
+            out[section] = {k: v for k, v in given.items() if base.get(k, object()) != v}
+    return out
+
+
+# smallest normal number of each weight dtype (torch.finfo(dtype).tiny; no torch import here)
+_DTYPE_TINY = {"float32": 1.1754943508222875e-38, "bfloat16": 1.1754943508222875e-38, "float16": 6.103515625e-05}
+
+
+def check_trainable(config: "TrainConfig", source: str = "<config>") -> None:
+    """Reject combinations that validate field by field but cannot train (issue 12, item 8).
+
+    * ``rollout.dtype = "float16"``: the trainer has no loss scaler, and AdamW on float16 weights
+      underflows its second moment and eps to 0 (NaN weights after one update);
+    * ``optim.eps`` below the weight dtype's smallest normal number: it rounds to 0 (or a
+      denormal) in Adam's denominator, which then divides by zero.
+
+    Raises:
+        ConfigError: naming the field, why and the fix.
+
+    >>> check_trainable(TrainConfig(optim=OptimConfig(eps=1e-46)))
+    Traceback (most recent call last):
+    ...
+    srpo_graph.errors.ConfigError: <config>: error: field `optim.eps`: 1e-46 is below the smallest normal float32 number (1.18e-38)
+      why: Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights
+      fix: use optim.eps >= 1.18e-38 (the usual 1e-8 is safe for float32 and bfloat16)
+    """
+    dtype = config.rollout.dtype
+    if dtype == "float16":
+        raise ConfigError(f"{source}: error: field `rollout.dtype`: float16 cannot be trained here (no loss scaler)\n"
+                          "  why: AdamW on float16 weights underflows to 0 and gives NaN weights after one update\n"
+                          "  fix: use rollout.dtype=\"bfloat16\" (same memory, float32's range) or \"float32\"")
+    tiny = _DTYPE_TINY[dtype]
+    if config.optim.eps < tiny:
+        raise ConfigError(f"{source}: error: field `optim.eps`: {config.optim.eps:g} is below the smallest normal "
+                          f"{dtype} number ({tiny:.3g})\n"
+                          "  why: Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights\n"
+                          f"  fix: use optim.eps >= {tiny:.3g} (the usual 1e-8 is safe for float32 and bfloat16)")
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -247,6 +394,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: error: cannot read config file: {exc.strerror}\n  fix: check the --config path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: error: not valid TOML: not UTF-8 text (byte {exc.start})\n"
+                          "  fix: a TOML file is UTF-8 text") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -294,8 +444,12 @@ def _deep_copy(data: Any) -> Any:
 
 
 def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
-    """A new config with ``key=value`` overrides applied and validated."""
-    return validate(merge_overrides(to_data(config), overrides), "override")
+    """A new config with ``key=value`` overrides applied and validated.
+
+    >>> apply_overrides(TrainConfig(), ["objective=gspo"]).loss.eps_high
+    0.0004
+    """
+    return validate(merge_overrides(_without_objective_defaults(to_data(config)), overrides), "override")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -323,10 +477,23 @@ def _drop_none(value: Any) -> Any:
 
 
 def write_config(config: TrainConfig, path: str | Path) -> None:
-    """Write the resolved config as TOML (what ``--resume`` reads back)."""
+    """Write the resolved config as TOML (what ``--resume`` reads back), atomically."""
+    import os
+
     import tomli_w
 
-    Path(path).write_text(tomli_w.dumps(to_data(config)), encoding="utf-8")
+    # atomic: a crash or a full disk leaves the old file or the new one, never a cut-off one
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(tomli_w.dumps(to_data(config)))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def config_reference() -> str:

@@ -111,6 +111,7 @@ def override_workflow(
     models: dict[str, str] | None = None,
     max_tokens: int | None = None,
     greedy: bool = False,
+    logprobs: str | None = None,
 ) -> Workflow:
     """The workflow with the run's overrides: model per policy (``*`` = all), a cap on
     every agent's ``max_tokens``, and temperature 0 everywhere when ``greedy``.
@@ -125,7 +126,7 @@ def override_workflow(
             f"field `rollout.models`: error: unknown policies {unknown} in workflow {workflow.name!r}\n"
             f"  fix: use one of {[p.name for p in workflow.policies]} or `*`"
         )
-    if not models and max_tokens is None and not greedy:
+    if not models and max_tokens is None and not greedy and logprobs in (None, "full"):
         return workflow
     data = workflow.model_dump()
     for pol in data["policies"]:
@@ -136,4 +137,6 @@ def override_workflow(
             s["max_tokens"] = min(s["max_tokens"], max_tokens)
         if greedy:
             s["temperature"] = 0.0
+        if logprobs is not None:
+            s["logprobs"] = logprobs
     return Workflow.model_validate(data)

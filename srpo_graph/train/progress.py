@@ -125,7 +125,14 @@ class ProgressBar:
         self._t0 = time.monotonic()
         if self.layout is Layout.PLAIN:
             return self
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         columns = {
             Layout.FULL: (TextColumn("[bold]train"), BarColumn(bar_width=20), MofNCompleteColumn(),

@@ -18,8 +18,11 @@ sharded (``fsdp.py``); rank 0 samples from and saves an unsharded replica synced
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,23 +30,32 @@ from typing import Any
 
 import torch
 
-from srpo_graph.backends import load_backend, resolve_model
+from srpo_graph.backends import resolve_model
 from srpo_graph.backends.tiny import load_tokenizer
 from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.compiler.compile import compile as compile_batch
-from srpo_graph.errors import ConfigError
+from srpo_graph.errors import ConfigError, SrpoGraphError
 from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import fsdp
-from srpo_graph.train.config import TrainConfig, default_run_dir, write_config
+from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.progress import ProgressBar
+from srpo_graph.train.runlock import lock_run_dir
+from srpo_graph.train.sglang_rollout import (
+    agent_mismatch,
+    check_failure_budget,
+    rollout_metrics,
+    server_scope,
+    sglang_backends,
+    with_sglang_defaults,
+)
 from srpo_graph.train.update import recompute_old_logprobs, update_policies
 
 
@@ -87,6 +99,29 @@ class TrainingInterrupted(KeyboardInterrupt):
         redo = f" (steps after {step} are run again)" if step < self.steps_done else ""
         return (f"{head}\n  newest complete checkpoint: {self.checkpoint} (step {step})\n"
                 f"  resume: srpo-graph train {workflow} --resume {self.run_dir}{redo}")
+
+
+class RunStopped(SrpoGraphError):
+    """The run could not go on (the disk is full); complete checkpoints are intact, ``--resume``
+    continues once the cause is fixed. ``str()`` is the message the CLI prints."""
+
+    exit_code = 1
+
+    def __init__(self, run_dir: Path, steps_done: int, checkpoint: Path | None, cause: OSError):
+        self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
+        where = f" ({cause.filename})" if cause.filename else ""
+        self.reason = f"{os.strerror(cause.errno) if cause.errno else cause}{where}"
+        super().__init__(f"srpo-graph train: stopped after step {steps_done}: {self.reason}")
+
+    def advice(self, workflow: str | Path) -> str:
+        if self.checkpoint is None:
+            return (f"{self}; no checkpoint yet; free space, then start again: "
+                    f"srpo-graph train {workflow} --run-dir {self.run_dir} --overwrite")
+        return (f"{self}; newest complete checkpoint: {self.checkpoint}; free space, then resume: "
+                f"srpo-graph train {workflow} --resume {self.run_dir}")
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -136,10 +171,9 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
     dtype = getattr(torch, config.rollout.dtype)
     updates_total = config.steps * config.optim.epochs * config.optim.mini_batches
     kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
-    if config.rollout.backend == "sglang" and len(wf.policies) > 1:
-        raise ConfigError(f"field `rollout.backend`: error: the sglang backend serves one policy, workflow "
-                          f"{wf.name!r} has {len(wf.policies)}\n  fix: use rollout.backend=transformers "
-                          "(one server per policy is not supported yet)")
+    # sglang: one server per policy (launched here if rollout.sglang_launch), only rank 0 samples
+    remote = (sglang_backends(wf, config, Path(config.run_dir or "runs"))
+              if config.rollout.backend == "sglang" and dist.is_main else {})
     slots = []
     sharded = config.strategy == "fsdp" and dist.enabled
     for pol in wf.policies:
@@ -157,9 +191,7 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         if r.backend == "transformers" and (replica is not None or not sharded):
             backend = TransformersBackend(replica if replica is not None else model, tok, device=device)
         elif r.backend == "sglang" and dist.is_main:  # only rank 0 samples, so only rank 0 talks to the server
-            weight_dir = r.weight_dir or Path(config.run_dir or "runs") / "weights" / pol.name
-            backend = load_backend("sglang", base, url=r.sglang_url, worker_urls=list(r.sglang_workers) or None,
-                                   weight_dir=weight_dir)
+            backend = remote[pol.name]
         else:
             backend = None
         ref = None
@@ -175,8 +207,12 @@ def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, 
     stats = None
     if dist.is_main:
         res = run_episodes(wf, tasks, {s.name: s.backend for s in slots}, samples=samples, seed=seed,
-                           policy_versions={s.name: s.version for s in slots}, progress=progress)
+                           policy_versions={s.name: s.version for s in slots}, progress=progress,
+                           on_backend_error="fail" if config.rollout.backend == "sglang" else "raise")
         stats = res.stats
+        check_failure_budget(stats, config)  # a dead/hung server: fail its episodes, or stop clearly
+        if not dist.enabled:  # one process: the episodes as they are (compile validates them once)
+            return list(res.episodes), stats
         data = "\n".join(ep.to_json() for ep in res.episodes).encode()
     data = broadcast_bytes(data, dist)
     episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
@@ -198,7 +234,7 @@ def _resolve_tasks(workflow_path: Path, wf, config: TrainConfig):
 
 
 def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, resume: bool = False) -> RunSummary:
-    """Train the workflow in ``workflow_path`` as ``config`` says.
+    """Train the workflow in ``workflow_path`` as ``config`` says, holding the run folder's lock.
 
     Args:
         workflow_path: a ``.wf`` file.
@@ -207,24 +243,39 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     Returns:
         RunSummary.
     Raises:
-        ConfigError: bad configuration, missing task file, nothing to resume.
+        ConfigError: bad configuration, missing task file, nothing to resume, the run folder
+            in use by another process (``runlock.py``).
+        RunStopped: the disk filled up during the run (checkpoints intact; resume later).
         WorkflowSyntaxError, WorkflowCheckError: the workflow does not load.
     """
+    check_trainable(config)  # also for a TrainConfig built in code, not through validate()
+    if config.run_dir is None:  # the folder is chosen (and locked) before anything is loaded
+        config = config.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow_path).name)})
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the lock for the whole job
+        return _train(workflow_path, config, resume=resume)
+    with lock_run_dir(config.run_dir), server_scope():  # servers it launched stop with it, whatever happens
+        return _train(workflow_path, config, resume=resume)
+
+
+def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> RunSummary:
     t_start = time.perf_counter()
+    config = with_sglang_defaults(config)  # loss.mismatch=tis on SGLang unless set (docs/sglang.md)
     workflow_path = Path(workflow_path)
     device = _device(config)
     dist = init_distributed(device)
     torch.manual_seed(config.seed)
     wf_base = load_workflow(workflow_path)
-    wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens)
+    wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
+                           logprobs=config.rollout.logprobs)
     wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
     run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
     task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
-    config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update={"tasks": task_path})})
-    resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
-    if resume and resume_from is None:
-        raise ConfigError(f"{run_dir}: error: no complete checkpoint to resume from\n"
-                          "  fix: check the run folder, or start a new run without --resume")
+    # stored resolved, so `--resume` works from any working directory
+    resolved = {"tasks": task_path.resolve()}
+    if config.rollout.eval_tasks is not None:
+        resolved["eval_tasks"] = Path(config.rollout.eval_tasks).resolve()
+    config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update=resolved)})
+    resume_from = _choose_checkpoint(run_dir, announce=dist.is_main) if resume else None
     slots = _build_slots(wf, config, device, resume_from, dist)
     state = ckpt.LoopState(step=0, cursor=0)
     if resume_from is not None:
@@ -261,7 +312,8 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
-                record = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist)
+                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist)
+                record, episodes = result.record, result.episodes
                 state.step = step
                 rewards.append(record["reward"])
                 if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
@@ -272,7 +324,6 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
                     evals.append((step, record["eval/reward"]))
                 state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
                                    workflow=wf.name)
-                episodes = record.pop("_episodes")
                 if writer is not None:
                     writer.log(record)
                     if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
@@ -295,9 +346,17 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
         completed = True
     except KeyboardInterrupt:
         raise TrainingInterrupted(run_dir, state.step, ckpt.latest_checkpoint(run_dir)) from None
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), exc) from None
     finally:
         if writer is not None:
-            writer.close()
+            try:
+                writer.close()
+            except OSError:  # the disk is full: the error that stopped the run is the one to report
+                if completed:
+                    raise
         shutdown(dist, barrier=completed)
     tail = rewards[-min(10, len(rewards)):] if rewards else [float("nan")]
     summary = RunSummary(run_dir=str(run_dir), workflow=wf.name, steps=state.step,
@@ -308,6 +367,28 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     if dist.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
     return summary
+
+
+def _choose_checkpoint(run_dir: Path, *, announce: bool) -> Path:
+    """The newest checkpoint that verifies (checksums, finite weights); damaged newer ones are named.
+
+    Raises:
+        ConfigError: no checkpoint at all, or every one is damaged (each named with why).
+    """
+    good, damaged = ckpt.latest_good_checkpoint(run_dir)
+    if good is None:
+        if not damaged:
+            raise ConfigError(f"{run_dir}: error: no complete checkpoint to resume from\n"
+                              "  fix: check the run folder, or start a new run without --resume")
+        listed = "\n".join(f"  {p}: {why}" for p, why in damaged)
+        raise ConfigError(f"{run_dir}: error: every checkpoint is damaged, nothing to resume from\n{listed}\n"
+                          "  fix: restore the run folder from a backup, or start a new run with --overwrite")
+    if announce:
+        for path, why in damaged:
+            print(f"srpo-graph train: checkpoint {path} is damaged ({why}); skipping it", file=sys.stderr)
+        if damaged:
+            print(f"srpo-graph train: resuming from the previous good checkpoint {good}", file=sys.stderr)
+    return good
 
 
 def _clear_previous_run(run_dir: Path, *, overwrite: bool) -> None:
@@ -337,7 +418,15 @@ def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
 
 
-def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist) -> dict[str, Any]:
+@dataclass
+class StepResult:
+    """What one training step hands the loop: the metrics record (flat once logged) and the episodes."""
+
+    record: dict[str, Any]
+    episodes: list[Episode]
+
+
+def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist) -> StepResult:
     r = config.rollout
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -357,23 +446,25 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record["episodes"] = len(episodes)
     record["episodes_failed"] = sum(e.status == "failed" for e in episodes)
     record["episodes_truncated"] = sum(e.status == "truncated" for e in episodes)
+    record.update(rollout_metrics(stats))
     gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
     record["events"] = batch.num_sets
     record["tokens"] = batch.num_tokens
     record["advantage"] = summarize(batch.set_advantage.tolist())
-    for k, v in batch.stats.items():
+    for k, v in batch.stats.to_dict().items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             record[f"compile/{k}"] = v
     if batch.num_sets:
-        batch, mismatch = recompute_old_logprobs(models, batch)
-        record["mismatch"] = mismatch
+        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout)
+        record["mismatch"] = {**mismatch, **agent_mismatch(batch)}  # + per agent: {agent}/mean_abs, max_abs
         timings["old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         upd = update_policies(
             models, [s.optimizer for s in slots], [s.scheduler for s in slots], batch, config.loss,
             epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
             seed=config.seed * 1_000_003 + step, ref_models=[s.ref_model for s in slots] if slots[0].ref_model is not None else None,
-            dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy)
+            dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy,
+            layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite)
         state.skipped_updates += upd.skipped_updates
         record["loss"] = upd.loss
         record.update({f"loss/{k}": v for k, v in upd.diagnostics.items()})
@@ -396,5 +487,4 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record["time"] = timings
     record["throughput"] = {"gen_tokens_per_s": gen_tokens / max(timings["rollout"], 1e-9),
                             "train_tokens_per_s": train_tokens / max(timings["update"], 1e-9)}
-    record["_episodes"] = episodes
-    return record
+    return StepResult(record, episodes)

@@ -17,7 +17,9 @@ The order of work, as in CleanRL's PPO loop:
 3. Micro-batches accumulate gradients; then per policy: all-reduce (``ddp``; with ``fsdp`` the
    reduce-scatter runs in the last micro-batch's backward, see ``fsdp.py``), non-finite
    check, clip, optimizer and scheduler step. A non-finite loss or gradient skips the whole
-   mini-batch update (for every policy) and is counted; the weights stay as they were.
+   mini-batch update (for every policy) and is counted; the weights stay as they were. Weights
+   made non-finite by the optimizer step itself (an overflow with finite gradients) are checked
+   after the step: the step is rolled back (weights and optimizer state) and counted the same way.
 
 Models stay in ``eval()`` mode: dropout would make the first ratio differ from 1 and the
 sampler's log-probs from the trainer's (the usual choice in LLM RL trainers).
@@ -27,20 +29,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
-from srpo_graph.srpo.logprobs import packed_logprobs
+from srpo_graph.srpo.diagnostics import LossDiagnostics
+from srpo_graph.srpo.logprobs import Layout, packed_logprobs
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
 from srpo_graph.train import fsdp as fsdp_mod
-from srpo_graph.train.distributed import DistInfo, all_reduce_grads, all_reduce_sum, shard_sets
+from srpo_graph.train.distributed import DistInfo, all_reduce_sum
+from srpo_graph.train.strategies import make_strategy
 
 
 @dataclass
 class UpdateResult:
-    """What one step's update did. Diagnostics are means over the micro-batch loss calls."""
+    """What one step's update did.
+
+    ``diagnostics`` are computed over the whole step (every micro-batch of every mini-batch of
+    every epoch, combined from sums: ``LossDiagnostics.combine``), and again per epoch under
+    ``epoch{e}/...`` (clipping can only act from epoch 2, where the ratio first leaves 1).
+    """
 
     loss: float = 0.0
     diagnostics: dict[str, float] = field(default_factory=dict)
@@ -84,8 +93,10 @@ def diagnostics_to_dict(diag: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch) -> tuple[SetBatch, dict[str, float]]:
+def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch, *, layout: Layout = "auto") -> tuple[SetBatch, dict[str, float]]:
     """``batch`` with ``old_logprobs`` recomputed by the current models, and the mismatch stats.
+
+    ``layout``: the log-prob forward's micro-batch layout (``packed_logprobs``; same results).
 
     Returns:
         (batch, {"mean_abs": ..., "max_abs": ...}) where the mismatch is |old - sampler| over
@@ -94,7 +105,7 @@ def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch) -> tuple[SetB
     parts = []
     with torch.no_grad():
         for micro in batch.micro_batches():
-            lp, _ = packed_logprobs(models, micro)
+            lp, _ = packed_logprobs(models, micro, layout=layout)
             parts.append(lp.detach().float().cpu())
     fsdp_mod.reshard_all(models)  # a forward without backward leaves FSDP roots unsharded
     old = torch.cat(parts) if parts else torch.zeros(0)
@@ -105,9 +116,66 @@ def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch) -> tuple[SetB
     return batch.with_(old_logprobs=old.to(batch.old_logprobs.device)), stats
 
 
+_PER_EPOCH = ("clip_frac", "clip_frac_upper", "clip_frac_lower", "ratio_mean", "ratio_min", "ratio_max",
+              "approx_kl_k3", "clip_upper/", "clip_lower/", "ratio_mean/")
+
+
+def _step_diagnostics(epoch_diags: list[LossDiagnostics]) -> dict[str, float]:
+    """The step's diagnostics over all epochs, plus the clip and ratio statistics of each epoch.
+
+    >>> _step_diagnostics([])
+    {}
+    """
+    if not epoch_diags:
+        return {}
+    out = LossDiagnostics.combine(epoch_diags, "epoch").to_dict()
+    for e, diag in enumerate(epoch_diags, start=1):
+        for k, v in diag.to_dict().items():
+            if k in _PER_EPOCH or any(k.startswith(p) for p in _PER_EPOCH if p.endswith("/")):
+                out[f"epoch{e}/{k}"] = v
+    return out
+
+
 def _mini_batches(batch: SetBatch, num: int, generator: torch.Generator) -> list[torch.Tensor]:
     order = torch.randperm(batch.num_sets, generator=generator)
     return [chunk for chunk in torch.tensor_split(order, min(num, max(batch.num_sets, 1))) if chunk.numel()]
+
+
+def _snapshot(models, optimizers, active) -> list[tuple[torch.Tensor, torch.Tensor, Any, dict]]:
+    """Copies of the parameters and optimizer state the next step changes (to roll it back).
+
+    Costs one copy of the active policies' weights and Adam moments (on their device)."""
+    saved = []
+    with torch.no_grad():
+        for pid in active:
+            opt = optimizers[pid]
+            for p in models[pid].parameters():
+                if p.requires_grad:
+                    st = {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state.get(p, {}).items()}
+                    saved.append((p, p.detach().clone(), opt, st))
+    return saved
+
+
+def _restore(saved) -> None:
+    with torch.no_grad():
+        for p, value, opt, st in saved:
+            p.copy_(value)
+            if st:
+                opt.state[p] = st
+            else:
+                opt.state.pop(p, None)
+
+
+def _weights_finite(models, active, dist: DistInfo) -> bool:
+    """Every active parameter finite on every rank (fsdp ranks hold different shards)."""
+    bad = 0.0
+    with torch.no_grad():
+        for pid in active:
+            for p in models[pid].parameters():
+                local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor shard under fsdp
+                if local.numel() and not bool(torch.isfinite(local).all()):
+                    bad += 1.0
+    return all_reduce_sum(bad, dist) == 0.0
 
 
 def update_policies(
@@ -124,7 +192,9 @@ def update_policies(
     ref_models: Sequence[Any] | None = None,
     dist: DistInfo = DistInfo(),
     inject_nonfinite: bool = False,
-    strategy: Literal["ddp", "fsdp"] = "ddp",
+    strategy: str = "ddp",
+    layout: Layout = "auto",
+    rollback_nonfinite: bool = True,
 ) -> UpdateResult:
     """Run the epochs x mini-batches update on ``batch`` (old_logprobs already set).
 
@@ -138,97 +208,95 @@ def update_policies(
         ref_models: per policy, for the KL term (None when the KL coefficient is 0).
         dist: data-parallel info; each rank back-propagates its shard of whole events.
         inject_nonfinite: debug hook, the first micro-batch loss becomes NaN.
-        strategy: ``ddp`` (replicated models, gradients all-reduced here) or ``fsdp`` (models
+        strategy: a key of ``strategies.STRATEGIES``: ``ddp`` (replicated models, gradients all-reduced) or ``fsdp`` (models
             wrapped by ``fsdp.shard_model``; every rank runs matching forwards, Note
             [Matching forwards] in ``fsdp.py``).
+        layout: the log-prob forward's micro-batch layout (``packed_logprobs``: Note
+            [Layouts]); the same loss and gradients either way, only speed differs.
+        rollback_nonfinite: keep a copy of the stepped policies' weights and Adam state during each
+            optimizer step so a step that makes a weight non-finite is undone (costs that copy's
+            memory); off: such a step stops the update with ``FloatingPointError``.
     Returns:
         UpdateResult.
     """
     gen = torch.Generator().manual_seed(seed)
     result = UpdateResult()
-    sums: dict[str, float] = {}
-    calls = 0
+    epoch_diags: list[LossDiagnostics] = []
     norms: dict[str, list[float]] = {name: [] for name in batch.policies}
     losses: list[float] = []
-    sharded = strategy == "fsdp" and dist.enabled
+    strat = make_strategy(strategy, dist)
     for _ in range(epochs):
+        mini_diags: list[LossDiagnostics] = []
         for chunk in _mini_batches(batch, mini_batches, gen):
             mb = batch.select_sets(chunk)
             denom = loss_denominator(mb, loss_config)  # fixed for the whole mini-batch, every rank
             active = sorted(set(mb.member_policy.tolist()))
-            local = mb
-            if dist.enabled:
-                shard = shard_sets(mb.set_tokens.tolist(), dist.rank, dist.world_size)
-                local = mb.select_sets(shard).with_(set_episode_events=mb.set_episode_events[shard])
+            local = strat.shard(mb)
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             mb_loss = 0.0
-            micros: list[SetBatch | None] = list(local.micro_batches())
-            if sharded:  # pad to the largest micro-batch count over ranks (Note [Matching forwards])
-                micros += [None] * (fsdp_mod.all_reduce_max(len(micros), dist) - len(micros))
+            micro_diags: list[LossDiagnostics] = []
+            micros = strat.micro_batches(local)
             for i, micro in enumerate(micros):
-                if sharded:
-                    fsdp_mod.set_gradient_sync(models, i == len(micros) - 1)
-                    run_models, plan = fsdp_mod.ordered_models(models, active)
-                    if micro is None:  # this rank's shard has fewer micro-batches: forwards with weight 0
-                        zero = plan.finish()
-                        result.padding_forwards += len(plan.extra)
-                        if zero is not None:
-                            zero.backward()
-                        continue
-                else:
-                    run_models, plan = models, None
-                new_lp, entropy = packed_logprobs(run_models, micro)
+                run_models, plan = strat.begin(models, active, i, len(micros))
+                if micro is None:  # this rank's shard has fewer micro-batches: forwards with weight 0
+                    result.padding_forwards += strat.backward_padding(plan)
+                    continue
+                new_lp, entropy = packed_logprobs(run_models, micro, layout=layout)
                 ref_lp = None
                 if ref_models is not None:
                     with torch.no_grad():
-                        ref_lp, _ = packed_logprobs(ref_models, micro)
+                        ref_lp, _ = packed_logprobs(ref_models, micro, layout=layout)
                 loss, diag = srpo_loss(new_lp, micro, loss_config, denominator=denom,
                                        ref_logprobs=ref_lp, entropy=entropy)
                 if inject_nonfinite:
                     loss, inject_nonfinite = loss * float("nan"), False
-                if plan is not None:  # FSDP averages over ranks: scale so the result is the sum
-                    zero = plan.finish()
-                    result.padding_forwards += len(plan.extra)
-                    (loss * fsdp_mod.loss_scale(dist) + (zero if zero is not None else 0.0)).backward()
-                else:
-                    loss.backward()
+                result.padding_forwards += strat.backward(loss, plan)
                 mb_loss += float(loss.detach())
                 result.tokens += micro.num_tokens
-                for k, v in diagnostics_to_dict(diag).items():
-                    sums[k] = sums.get(k, 0.0) + v
-                calls += 1
+                micro_diags.append(diag)
             mb_loss = all_reduce_sum(mb_loss, dist)
+            if micro_diags:
+                mini_diags.append(LossDiagnostics.combine(micro_diags, "micro"))
             finite = math.isfinite(mb_loss)
             step_norms = {}
             for pid in active:
                 params = [p for p in models[pid].parameters() if p.requires_grad]
-                if not sharded:
-                    all_reduce_grads(params, dist)
+                strat.reduce_grads(params)
                 norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
                 norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # DTensor under fsdp
                 step_norms[batch.policies[pid]] = float(norm)
                 finite = finite and math.isfinite(float(norm))
-            if sharded:
-                fsdp_mod.reshard_all(models)  # the optimizer steps the sharded parameters
+            strat.after_grads(models)
             if not finite:
                 result.skipped_updates += 1
                 result.warnings.append(f"non-finite loss or gradient (loss {mb_loss}); update skipped")
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
                 continue
+            saved = _snapshot(models, optimizers, active) if rollback_nonfinite else None
             for pid in active:
                 optimizers[pid].step()
+            if not _weights_finite(models, active, dist):  # the step itself overflowed
+                if saved is None:
+                    raise FloatingPointError("non-finite weights after the optimizer step (optim.rollback_nonfinite "
+                                             "is off, so the step cannot be undone): resume from the last checkpoint")
+                _restore(saved)
+                result.skipped_updates += 1
+                result.warnings.append("non-finite weights after the optimizer step; update rolled back")
+                continue
+            for pid in active:
                 if schedulers[pid] is not None:
                     schedulers[pid].step()
                 norms[batch.policies[pid]].append(step_norms[batch.policies[pid]])
             losses.append(mb_loss)
             result.num_updates += 1
+        if mini_diags:
+            epoch_diags.append(LossDiagnostics.combine(mini_diags, "mini"))
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
-    if sharded:
-        result.padding_forwards = int(all_reduce_sum(float(result.padding_forwards), dist))
+    result.padding_forwards = strat.finish(result.padding_forwards)
     result.loss = sum(losses) / len(losses) if losses else float("nan")
-    result.diagnostics = {k: v / calls for k, v in sums.items()} if calls else {}
+    result.diagnostics = _step_diagnostics(epoch_diags)
     result.grad_norm = {k: sum(v) / len(v) for k, v in norms.items() if v}
     return result

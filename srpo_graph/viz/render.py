@@ -14,7 +14,7 @@ import io
 
 from srpo_graph.viz.layout import layout
 from srpo_graph.viz.text import policy_colors, sizes_label
-from srpo_graph.workflow import END, Workflow
+from srpo_graph.workflow import Workflow
 
 X_GAP, Y_GAP = 2.6, 1.5
 AGENT_W, AGENT_H = 1.9, 0.62

@@ -94,7 +94,7 @@ def to_mermaid(w: Workflow) -> str:
         members = [ident[a.name] for a in w.agents if a.policy == p.name]
         if members:
             out.append(f"  class {','.join(members)} pol{i}")
-    out.append(f"  classDef trans fill:#333,color:#fff")
+    out.append("  classDef trans fill:#333,color:#fff")
     if w.transitions:
         out.append(f"  class {','.join(ident[t.name] for t in w.transitions)} trans")
     return "\n".join(out) + "\n"

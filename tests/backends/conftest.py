@@ -20,3 +20,34 @@ def tiny_backend(tiny_dir):
 
     torch.set_num_threads(1)
     return TransformersBackend.from_pretrained(str(tiny_dir))
+
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_servers import sglang_unavailable, start_real_server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sglang_url(tiny_dir, tmp_path_factory):
+    """URL of a real SGLang server serving ``tiny_dir``'s weights (started for the session, stopped after).
+
+    SRPO_GRAPH_SGLANG_URL: use that server instead (it must serve the tiny model built by
+    scripts/setup.sh, ~/.cache/srpo-graph/tiny, launched with --enable-custom-logit-processor).
+    """
+    import os
+
+    why = sglang_unavailable()
+    if why:
+        if os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG"):
+            pytest.fail(f"SRPO_GRAPH_REQUIRE_SGLANG is set but {why}")
+        pytest.skip(why)
+    if os.environ.get("SRPO_GRAPH_SGLANG_URL"):
+        yield os.environ["SRPO_GRAPH_SGLANG_URL"].rstrip("/")
+        return
+    server = start_real_server(tiny_dir, tmp_path_factory.mktemp("sglang-logs"))
+    try:
+        yield server.url
+    finally:
+        server.stop()

@@ -9,7 +9,7 @@ documented native API closely enough to test the client's side of the wire
 log-prob is a fixed function of the token, so tests can check the client returns exactly what
 the server sent. Knobs make it fail: answer 503 or drop the connection for the next N
 requests, stop answering for good after N generations, delay answers (timeouts), report
-unhealthy, lack the pause routes.
+unhealthy, lack the pause routes, drip the answer's bytes slowly.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class FakeSGLang:
         self.fail_next = 0  # answer 503 this many times
         self.drop_next = 0  # close the connection without an answer this many times
         self.delay = 0.0
+        self.drip = 0.0  # seconds between the bytes of an answer (a server that drips slowly)
         self.stop_after: int | None = None  # after this many /generate answers, drop every request (dead server)
         self.generated = 0
         self.healthy = True
@@ -62,6 +63,15 @@ class FakeSGLang:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if double.drip and self.path == "/generate":
+                    try:
+                        for i in range(len(data)):
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(double.drip)
+                    except OSError:  # the client hung up
+                        return
+                    return
                 self.wfile.write(data)
 
             def do_GET(self):

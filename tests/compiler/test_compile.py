@@ -95,10 +95,10 @@ def test_missing_or_aborted_member_drops_the_whole_event():
     full = compile(eps)
     bad = _with_transition(eps[0], 0, consumed=eps[0].transitions[0].consumed + ["ghost"])
     b = compile([bad] + eps[1:])
-    assert b.stats["dropped_incomplete_events"] == 1
+    assert b.stats.dropped_incomplete_events == 1
     assert b.num_sets == full.num_sets - 1
     ab = _with_output(eps[1], 0, finish_reason="abort")
-    assert compile([eps[0], ab, eps[2]]).stats["dropped_incomplete_events"] == 1
+    assert compile([eps[0], ab, eps[2]]).stats.dropped_incomplete_events == 1
     with pytest.raises(CompileError, match=r"transitions\[0\]\.consumed"):
         compile([bad], CompileConfig(missing_member="error"))
 
@@ -107,7 +107,7 @@ def test_failed_episodes_are_excluded_and_counted():
     eps = synthetic_episodes(1, 3, seed=6)
     failed = eps[0].model_copy(update={"status": "failed", "error": "tool crashed"})
     b = compile([failed] + eps[1:])
-    assert b.stats["failed_episodes"] == 1 and len(b.episode_ids) == 2
+    assert b.stats.failed_episodes == 1 and len(b.episode_ids) == 2
     check_round_trip([failed] + eps[1:], b)
 
 

@@ -45,7 +45,7 @@ def test_bad_line_is_reported_with_file_and_line(tmp_path):
     assert f"{traces}:3" in r.output and "outputs.0" in r.output
     r = runner.invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors"), "--skip-bad"])
     assert r.exit_code == 0, r.output
-    assert SetBatch.load(tmp_path / "b.safetensors").stats["skipped_bad_lines"] == 1
+    assert SetBatch.load(tmp_path / "b.safetensors").stats.skipped_bad_lines == 1
 
 
 def test_inspect_table_and_bad_file(tmp_path):
@@ -77,7 +77,7 @@ BAD = [  # (mutation of the second episode, exit code, field named in the messag
     (_set(["sample"], 0), 6, "field sample"),
     (_set(["workflow", "name"], "other"), 6, "field workflow.name"),
     (_set(["workflow", "hash"], "f" * 64), 6, "field workflow.hash"),
-    (_set(["transitions", 0, "reward"], float("inf")), 6, "field transitions[0].reward"),
+    (_set(["transitions", 0, "reward"], float("inf")), 4, "field transitions.0.reward"),  # the trace schema's rule
 ]
 
 
@@ -96,3 +96,28 @@ def test_bad_traces_name_line_and_field_without_traceback(tmp_path):
     empty.write_text("\n")
     r = runner.invoke(app, ["compile", str(empty), "-o", str(tmp_path / "b.safetensors")])
     assert r.exit_code == 4 and "no episodes" in r.output
+
+
+def test_every_compile_option_is_a_cli_option_that_reaches_the_config(tmp_path):
+    """The options are generated from CompileConfig's fields: each one changes the batch as the config would."""
+    from srpo_graph.compiler.compile import CompileConfig, compile
+    from srpo_graph.compiler.options import CompileConfig as Fields
+
+    traces = tmp_path / "t.jsonl"
+    eps = synthetic_episodes(3, 4, seed=5)
+    write_traces(traces, eps)
+    args = ["--advantage", "agent", "--returns", "episode", "--grouping", "turn", "--singleton-baseline", "episode",
+            "--no-std", "--gamma", "0.5", "--failed", "zero", "--truncated", "penalize", "--micro-batch-tokens", "0"]
+    r = CliRunner().invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors"), *args])
+    assert r.exit_code == 0, r.output
+    got = SetBatch.load(tmp_path / "b.safetensors")
+    want = compile(eps, CompileConfig(advantage="agent", returns="episode", grouping="turn",
+                                      singleton_baseline="episode", use_std=False, gamma=0.5, failed="zero",
+                                      truncated="penalize", micro_batch_tokens=0))
+    assert got.member_advantage.tolist() == want.member_advantage.tolist()
+    help_text = CliRunner().invoke(app, ["compile", "--help"]).output
+    for name in Fields.model_fields:
+        if name not in ("policies", "use_std"):
+            assert f"--{name.replace('_', '-')}" in help_text
+    bad = CliRunner().invoke(app, ["compile", str(traces), "-o", str(tmp_path / "c.safetensors"), "--gamma", "2"])
+    assert bad.exit_code != 0 and "gamma" in bad.output

@@ -72,3 +72,24 @@ def test_cli_nproc_2_matches_one_process(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
     assert rows[1][1]["eval/reward"] == rows[2][1]["eval/reward"]
+
+
+def test_objective_is_selected_on_the_command_line_and_saved(tmp_path):
+    """`objective=dapo` trains with DAPO's loss and compile options; config.toml keeps it for --resume."""
+    import tomllib
+
+    run = tmp_path / "run"
+    small = ["rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=0", "logging.tensorboard=false",
+             "logging.plots=false", "optim.epochs=2"]
+    proc = _cli("workflows/coord_par2.wf", "--steps", "1", "--run-dir", str(run), "objective=dapo",
+                "loss.eps_low=0.1", *small)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = tomllib.loads((run / "config.toml").read_text())
+    assert saved["objective"]["name"] == "dapo"
+    assert saved["loss"]["reduction"] == "token" and saved["loss"]["eps_high"] == 0.28
+    assert saved["loss"]["eps_low"] == 0.1  # the explicit setting won over the row
+    assert saved["compile"]["drop_zero_variance"] is True and saved["compile"]["advantage"] == "episode"
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert "loss/epoch2/clip_frac" in row and "compile/dropped_zero_variance_events" in row
+    proc = _cli("workflows/coord_par2.wf", "--steps", "1", "--run-dir", str(tmp_path / "bad"), "objective=dapoo")
+    assert proc.returncode == 7 and "did you mean 'dapo'" in proc.stderr and "Traceback" not in proc.stderr

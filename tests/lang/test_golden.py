@@ -42,6 +42,27 @@ EXPECTED_CODES = {
     "bad_signature": "bad-signature",
     "bad_signature_module": "bad-signature",
     "many_errors": "unknown-name",
+    # issue 12: every analysis bounded, located errors, root causes first
+    "duplicate_transition_name": "duplicate-name",
+    "deep_nesting": "too-deep",
+    "import_system_exit": "bad-import",
+    "import_keyboard_interrupt": "bad-import",
+    "reserved_literal_names": "reserved-name",
+    "duplicate_activation": "duplicate-name",
+    "bom": "bom",
+    "cr_only_lines": "unknown-name",
+    "line_separators": "unknown-name",
+    "not_utf8_after_unicode": "not-utf8",
+    "malformed_number_exponent": "bad-number",
+    "malformed_number_hex": "bad-number",
+    "malformed_number_two_points": "bad-number",
+    "number_out_of_range": "bad-number",
+    "trailing_comma": "syntax",
+    "syntax_two_broken_items": "syntax",  # both broken items reported (Note [Syntax error recovery])
+    "route_without_subject": "syntax",
+    "unclosed_long_string": "bad-string",
+    "sample_out_of_range": "bad-value",
+    "typo_follow_on": "unknown-name",
 }
 
 

@@ -7,8 +7,23 @@ with this directory on ``sys.path``; the name is unique across the repository.)
 from __future__ import annotations
 
 from srpo_graph.workflow import (
-    ActivateAgents, ActivateEnd, ActivateRoute, Agent, Call, ChoiceType, IntType, Literal_, Policy, Ref,
-    Sampling, Template, TextPart, TextType, ToolCall, Transition, Workflow,
+    ActivateAgents,
+    ActivateEnd,
+    ActivateRoute,
+    Agent,
+    Call,
+    ChoiceType,
+    IntType,
+    Literal_,
+    Policy,
+    Ref,
+    Sampling,
+    Template,
+    TextPart,
+    TextType,
+    ToolCall,
+    Transition,
+    Workflow,
 )
 
 DIGITS = tuple("0123456789")

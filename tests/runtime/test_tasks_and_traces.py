@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 import runtime_workflows as wfs
+
 from srpo_graph.errors import RuntimeFailure, TraceError
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import load_tasks

@@ -48,7 +48,7 @@ def test_example_workflow_compiles_and_recomputes(path, tiny):
     result = run(wf, tasks, {p.name: tiny for p in wf.policies}, samples=2, seed=0)
     batch = compile(result.episodes, CompileConfig(policies=tuple(p.name for p in wf.policies)))
     kept = [e for e in result.episodes if e.status != "failed"]
-    assert batch.stats["events"] + batch.stats["dropped_incomplete_events"] == sum(len(e.transitions) for e in kept)
+    assert batch.stats.events + batch.stats.dropped_incomplete_events == sum(len(e.transitions) for e in kept)
     models = [tiny.model for _ in wf.policies]
     lp, ent = packed_logprobs(models, batch)
     assert torch.allclose(lp[batch.loss_mask], batch.sampler_logprobs[batch.loss_mask], atol=1e-4)

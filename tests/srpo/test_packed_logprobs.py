@@ -90,8 +90,8 @@ def test_gradient_reaches_only_each_members_own_policy(models):
 
 
 def test_real_traces_from_the_tiny_model_recompute_to_the_sampler_logprobs(models, tmp_path):
-    from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.compiler.setbatch import SetBatch
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run

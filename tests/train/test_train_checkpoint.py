@@ -40,7 +40,9 @@ def _save(run_dir, step, model, tok, opt, sched, keep=2):
 def test_round_trip_continues_exactly(tmp_path):
     model, tok, opt, sched = _policy()
     _train_one(model, opt, sched, 0)
-    random.seed(5); np.random.seed(5); torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
     path = _save(tmp_path, 1, model, tok, opt, sched)
     expect_rng = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     _train_one(model, opt, sched, 1)  # the uninterrupted continuation

@@ -72,7 +72,7 @@ def test_docs_config_reference_is_current():
     from srpo_graph.train.config import config_reference
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
-    assert config_reference().strip() in doc
+    assert config_reference().strip() in doc  # regenerate: python scripts/gen_docs.py
 
 
 @pytest.mark.parametrize("override, suggestion", [

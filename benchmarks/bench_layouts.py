@@ -1,0 +1,199 @@
+"""P5: the update's forward+backward in each micro-batch layout vs a raw forward+backward.
+
+One step's SetBatch of the TRL comparison workload (``benchmarks/workloads/single16.wf``: one
+agent, 16-token completions, 16 tasks x 8 samples, sampled by the tiny model itself) is run
+through the objective's whole micro-batch work -- ``packed_logprobs`` + ``srpo_loss`` +
+``backward`` -- in each layout of ``srpo_graph.srpo.logprobs`` (Note [Layouts]):
+
+* ``packed``: one row per policy and micro-batch (sdpa on CPU builds a dense [n, n] mask);
+  at the default ``micro_batch_tokens`` (8192: one micro-batch) and at 256;
+* ``padded``: length buckets (the default bucket overhead, a bucket per distinct length, and
+  one bucket), at the default micro-batch budget;
+
+and a **raw** forward+backward of the same sequences: one right-padded [B, L] batch, the model's
+full logits, ``log_softmax`` + gather on the completion tokens, ``sum().backward()`` -- the least
+work any trainer does for these tokens. P5 = raw time / layout time (= update tokens/s over raw
+tokens/s; >= 0.85x is the target). Variants alternate within each round; per variant the best
+round (CPU time, ``process_time``: the cores are shared), and the min-max over rounds of the
+per-round ratio. One thread. Writes its section of
+docs/performance.md.
+
+A second table runs synthetic traces of very different lengths through the padded layout at several
+bucket overheads (the default ``BUCKET_OVERHEAD_TOKENS`` should be the fastest), one bucket, and
+packed rows.
+
+Usage: ``python benchmarks/bench_layouts.py [--rounds 9] [--no-doc]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _perfdoc import machine, write_result, write_section  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "single16.wf"
+
+
+def step_batch(model, tokenizer, tasks_per_step: int = 16, samples: int = 8, seed: int = 1):
+    """One step's SetBatch of the single16 workload, sampled by ``model``; old = sampler log-probs."""
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.compiler.compile import CompileConfig, compile
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.runtime.tasks import load_tasks
+
+    wf = load_workflow(WORKLOAD)
+    tasks = load_tasks(ROOT / "benchmarks" / "workloads" / "digits.jsonl", wf)[:tasks_per_step]
+    res = run(wf, tasks, {"tiny": TransformersBackend(model, tokenizer)}, samples=samples, seed=seed)
+    return compile(res.episodes, CompileConfig())
+
+
+def raw_step(model, batch):
+    """A callable: one right-padded [B, L] forward+backward of the batch's members (full logits)."""
+    lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
+    L = int(lengths.max())
+    col = torch.arange(L)
+    valid = col.unsqueeze(0) < lengths.unsqueeze(1)
+    grid = (batch.member_offsets[:-1].unsqueeze(1) + col).masked_fill(~valid, 0)
+    ids = batch.input_ids[grid].masked_fill(~valid, 0)
+    target = (batch.loss_mask[grid] & valid)[:, 1:]  # [B, L-1]: completion tokens, scored at t-1
+
+    def run() -> None:
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(2, ids[:, 1:].unsqueeze(2)).squeeze(2)
+        (lp * target).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    return run
+
+
+def update_step(model, batch, layout: str, overhead: int | None):
+    """A callable: the objective's micro-batch loop (log-probs, SRPO loss, backward) in ``layout``."""
+    from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS, packed_logprobs
+    from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+
+    cfg = LossConfig()
+    denom = loss_denominator(batch, cfg)
+    micros = batch.micro_batches()
+    kw = {"layout": layout, "bucket_overhead": BUCKET_OVERHEAD_TOKENS if overhead is None else overhead}
+
+    def run() -> None:
+        for micro in micros:
+            lp, ent = packed_logprobs([model], micro, **kw)
+            loss, _ = srpo_loss(lp, micro, cfg, denominator=denom, entropy=ent)
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return run
+
+
+def varied_lengths(model, rounds: int) -> list[str]:
+    """The bucket overhead on members of very different lengths (synthetic traces): markdown lines."""
+    from srpo_graph.compiler.compile import CompileConfig, compile
+    from srpo_graph.compiler.synthetic import synthetic_episodes
+    from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS
+
+    eps = synthetic_episodes(8, 8, seed=0, max_set=3, max_events=2, prompt_len=(10, 120), completion_len=(4, 80),
+                             vocab=model.config.vocab_size, constrained_share=0.0, policies=("tiny",))
+    batch = compile(eps, CompileConfig())
+    lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
+    variants = {f"padded, overhead {o}" + (" (default)" if o == BUCKET_OVERHEAD_TOKENS else ""):
+                update_step(model, batch, "padded", o) for o in (0, 32, BUCKET_OVERHEAD_TOKENS, 512)}
+    variants["padded, one bucket"] = update_step(model, batch, "padded", 10**9)
+    variants["packed, micro_batch_tokens 512"] = update_step(model, batch.with_micro_batch_tokens(512), "packed", None)
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():
+        fn()
+    for _ in range(max(1, rounds // 3)):
+        for key, fn in variants.items():
+            t0 = time.process_time()
+            fn()
+            times[key].append(time.process_time() - t0)
+    slow = f"packed, micro_batch_tokens {batch.micro_batch_tokens} (one round)"
+    t0 = time.process_time()
+    update_step(model, batch, "packed", None)()
+    times[slow] = [time.process_time() - t0]
+    best = {k: min(v) for k, v in times.items()}
+    ref = min(best.values())
+    lines = ["", f"Varied lengths (synthetic traces, {batch.num_members} members of {int(lengths.min())}-"
+             f"{int(lengths.max())} tokens, {batch.num_tokens:,} tokens; same model and loop): the bucket overhead "
+             "(`BUCKET_OVERHEAD_TOKENS`, the cost of one more forward in token slots) against a bucket per length, "
+             "one bucket, and packed rows.", "", "| layout | fwd+bwd time | vs fastest |", "|---|---|---|"]
+    lines += [f"| {k} | {1000 * v:.1f} ms | {v / ref:.2f}x |" for k, v in best.items()]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--no-doc", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM
+
+    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS, choose_layout
+
+    path = ensure_tiny_model()
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    batch = step_batch(model, load_tokenizer(path))
+    lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
+    auto = choose_layout(model)
+    variants = {
+        "raw": ("raw padded [B, L] forward+backward, full logits (baseline)", raw_step(model, batch)),
+        "padded": (f"padded, length buckets (overhead {BUCKET_OVERHEAD_TOKENS})", update_step(model, batch, "padded", None)),
+        "padded_each": ("padded, a bucket per distinct length", update_step(model, batch, "padded", 0)),
+        "padded_one": ("padded, one bucket", update_step(model, batch, "padded", 10**9)),
+        "packed": (f"packed, micro_batch_tokens {batch.micro_batch_tokens}", update_step(model, batch, "packed", None)),
+        "packed_256": ("packed, micro_batch_tokens 256", update_step(model, batch.with_micro_batch_tokens(256), "packed", None)),
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in (v[1] for v in variants.values()):
+        fn()  # warm-up
+    for _ in range(args.rounds):
+        for key, (_, fn) in variants.items():
+            t0 = time.process_time()
+            fn()
+            times[key].append(time.process_time() - t0)
+    best = {k: min(v) for k, v in times.items()}
+    for k, v in best.items():
+        print(f"{k:12s} {1000 * v:8.1f} ms")
+    lines = [
+        "## P5: update forward+backward by layout vs raw (benchmarks/bench_layouts.py)",
+        "",
+        f"One step's SetBatch of `benchmarks/workloads/single16.wf` (16 tasks x 8 samples, 16-token completions, "
+        f"sampled by the tiny model): {batch.num_sets} events, {batch.num_tokens:,} tokens, member lengths "
+        f"{int(lengths.min())}-{int(lengths.max())}. Each layout runs the objective's whole micro-batch loop "
+        "(`packed_logprobs` + `srpo_loss` with diagnostics + `backward`); *raw* is one right-padded [B, L] forward+backward "
+        "with full logits and a plain log-softmax. Best CPU time of "
+        f"{args.rounds} alternated rounds; ratio min-max over the rounds; {machine()}; the 2 cores were shared with "
+        f"other engineers' jobs. `auto` picks **{auto}** here (attention: `{model.config._attn_implementation}`).",
+        "",
+        "| layout | fwd+bwd time | update tokens/s | raw / layout (P5) | min-max |",
+        "|---|---|---|---|---|",
+    ]
+    for key, (label, _) in variants.items():
+        per_round = [r / t for r, t in zip(times["raw"], times[key])]
+        lines.append(f"| {label} | {1000 * best[key]:.1f} ms | {batch.num_tokens / best[key]:,.0f} | "
+                     f"{best['raw'] / best[key]:.2f}x | {min(per_round):.2f}-{max(per_round):.2f}x |")
+    lines += ["", f"P5 (default layout `{auto}` vs raw): **{best['raw'] / best[auto]:.2f}x** (target >= 0.85x); "
+              f"packed at the default budget is {best['packed'] / best[auto]:.1f}x the default layout's time."]
+    lines += varied_lengths(model, args.rounds)
+    print("\n".join(lines))
+    p5 = [r / t for r, t in zip(times["raw"], times[auto])]
+    if not args.no_doc:
+        write_section("layouts", "\n".join(lines))
+        write_result("layouts", {"auto": auto, "p5": best["raw"] / best[auto], "p5_min": min(p5), "p5_max": max(p5),
+                                 "packed_over_auto": best["packed"] / best[auto], "best_s": best})
+    return best
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,483 @@
+"""Small pretrained models built locally (``policy p = "tiny-reason"``): ``RECIPES``, one table.
+
+Backends stage. Consumes nothing but code and the shipped corpus (``srpo_graph/data``); produces a
+model directory that loads like any Hugging Face causal LM (``LlamaConfig`` + a char-level
+``PreTrainedTokenizerFast``, both written with ``save_pretrained``). Unlike the untrained ``tiny``
+model, a recipe model is *pre-trained* here, by supervised learning on synthetic data generated
+in code, so that RL starts where the paper's does: from a model that half-knows the task.
+
+The one recipe, ``tiny-reason`` (~0.4M parameters), writes multi-token outputs (10-60 tokens) in
+a format that can be broken, for these roles (the prompts are the ``.wf`` templates of
+``workflows/tiny_*.wf``; each is one of the constants below, filled from a task's question):
+
+==========  =====================================  ==========================================
+role        prompt                                 completion
+==========  =====================================  ==========================================
+solve       ``<q>QUESTION<s>``                     ``37+48=85;85-9=76;#76`` (steps, ``#`` answer)
+quick       ``<q>QUESTION<e>``                     ``#76`` (no steps: less often right)
+verify      ``<q>QUESTION<p>PROPOSAL<v>``          a solution (a copy of the proposal or a new one)
+aggregate   ``<q>QUESTION<a>SOL_A<b>SOL_B<g>``     a solution (a copy of one or a new one)
+route       ``<r>QUESTION``                        one digit: 0 quick, 1 careful (solve), 2 skip
+search      ``<k>QUESTION<d>PASSAGES<s>``          ``search: QUERY`` or ``answer: TEXT``
+==========  =====================================  ==========================================
+
+Note [An imperfect teacher]. The pre-training targets are written by a teacher that makes the
+mistakes a small LM makes, at fixed rates: an arithmetic step off by 1 or 10 (carried forward), a
+solution that ends without its ``#answer`` (a broken format: the extractor finds nothing), a
+verifier/aggregator that copies a proposal instead of checking it, a searcher that answers
+before searching, searches with a useless query, or picks the wrong word of a passage. The
+model learns that mixture, so its sampled accuracy starts well below 100% (20-60%) while the
+correct behaviour is already in its distribution: the regime where RL's credit assignment is
+what decides how fast it improves. The rates are the recipe's, never tuned per objective.
+
+Held-out problems: a problem (math question or search question) is *held out* when
+``crc32(question) % 5 == 0`` (:func:`is_held_out`). Pre-training never sees a held-out problem;
+``scripts/make_data.py`` writes the held-out ones to the ``*_eval.jsonl`` files and the others to
+the training task files, so held-out accuracy is measured on problems neither SFT nor RL saw.
+
+The build is deterministic for a seed (one thread, fixed data order) and atomic, like
+:func:`srpo_graph.backends.tiny.ensure_tiny_model`; the result is cached under
+``$SRPO_GRAPH_HOME/<recipe>`` (else ``~/.cache/srpo-graph/<recipe>``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+ROLE_TOKENS = ("<q>", "<s>", "<e>", "<p>", "<v>", "<a>", "<b>", "<g>", "<r>", "<k>", "<d>")
+CHARS = tuple("0123456789") + tuple("abcdefghijklmnopqrstuvwxyz") + tuple(" .,:;?!+-*=#'\n")
+VOCAB: tuple[str, ...] = SPECIAL_TOKENS + ROLE_TOKENS + CHARS
+MARKER = "srpo_graph_recipe.json"
+
+# the prompts, exactly as the .wf files of workflows/tiny_*.wf write them
+SOLVE = "<q>{question}<s>"
+QUICK = "<q>{question}<e>"
+VERIFY = "<q>{question}<p>{proposal}<v>"
+AGGREGATE = "<q>{question}<a>{a}<b>{b}<g>"
+ROUTE = "<r>{question}"
+SEARCH = "<k>{question}<d>{docs}<s>"
+
+# Note [An imperfect teacher]: the fixed mistake rates
+P_SLIP = 0.2        # an arithmetic step off by 1 or 10
+P_NO_ANSWER = 0.15  # a solution without its #answer
+P_COPY = 0.5        # verifier / aggregator copies a proposal unchecked
+P_QUICK_RIGHT = 0.35
+
+
+def is_held_out(question: str) -> bool:
+    """True for the problems kept out of pre-training and RL training (about 1 in 5).
+
+    >>> is_held_out("12+5-3"), is_held_out("what is the capital of rira?")
+    (False, False)
+    """
+    return zlib.crc32(question.encode()) % 5 == 0
+
+
+# --------------------------------------------------------------------------- math problems
+
+NAMES = ("tom", "ana", "li", "sam", "mia", "eva", "raj", "kim", "leo", "zoe")
+THINGS = ("pens", "cards", "coins", "books", "shells")
+
+
+@dataclass(frozen=True)
+class MathProblem:
+    """A chain ``t0 op1 t1 [op2 t2]`` as an expression (``arith``) or a word problem (``word``)."""
+
+    family: str
+    question: str
+    terms: tuple[int, ...]
+    ops: tuple[str, ...]
+
+    @property
+    def answer(self) -> int:
+        v = self.terms[0]
+        for op, t in zip(self.ops, self.terms[1:]):
+            v = v + t if op == "+" else v - t
+        return v
+
+
+def math_problem(rng: random.Random) -> MathProblem:
+    """One random problem: 1-2 additions/subtractions of small numbers, never below 0."""
+    n_ops = rng.choice((1, 2, 2))
+    terms, ops = [rng.randint(10, 60)], []
+    v = terms[0]
+    for _ in range(n_ops):
+        t = rng.randint(2, 19)
+        op = "-" if (rng.random() < 0.4 and v - t >= 0) else "+"
+        v = v + t if op == "+" else v - t
+        terms.append(t)
+        ops.append(op)
+    if rng.random() < 0.5:
+        q = str(terms[0]) + "".join(f"{o}{t}" for o, t in zip(ops, terms[1:]))
+        return MathProblem("arith", q, tuple(terms), tuple(ops))
+    name, thing = rng.choice(NAMES), rng.choice(THINGS)
+    parts = [f"gets {t} more" if o == "+" else f"gives {t} away" for o, t in zip(ops, terms[1:])]
+    q = f"{name} has {terms[0]} {thing}, " + " and ".join(parts) + ". how many now?"
+    return MathProblem("word", q, tuple(terms), tuple(ops))
+
+
+def solution(p: MathProblem, rng: random.Random | None = None) -> str:
+    """The written solution; with ``rng``, the imperfect teacher's (Note [An imperfect teacher]).
+
+    >>> solution(MathProblem("arith", "37+48-9", (37, 48, 9), ("+", "-")))
+    '37+48=85;85-9=76;#76'
+    """
+    v, steps = p.terms[0], []
+    for op, t in zip(p.ops, p.terms[1:]):
+        r = v + t if op == "+" else v - t
+        if rng is not None and rng.random() < P_SLIP:
+            r = max(0, r + rng.choice((-10, -1, 1, 10)))
+        steps.append(f"{v}{op}{t}={r}")
+        v = r
+    text = ";".join(steps)
+    if rng is not None and rng.random() < P_NO_ANSWER:
+        return text
+    return f"{text};#{v}"
+
+
+_ANSWER = re.compile(r"#(-?\d+)\s*$")
+
+
+def final_answer(text: str) -> int:
+    """The ``#answer`` that ends a solution; ``ValueError`` when the format is broken.
+
+    >>> final_answer("37+48=85;#85")
+    85
+    """
+    m = _ANSWER.search(text.strip())
+    if m is None:
+        raise ValueError("the solution does not end with #ANSWER")
+    return int(m.group(1))
+
+
+# --------------------------------------------------------------------------- search questions
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus.jsonl"
+_LAND = re.compile(r"(\w+) is a small country\. its capital is (\w+) and its main river is the (\w+)\.")
+_CAPITAL = re.compile(r"(\w+) is the capital of (\w+)\. it was founded by (\w+) in (\d+)\.")
+_RIVER = re.compile(r"the (\w+) flows through (\w+)\. farmers along the \w+ grow (\w+)\.")
+_FLAG = re.compile(r"the flag of (\w+) is mostly (\w+)\.")
+
+
+@dataclass(frozen=True)
+class SearchQuestion:
+    """A question over the corpus and the queries that answer it (in order: a chain of hops)."""
+
+    kind: str
+    question: str
+    answer: str
+    queries: tuple[str, ...]
+
+
+def search_questions(corpus: Path = CORPUS) -> list[SearchQuestion]:
+    """Every question the shipped corpus answers (5 per country, as ``scripts/make_data.py`` asks them)."""
+    facts: dict[str, dict[str, str]] = {}
+    for line in corpus.read_text(encoding="utf-8").splitlines():
+        text = json.loads(line)["text"]
+        if m := _LAND.fullmatch(text):
+            facts.setdefault(m[1], {}).update(capital=m[2], river=m[3])
+        elif m := _CAPITAL.fullmatch(text):
+            facts.setdefault(m[2], {}).update(founder=m[3], year=m[4])
+        elif m := _RIVER.fullmatch(text):
+            facts.setdefault(m[2], {}).update(crop=m[3])
+        elif m := _FLAG.fullmatch(text):
+            facts.setdefault(m[1], {}).update(color=m[2])
+    out = []
+    for land in sorted(facts):
+        f = facts[land]
+        cap = f["capital"]
+        out += [
+            SearchQuestion("capital", f"what is the capital of {land}?", cap, (f"capital of {land}",)),
+            SearchQuestion("founder", f"who founded {cap}?", f["founder"], (f"{cap} founded",)),
+            SearchQuestion("year", f"in which year was {cap} founded?", f["year"], (f"{cap} founded",)),
+            SearchQuestion("crop", f"what do farmers along the main river of {land} grow?", f["crop"],
+                           (f"main river of {land}", f"{f['river']} river")),
+            SearchQuestion("flag", f"what is the main colour of the flag of {land}?", f["color"], (f"flag of {land}",)),
+        ]
+    return out
+
+
+def _search_examples(q: SearchQuestion, rng: random.Random, names: list[str]) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs of one imperfect-teacher search episode over ``q``."""
+    from srpo_graph.std import retrieve
+
+    pairs, docs = [], ""
+    for hop, good in enumerate(q.queries):
+        u = rng.random()
+        if hop == 0 and u < 0.2:  # answers before searching: a guess
+            pairs.append((SEARCH.format(question=q.question, docs=""), f"answer: {rng.choice(names)}"))
+            u = rng.random()
+        query = good if u < 0.75 else rng.choice((q.question.split()[-1].strip("?"), rng.choice(names)))
+        pairs.append((SEARCH.format(question=q.question, docs=docs), f"search: {query}"))
+        docs = retrieve(query, k=2)
+        if query != good:  # a useless query: the teacher searches again, properly
+            pairs.append((SEARCH.format(question=q.question, docs=docs), f"search: {good}"))
+            docs = retrieve(good, k=2)
+    words = [w for w in re.findall(r"[a-z0-9]+", docs) if w != q.answer and len(w) > 3]
+    wrong = rng.random() < 0.25 and words
+    pairs.append((SEARCH.format(question=q.question, docs=docs), f"answer: {rng.choice(words) if wrong else q.answer}"))
+    return pairs
+
+
+# --------------------------------------------------------------------------- the SFT data
+
+
+def sft_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
+    """``num`` (prompt, completion) pairs over every role, no held-out problem among them."""
+    qs = [q for q in search_questions() if not is_held_out(q.question)]
+    names = sorted({q.answer for q in qs if not q.answer.isdigit()})
+    out: list[tuple[str, str]] = []
+    while len(out) < num:
+        role = rng.choices(("solve", "quick", "verify", "aggregate", "route", "search"), (4, 1, 2, 2, 1, 2))[0]
+        if role == "search":
+            out += _search_examples(rng.choice(qs), rng, names)
+            continue
+        p = math_problem(rng)
+        if is_held_out(p.question):
+            continue
+        q = p.question
+        if role == "solve":
+            out.append((SOLVE.format(question=q), solution(p, rng)))
+        elif role == "quick":
+            a = p.answer if rng.random() < P_QUICK_RIGHT else max(0, p.answer + rng.choice((-11, -10, -2, -1, 1, 2, 10, 11)))
+            out.append((QUICK.format(question=q), f"#{a}"))
+        elif role == "verify":
+            prop = solution(p, rng)
+            out.append((VERIFY.format(question=q, proposal=prop), prop if rng.random() < P_COPY else solution(p, rng)))
+        elif role == "aggregate":
+            a, b = solution(p, rng), solution(p, rng)
+            u = rng.random()
+            out.append((AGGREGATE.format(question=q, a=a, b=b), a if u < P_COPY / 2 else b if u < P_COPY else solution(p, rng)))
+        else:
+            out.append((ROUTE.format(question=q), str(rng.randrange(3))))
+    return out[:num]
+
+
+# --------------------------------------------------------------------------- model + training
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One buildable model: its architecture, its SFT data and budget."""
+
+    name: str
+    description: str
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    examples: Callable[[random.Random, int], list[tuple[str, str]]]
+    num_examples: int
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    version: int  # bump when anything above changes: old caches are rebuilt
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r for r in (
+        Recipe("tiny-reason", "math chains, verifier/aggregator/router roles and multi-turn search (~0.4M params)",
+               hidden=128, layers=2, heads=4, intermediate=384, examples=sft_examples, num_examples=40_000,
+               steps=1600, batch_size=32, lr=4e-3, seed=1234, version=2),
+    )
+}
+
+
+def build_tokenizer():
+    """The recipe models' char-level tokenizer (``VOCAB``), as a ``PreTrainedTokenizerFast``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ROLE_TOKENS])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left", model_max_length=1024)
+
+
+def build_config(r: Recipe):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(VOCAB), hidden_size=r.hidden, intermediate_size=r.intermediate,
+                       num_hidden_layers=r.layers, num_attention_heads=r.heads, num_key_value_heads=r.heads,
+                       max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=VOCAB.index("<pad>"),
+                       bos_token_id=VOCAB.index("<bos>"), eos_token_id=VOCAB.index("<eos>"))
+
+
+def default_dir(name: str) -> Path:
+    """``$SRPO_GRAPH_HOME/<name>``, else ``~/.cache/srpo-graph/<name>``.
+
+    >>> default_dir("tiny-reason").name
+    'tiny-reason'
+    """
+    home = os.environ.get("SRPO_GRAPH_HOME")
+    return (Path(home) if home else Path.home() / ".cache" / "srpo-graph") / name
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        from srpo_graph.errors import BackendError
+
+        raise BackendError(f"unknown model recipe {name!r} (known: {', '.join(RECIPES)})")
+    return RECIPES[name]
+
+
+def is_recipe_dir(path: str | os.PathLike, name: str) -> bool:
+    """True when ``path`` holds a complete build of recipe ``name`` at its current version."""
+    try:
+        meta = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return meta.get("recipe") == name and meta.get("version") == get_recipe(name).version
+
+
+def _length_buckets(seqs: list, batch_size: int, steps: int, rng: random.Random) -> list[list]:
+    """``steps`` batches: shuffled, then sorted by length within chunks of 16 batches (less padding)."""
+    out: list[list] = []
+    while len(out) < steps:
+        order = list(range(len(seqs)))
+        rng.shuffle(order)
+        chunk = 16 * batch_size
+        for c in range(0, len(order) - batch_size + 1, chunk):
+            idx = sorted(order[c: c + chunk], key=lambda i: len(seqs[i][0]))
+            group = [[seqs[i] for i in idx[b: b + batch_size]] for b in range(0, len(idx) - batch_size + 1, batch_size)]
+            rng.shuffle(group)
+            out += group
+    return out[:steps]
+
+
+def pretrain(r: Recipe, log: Callable[[str], None] | None = None):
+    """Build and SFT-train recipe ``r``'s model on one thread; returns (model, tokenizer, info)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tok = build_tokenizer()
+    rng = random.Random(r.seed)
+    pairs = r.examples(rng, r.num_examples)
+    eos = tok.eos_token_id
+    seqs = []
+    for prompt, completion in pairs:
+        p_ids = tok(prompt)["input_ids"]
+        c_ids = tok(completion, add_special_tokens=False)["input_ids"] + [eos]
+        seqs.append((p_ids + c_ids, len(p_ids)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # deterministic, and polite on a shared machine
+    t0 = time.perf_counter()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(r.seed)
+            model = LlamaForCausalLM(build_config(r))
+            model.config.use_cache = False
+            opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.01, betas=(0.9, 0.98))
+            warm = max(1, r.steps // 20)
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / r.steps))))
+            batches = _length_buckets(seqs, r.batch_size, r.steps, rng)
+            model.train()
+            losses = []
+            for step, batch in enumerate(batches):
+                width = max(len(s) for s, _ in batch)
+                ids = torch.full((len(batch), width), tok.pad_token_id)  # (B, T), right-padded
+                labels = torch.full((len(batch), width), -100)
+                attn = torch.zeros((len(batch), width), dtype=torch.long)
+                for i, (s, n_prompt) in enumerate(batch):
+                    ids[i, : len(s)] = torch.tensor(s)
+                    labels[i, n_prompt: len(s)] = torch.tensor(s[n_prompt:])  # loss on the completion + eos only
+                    attn[i, : len(s)] = 1
+                loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+                if log and (step + 1) % 100 == 0:
+                    log(f"  step {step + 1}/{r.steps}  loss {sum(losses[-100:]) / len(losses[-100:]):.3f}"
+                        f"  ({time.perf_counter() - t0:.0f} s)")
+            model.eval()
+    finally:
+        torch.set_num_threads(threads)
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {"recipe": r.name, "version": r.version, "seed": r.seed, "parameters": n_params, "steps": r.steps,
+            "examples": len(seqs), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
+            "build_seconds": round(time.perf_counter() - t0, 1)}
+    return model, tok, info
+
+
+def ensure_recipe_model(name: str, path: str | os.PathLike | None = None,
+                        log: Callable[[str], None] | None = None) -> Path:
+    """Build recipe ``name`` at ``path`` (default :func:`default_dir`) unless it is already there.
+
+    Returns:
+        The directory, loadable with ``from_pretrained``; ``srpo_graph_recipe.json`` in it records
+        the recipe, its version, the parameter count, the final SFT loss and the build time.
+    Raises:
+        BackendError: an unknown recipe.
+        OSError: the directory cannot be written.
+    """
+    r = get_recipe(name)
+    target = Path(path) if path is not None else default_dir(name)
+    if is_recipe_dir(target, name):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
+    try:
+        model, tok, info = pretrain(r, log)
+        model.generation_config.do_sample = True
+        model.generation_config.top_k = 0
+        model.generation_config.top_p = 1.0
+        model.generation_config.max_new_tokens = 64
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps(info), encoding="utf-8")
+        if target.exists() and not is_recipe_dir(target, name):
+            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
+            os.replace(target, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not is_recipe_dir(target, name):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def recipe_info(path: str | os.PathLike) -> dict:
+    """What the build recorded (``srpo_graph_recipe.json``)."""
+    return json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
+
+
+def solution_correct(solution: str, gold: str) -> float:
+    """1.0 when a solution ends with ``#ANSWER`` and the answer is the integer ``gold`` (the math reward).
+
+    >>> solution_correct("12+5=17;#17", "17"), solution_correct("12+5=17", "17")
+    (1.0, 0.0)
+    """
+    if solution is None:
+        return 0.0
+    try:
+        return float(final_answer(solution) == int(str(gold).strip()))
+    except ValueError:
+        return 0.0

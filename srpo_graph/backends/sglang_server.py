@@ -1,0 +1,257 @@
+"""Start, watch and stop SGLang servers for a run: one process group per server, never orphaned.
+
+Backends stage. Consumes a model directory, a port and a launch recipe (``"cpu"``, ``"gpu"`` or
+a command template); produces a running :class:`SGLangServer` whose ``url`` answers
+``/health``. It knows nothing about training: the trainer starts one server per policy and
+stops them all in a ``finally``.
+
+How no server is ever left behind:
+
+* each server is started in a **new session** (its own process group), so ``stop`` signals the
+  launcher and every process it forked (SGLang's scheduler and detokenizer) with one ``killpg``;
+* every started server is registered; an ``atexit`` hook stops what is still registered when
+  the interpreter exits (normal end, an uncaught exception, ``sys.exit``, Ctrl-C);
+* the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGTERM)``) to be sent SIGTERM when the
+  process that started it dies, so even a trainer killed with SIGKILL takes its servers down
+  (SGLang's launcher then stops its own children);
+* a server that exits while starting is reported with the tail of its log.
+
+Recipes (``{model}``, ``{port}``, ``{host}`` and ``{python}`` are filled in):
+
+* ``"cpu"``: this repository's CPU recipe, the flags of ``shared/sglang-cpu/launch.sh`` (bf16,
+  ``torch_native`` attention, no overlap schedule, 65,536-token KV cache) with the SGLang venv's
+  python (``SRPO_GRAPH_SGLANG_PYTHON``, default ``~/.cache/srpo-graph/sglang-venv/bin/python``);
+* ``"gpu"``: ``python -m sglang.launch_server`` with SGLang's defaults;
+* anything else: a command template, split like a shell would (no shell runs it).
+
+Every recipe adds ``--enable-custom-logit-processor`` (``allow:`` needs it, see
+``sglang.py``) unless the template already has it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from srpo_graph.errors import BackendError
+
+DEFAULT_VENV = Path.home() / ".cache" / "srpo-graph" / "sglang-venv"
+CPU_TEMPLATE = ("{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} "
+                "--device cpu --dtype bfloat16 --attention-backend torch_native --disable-overlap-schedule "
+                "--max-total-tokens 65536")
+GPU_TEMPLATE = "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
+PRESETS = {"cpu": CPU_TEMPLATE, "gpu": GPU_TEMPLATE}
+CUSTOM_LOGIT_FLAG = "--enable-custom-logit-processor"
+
+_LIVE: dict[int, "SGLangServer"] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def sglang_python() -> str:
+    """The python that has SGLang: ``$SRPO_GRAPH_SGLANG_PYTHON`` or the default CPU venv's."""
+    return os.environ.get("SRPO_GRAPH_SGLANG_PYTHON") or str(DEFAULT_VENV / "bin" / "python")
+
+
+def launch_command(recipe: str, model: str, port: int, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+    """The argv that starts one server.
+
+    Args:
+        recipe: ``"cpu"``, ``"gpu"`` or a template with ``{model}``, ``{port}`` (and optionally
+            ``{host}``, ``{python}``).
+        model: the model directory (or hub name) to serve.
+        port: its port.
+    Raises:
+        BackendError: a template without ``{model}`` or ``{port}``, or with unknown fields.
+
+    >>> launch_command("gpu", "/m", 30001, python="py")[:4]
+    ['py', '-m', 'sglang.launch_server', '--model-path']
+    >>> launch_command("gpu", "/m", 30001, python="py")[-1]
+    '--enable-custom-logit-processor'
+    >>> launch_command("serve {model}", "/m", 1)
+    Traceback (most recent call last):
+    ...
+    srpo_graph.errors.BackendError: field `rollout.sglang_launch`: the launch command 'serve {model}' must contain {model} and {port}
+    """
+    template = PRESETS.get(recipe, recipe)
+    if "{model}" not in template or "{port}" not in template:
+        raise BackendError(f"field `rollout.sglang_launch`: the launch command {recipe!r} must contain {{model}} and {{port}}")
+    try:
+        argv = [part.format(model=model, port=int(port), host=host, python=python or sglang_python())
+                for part in shlex.split(template)]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise BackendError(f"field `rollout.sglang_launch`: cannot fill the launch command {recipe!r}: {exc!r} "
+                           "(known fields: {model} {port} {host} {python})") from None
+    if CUSTOM_LOGIT_FLAG not in argv:
+        argv.append(CUSTOM_LOGIT_FLAG)
+    return argv
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: atexit and the process group still stop it
+        pass
+
+
+class SGLangServer:
+    """One SGLang server process (group) on ``host:port``.
+
+    Args:
+        argv: the command (see :func:`launch_command`).
+        port: the port it listens on.
+        host: its address (loopback by default).
+        log_path: where its stdout/stderr go.
+        env: extra environment (``SGLANG_USE_CPU_ENGINE=1`` is added for the cpu recipe).
+    """
+
+    def __init__(self, argv: Sequence[str], port: int, *, host: str = "127.0.0.1",
+                 log_path: str | Path | None = None, env: dict[str, str] | None = None):
+        self.argv = list(argv)
+        self.port = int(port)
+        self.host = host
+        self.url = f"http://{host}:{self.port}"
+        self.log_path = Path(log_path) if log_path else Path(f"/tmp/srpo-graph-sglang-{self.port}.log")
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> "SGLangServer":
+        """Start the process in its own session; register it for the exit hook."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env}
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as exc:
+                raise BackendError(f"sglang: cannot start the server `{shlex.join(self.argv)}`: {exc.strerror} "
+                                   f"(is SGLang installed? see docs/sglang.md; SRPO_GRAPH_SGLANG_PYTHON names its python)") from None
+        with _LIVE_LOCK:
+            _LIVE[self.proc.pid] = self
+        return self
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_healthy(self, timeout: float = 300.0) -> "SGLangServer":
+        """Poll ``/health`` until it answers 200.
+
+        Raises:
+            BackendError: the process exited, or ``timeout`` seconds passed (the server is stopped).
+        """
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                code = self.proc.returncode
+                self._forget()
+                raise BackendError(f"sglang: the server for {self.url} exited with code {code} while starting; "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BackendError(f"sglang: the server for {self.url} was not healthy after {timeout:g}s (stopped it); "
+                                   f"log {self.log_path}:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds. Idempotent."""
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            pgid = os.getpgid(proc.pid)
+        except ProcessLookupError:
+            pgid = None
+        for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            if pgid is not None:
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+            elif proc.poll() is None:
+                proc.send_signal(sig)
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+            if pgid is None or not _group_alive(pgid):
+                break
+        self._forget()
+
+    def _forget(self) -> None:
+        with _LIVE_LOCK:
+            if self.proc is not None:
+                _LIVE.pop(self.proc.pid, None)
+
+    def __enter__(self) -> "SGLangServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_server(model: str, port: int, *, recipe: str = "cpu", host: str = "127.0.0.1",
+                 log_path: str | Path | None = None, health_timeout: float = 300.0) -> SGLangServer:
+    """Launch a server on ``model`` at ``host:port`` and wait until it is healthy.
+
+    Raises:
+        BackendError: it cannot start, exits, or is not healthy in time (nothing is left running).
+    """
+    argv = launch_command(recipe, model, port, host)
+    env = {"SGLANG_USE_CPU_ENGINE": "1"} if recipe == "cpu" else {}
+    server = SGLangServer(argv, port, host=host, log_path=log_path, env=env).start()
+    try:
+        return server.wait_healthy(health_timeout)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped (the exit hook)."""
+    with _LIVE_LOCK:
+        servers = list(_LIVE.values())
+    for s in servers:
+        s.stop(grace=10.0)
+
+
+def live_servers() -> list[SGLangServer]:
+    with _LIVE_LOCK:
+        return list(_LIVE.values())
+
+
+atexit.register(stop_all)

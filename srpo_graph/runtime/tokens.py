@@ -1,0 +1,81 @@
+"""Static token checks of a workflow against its policies' tokenizers (when they are local).
+
+Runtime stage (it needs the backends' tokenizers; ``check`` reaches it through the CLI). Consumes
+a checked :class:`~srpo_graph.workflow.Workflow` and a tokenizer per policy; produces
+diagnostics: an ``allow`` entry that is not exactly one token is an error (sampling could never
+be constrained to it), literal prompt text the tokenizer turns into its unknown token is a
+warning (``<judge>`` silently becoming ``<unk>`` for the tiny model). Only tokenizers found on
+this machine are used -- ``"tiny"`` and local model folders -- never a download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from srpo_graph.backends import resolve_model
+from srpo_graph.errors import Diagnostic
+from srpo_graph.runtime.prompts import single_token_id
+from srpo_graph.workflow import TextPart, Workflow
+
+TINY = "tiny"
+
+
+def local_tokenizers(workflow: Workflow) -> dict[str, Any]:
+    """A tokenizer for every policy whose model is on this machine (``tiny`` or a folder)."""
+    from srpo_graph.backends.tiny import load_tokenizer
+
+    out = {}
+    for pol in workflow.policies:
+        if pol.model == TINY or (Path(pol.model).is_dir() and any(Path(pol.model).glob("tokenizer*"))):
+            out[pol.name] = load_tokenizer(resolve_model(pol.model))
+    return out
+
+
+def _unknown_chars(tok: Any, text: str) -> list[str]:
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None or unk not in tok(text, add_special_tokens=False)["input_ids"]:
+        return []
+    return sorted({c for c in text if unk in tok(c, add_special_tokens=False)["input_ids"]}, key=text.index)
+
+
+def token_diagnostics(workflow: Workflow, tokenizers: Mapping[str, Any]) -> list[Diagnostic]:
+    """The token problems of ``workflow`` for the given ``{policy: tokenizer}`` (others skipped).
+
+    >>> from srpo_graph.lang import parse, check
+    >>> wf = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "<judge>x" '
+    ...                  'sample { allow: ["0", "10"] } } transition t { consume: a activate: end } start: a'))
+    >>> [(d.severity, d.code) for d in token_diagnostics(wf, local_tokenizers(wf))]
+    [('error', 'bad-token'), ('warning', 'unknown-token')]
+    """
+    diags: list[Diagnostic] = []
+    for agent in workflow.agents:
+        tok = tokenizers.get(agent.policy)
+        if tok is None:
+            continue
+        bad = [s for s in agent.sampling.allow or () if single_token_id(tok, s) is None]
+        if bad:
+            diags.append(Diagnostic(
+                f"agent '{agent.name}': allow entries {bad} are not single tokens of policy '{agent.policy}'",
+                agent.span, "each `allow` string must be exactly one token of the policy's tokenizer"
+                + (" (see `srpo-graph init-model --show-vocab`)" if _is_tiny(workflow, agent.policy) else ""),
+                code="bad-token"))
+        literal = "".join(p.text for p in agent.template.parts if isinstance(p, TextPart))
+        unknown = _unknown_chars(tok, literal)
+        if unknown:
+            diags.append(Diagnostic(
+                f"agent '{agent.name}': prompt text {', '.join(repr(c) for c in unknown)} is not in policy "
+                f"'{agent.policy}''s vocabulary (it becomes the unknown token)", agent.template.span or agent.span,
+                "use characters and role tokens the tokenizer knows"
+                + (" (see `srpo-graph init-model --show-vocab`)" if _is_tiny(workflow, agent.policy) else ""),
+                severity="warning", code="unknown-token"))
+    return diags
+
+
+def _is_tiny(workflow: Workflow, policy: str) -> bool:
+    return any(p.name == policy and p.model == TINY for p in workflow.policies)
+
+
+def check_local_tokens(workflow: Workflow) -> list[Diagnostic]:
+    """:func:`token_diagnostics` with :func:`local_tokenizers` (what ``srpo-graph check`` runs)."""
+    return token_diagnostics(workflow, local_tokenizers(workflow))

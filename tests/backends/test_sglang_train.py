@@ -1,0 +1,172 @@
+"""Training on REAL SGLang servers that `train` launches itself (rollout.sglang_launch=cpu): the
+reward rises, two policies get two servers each synced after every update, a server killed by
+its PID mid-run stops the run with a clear message and `--resume` continues, and no server is
+left running after any of it. Opt-in outside CI, required in CI (see sglang_servers.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_servers import _free_port, require_sglang  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+ROOT = Path(__file__).resolve().parents[2]
+
+TWO_POLICIES = """
+workflow duo "Two policies, one digit each, consumed together"
+
+import std
+
+task {
+  target: int
+}
+
+policy left = "tiny"
+policy right = "tiny"
+
+agent a {
+  policy: left
+  prompt: "<a>{task.target}"
+  sample { temperature: 1.0, max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"] }
+  output: int via std.digit
+}
+
+agent b {
+  policy: right
+  prompt: "<b>{task.target}"
+  sample { temperature: 1.0, max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"] }
+  output: int via std.digit
+}
+
+transition joint {
+  consume: a, b
+  activate: end
+}
+
+start: a, b
+reward: std.digits_sum_to(task.target, a, b)
+max_steps: 2
+"""
+
+
+def _config(run_dir: Path, steps: int, *extra: str):
+    from srpo_graph.train.config import load_config
+
+    return load_config(None, [f"steps={steps}", f"run_dir={json.dumps(str(run_dir))}", "rollout.backend=sglang",
+                              "rollout.sglang_launch=cpu", f"rollout.sglang_port={_free_port(30040, 30090)}",
+                              "eval.every=0", "logging.tensorboard=false", "logging.progress=false",
+                              "logging.plots=false", *extra])
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def _servers() -> set[int]:
+    from srpo_graph.backends.sglang_server import live_servers
+
+    return {id(s) for s in live_servers()}
+
+
+@pytest.fixture
+def no_servers_left():
+    """Check that no server the test's training started is still running (the session's own
+    server of test_sglang_real.py, if any, is not the test's)."""
+    before = _servers()
+
+    def check() -> None:
+        assert _servers() <= before
+
+    return check
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    import torch
+
+    torch.set_num_threads(1)  # the tiny model is fastest on one thread; the servers use the others
+
+
+def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_left):
+    """One command: servers launched, reward from chance (~0.1) to >= 0.6, servers stopped."""
+    from srpo_graph.train.trainer import train
+
+    require_sglang()
+    run = tmp_path / "par2"
+    summary = train(ROOT / "workflows" / "coord_par2.wf", _config(run, 60))
+    no_servers_left()
+    rows = _metrics(run)
+    first = sum(r["reward"] for r in rows[:5]) / 5
+    assert first < 0.3 and summary.final_reward >= 0.6, (first, summary.final_reward)
+    assert all(r["rollout/backend_failures"] == 0 and r["rollout/stale_outputs"] == 0 for r in rows)
+    assert all(r["mismatch/a/max_abs"] < 0.05 and r["mismatch/b/max_abs"] < 0.05 for r in rows)  # bf16 vs fp32
+    assert 'mismatch = "tis"' in (run / "config.toml").read_text()  # on by default for sglang
+    versions = {o["policy_version"] for line in (run / "traces" / "step_25.jsonl").read_text().splitlines()
+                for o in json.loads(line)["outputs"]}
+    assert versions == {24}  # sampled by the weights of the previous update, as the server reported
+
+
+def test_two_policies_get_two_servers_each_synced(tmp_path, no_servers_left):
+    from srpo_graph.train.trainer import train
+
+    require_sglang()
+    wf = tmp_path / "duo.wf"
+    wf.write_text(TWO_POLICIES)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "duo.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "target": i % 10}) + "\n"
+                                                           for i in range(40)))
+    run = tmp_path / "run"
+    train(wf, _config(run, 3, f"rollout.tasks={json.dumps(str(tmp_path / 'tasks' / 'duo.jsonl'))}",
+                      "rollout.tasks_per_step=4", "logging.traces_every=1"))
+    no_servers_left()
+    logs = sorted(p.name for p in (run / "sglang").iterdir())
+    assert logs == ["left.log", "right.log"]  # one server per policy
+    for pol in ("left", "right"):
+        assert (run / "weights" / pol / "v3").is_dir()
+    eps = [json.loads(line) for line in (run / "traces" / "step_3.jsonl").read_text().splitlines()]
+    seen = {(o["policy"], o["policy_version"]) for e in eps for o in e["outputs"]}
+    assert seen == {("left", 2), ("right", 2)}  # each server reported the version synced after step 2
+
+
+def test_a_server_killed_mid_run_stops_it_clearly_and_resume_continues(tmp_path, no_servers_left):
+    from srpo_graph.backends.sglang_server import live_servers
+    from srpo_graph.errors import BackendError
+    from srpo_graph.train.trainer import train
+
+    require_sglang()
+    run = tmp_path / "run"
+    cfg = _config(run, 5, "checkpoint.every=1", "rollout.sglang_retries=1")
+    killed = {}
+    before = _servers()
+
+    def killer():  # after step 2's metrics are written, kill the run's server (SIGKILL, by PID)
+        while not (run / "metrics.jsonl").exists() or len(_metrics(run)) < 2:
+            time.sleep(0.05)
+        server = next(s for s in live_servers() if id(s) not in before)
+        killed["pid"] = server.pid
+        os.kill(server.pid, signal.SIGKILL)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    with pytest.raises(BackendError) as info:
+        train(ROOT / "workflows" / "coord_par2.wf", cfg)
+    t.join(5)
+    msg = str(info.value)
+    assert "episodes failed on backend errors" in msg and "--resume" in msg and "connection error" in msg, msg
+    no_servers_left()
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed["pid"], 0)
+    done = len(_metrics(run))
+    assert 2 <= done < 5
+    summary = train(ROOT / "workflows" / "coord_par2.wf", cfg, resume=True)  # a fresh server, same run
+    no_servers_left()
+    assert summary.steps == 5 and [r["step"] for r in _metrics(run)] == [1, 2, 3, 4, 5]

@@ -1,0 +1,134 @@
+"""The CPU math/search workflows on the locally pre-trained ``tiny-reason`` model, and the study.
+
+The model is the real recipe (built once into the shared cache, a few minutes on one thread the
+first time; ``srpo-graph init-model --recipe tiny-reason``). Each workflow checks, runs and
+trains one step on it; ``benchmarks/study.py --smoke`` runs every code path of the study
+(baseline accuracy, training under two objectives, statistics, plots, the results page) and
+resumes from its saved runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from srpo_graph.lang import load_workflow
+from srpo_graph.train.config import load_config
+from srpo_graph.train.metrics import read_metrics
+from srpo_graph.train.trainer import train
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinysearch")
+
+
+@pytest.fixture(scope="module")
+def reason_model(tmp_path_factory):
+    """The recipe's code and architecture, shrunk (fewer, narrower layers, a short pre-training) and
+    built into a temporary home: these tests check the workflows' and the study's mechanics, and a
+    fresh machine (CI) must not spend the real build's minutes here. The real model's numbers come
+    from ``srpo-graph init-model --recipe tiny-reason`` and ``benchmarks/study.py`` (docs/results.md)."""
+    from dataclasses import replace
+
+    from srpo_graph.backends import recipes
+
+    with pytest.MonkeyPatch.context() as mp:
+        small = replace(recipes.RECIPES["tiny-reason"], hidden=32, intermediate=64, layers=1, heads=2,
+                        num_examples=400, steps=20, batch_size=8, version=10_002)
+        mp.setitem(recipes.RECIPES, "tiny-reason", small)
+        mp.setenv("SRPO_GRAPH_HOME", str(tmp_path_factory.mktemp("home")))
+        yield recipes.ensure_recipe_model("tiny-reason")
+
+
+@pytest.mark.parametrize("name", CPU_WORKFLOWS)
+def test_cpu_workflows_check_with_their_set_sizes(name):
+    wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
+    assert [p.model for p in wf.policies] == ["tiny-reason"]
+    if name == "tinymath_mixed":
+        sizes = {t.name: len(t.consume) for t in wf.transitions}
+        assert sizes == {"gather": 2, "decide": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CPU_WORKFLOWS)
+def test_cpu_workflow_trains_one_step_on_the_pretrained_model(name, reason_model, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = load_config(None, [
+        "steps=1", f"run_dir={tmp_path / 'run'}", "rollout.tasks_per_step=3", "rollout.samples=2",
+        "eval.every=1", "eval.num_tasks=3", "eval.mode=sampled", "logging.progress=false",
+        "logging.tensorboard=false", "logging.plots=false",
+    ])
+    summary = train(ROOT / "workflows" / f"{name}.wf", cfg)
+    (row,) = read_metrics(Path(summary.run_dir) / "metrics.jsonl")
+    assert row["episodes"] == 6 and row["episodes_failed"] == 0, row
+    assert row["events"] > 0 and math.isfinite(row["loss"]) and row["skipped_updates"] == 0
+    assert 0.0 <= row["eval/reward"] <= 1.0
+    # multi-token members: the solvers and searchers wrote more than one token each
+    assert row["tokens"] > 2 * row["events"] * 3
+    after = load_file(str(Path(summary.run_dir) / "checkpoints" / "step_1" / "policies" / "m" / "model.safetensors"))
+    before = load_file(str(reason_model / "model.safetensors"))
+    changed = any(not torch.equal(before[k], after[k]) for k in before if k in after)
+    # a group whose rewards all agree has advantage 0 and must not move the weights; any signal must
+    assert changed == (row["advantage/max"] - row["advantage/min"] > 0), (row["advantage/min"], row["advantage/max"])
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("study", ROOT / "benchmarks" / "study.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["study"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_study_statistics():
+    study = _study()
+    m, ci = study.mean_ci([0.1, 0.2, 0.3])
+    assert abs(m - 0.2) < 1e-12 and abs(ci - 4.303 * 0.1 / math.sqrt(3)) < 1e-9
+    d, lo, hi, p = study.paired_bootstrap([0.3, 0.2, 0.4, 0.3], [0.3, 0.25, 0.35, 0.3])
+    assert lo <= d <= hi and p > 0.5  # no difference
+    d, lo, hi, p = study.paired_bootstrap([0.8, 0.7, 0.9, 0.75, 0.8], [0.2, 0.3, 0.25, 0.2, 0.3])
+    assert lo > 0.4 and p < 0.01
+    assert study.PLANS["quick"].key() != study.PLANS["full"].key()
+    assert set(study.PLANS["full"].objectives) >= {"srpo", "srpo_sum", "srpo_mean", "independent", "grpo", "gspo", "dr_mas"}
+
+
+@pytest.mark.slow
+def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
+    study = _study()
+    out = tmp_path / "docs" / "results.md"
+    out.parent.mkdir()
+    out.write_text("# Results\n\nkept text\n")
+    runs = tmp_path / "runs"
+    assert study.main(["--smoke", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    records = sorted(runs.glob("tinymath_mixed/*/seed*.json"))
+    assert [p.relative_to(runs).as_posix() for p in records] == [
+        "tinymath_mixed/grpo/seed0.json", "tinymath_mixed/grpo/seed1.json",
+        "tinymath_mixed/srpo/seed0.json", "tinymath_mixed/srpo/seed1.json"]
+    rec = json.loads(records[-1].read_text())
+    assert [s for s, _ in rec["eval"]] == [2] and len(rec["reward"]) == 2 and isinstance(rec["grad_norm"], list)
+    assert all(k.startswith("loss/") and k.rsplit("/k", 1)[1].isdigit() for k in rec["diagnostics"])
+    text = out.read_text()
+    assert text.startswith("# Results\n\nkept text\n") and "<!-- study:smoke -->" in text
+    assert "| tinymath_mixed | `grpo` |" in text and "p=" in text
+    assert (tmp_path / "docs" / "img" / "study_smoke_curves.png").is_file()
+    stamps = [p.stat().st_mtime_ns for p in records]
+    assert study.main(["--smoke", "--runs-dir", str(runs), "--out", str(out)]) == 0  # resumes: nothing reruns
+    assert [p.stat().st_mtime_ns for p in records] == stamps
+    assert out.read_text().count("<!-- study:smoke -->") == 1
+
+
+@pytest.mark.parametrize("name", ["math_routed_qwen3", "search_k5_qwen25"])
+def test_paper_scale_workflows_and_configs_check(name):
+    """docs/gpu.md's paper-scale runs: the .wf checks (with its set sizes) and the TOML validates."""
+    wf = load_workflow(ROOT / "workflows" / "paper" / f"{name}.wf")
+    cfg = load_config(ROOT / "workflows" / "paper" / f"{name}.toml")
+    assert cfg.rollout.backend == "sglang" and cfg.objective.name == "srpo" and cfg.rollout.dtype == "bfloat16"
+    assert (ROOT / cfg.rollout.tasks).is_file() and (ROOT / cfg.rollout.eval_tasks).is_file()
+    sizes = {t.name: len(t.consume) for t in wf.transitions}
+    assert sizes == ({"dispatch": 1, "gather": 3, "decide": 1} if name.startswith("math") else {"search": 5, "read": 1})

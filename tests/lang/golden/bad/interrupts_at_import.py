@@ -1,0 +1,2 @@
+"""A helper module whose import raises KeyboardInterrupt (a BaseException, not an Exception)."""
+raise KeyboardInterrupt("raised at import")
