@@ -297,21 +297,11 @@ RECIPES: dict[str, Recipe] = {
 
 
 def build_tokenizer():
-    """The recipe models' char-level tokenizer (``VOCAB``), as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    """The recipe models' char-level tokenizer (``VOCAB``), as a ``PreTrainedTokenizerFast``: the tiny
+    model's construction (``tiny.build_tokenizer``) with this module's vocabulary and role tokens."""
+    from srpo_graph.backends.tiny import build_tokenizer as char_tokenizer
 
-    vocab = {tok: i for i, tok in enumerate(VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ROLE_TOKENS])
-    tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left", model_max_length=1024)
+    return char_tokenizer(VOCAB, SPECIAL_TOKENS, ROLE_TOKENS, model_max_length=1024)
 
 
 def build_config(r: Recipe):

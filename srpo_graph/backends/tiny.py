@@ -56,19 +56,26 @@ def is_tiny_dir(path: str | os.PathLike) -> bool:
         return False
 
 
-def build_tokenizer():
-    """The char-level tokenizer as a ``PreTrainedTokenizerFast`` (not yet saved)."""
+def build_tokenizer(vocabulary=None, special_tokens=None, role_tokens=None, model_max_length: int = 2048):
+    """The char-level tokenizer as a ``PreTrainedTokenizerFast`` (not yet saved).
+
+    The defaults are the tiny model's ``VOCAB``, ``SPECIAL_TOKENS`` and ``ROLE_TOKENS``; the
+    recipe models (``recipes.py``) pass their own (the same construction, a larger vocabulary).
+    """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    vocabulary = VOCAB if vocabulary is None else vocabulary
+    special_tokens = SPECIAL_TOKENS if special_tokens is None else special_tokens
+    role_tokens = ROLE_TOKENS if role_tokens is None else role_tokens
+    vocab = {tok: i for i, tok in enumerate(vocabulary)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     # every character is its own word ([\s\S] also matches newlines, which become <unk>)
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ROLE_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in role_tokens])
     bos = vocab["<bos>"]
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
@@ -80,7 +87,7 @@ def build_tokenizer():
         pad_token="<pad>",
         unk_token="<unk>",
         padding_side="left",
-        model_max_length=2048,
+        model_max_length=model_max_length,
     )
 
 
