@@ -280,6 +280,23 @@ def test_a_killed_server_stops_run_with_raise(tmp_path, tiny_dir):
         run(wf, [Task(id="t", fields={"target": 3})], {"tiny": b}, samples=2)
 
 
+def _until_the_router_uses_both(backend, prompt, workers, seconds: float = 90.0) -> None:
+    """The router answers /health before it has registered every worker (then it sends all requests
+    to the first): send pairs of small requests until each worker's log shows one (bounded)."""
+    import time
+
+    def counts():
+        return [w.log_path.read_text().count("POST /generate") for w in workers]
+
+    base, deadline = counts(), time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        backend.generate([GenerationRequest(prompt, 1, temperature=1.0)] * 2)
+        if all(n > s for n, s in zip(counts(), base)):
+            return
+        time.sleep(1.0)
+    pytest.fail(f"the router sent no request to one of its workers within {seconds:.0f} s (counts {counts()})")
+
+
 def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, tiny_dir, tok):
     """sglang-router (round robin) in front of two real workers: both serve, and after one
     sync_weights every completion, from either worker, reports the new version and weights."""
@@ -305,6 +322,7 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
         b = load_backend("sglang", str(tiny_dir), url=router.url, worker_urls=[w1.url, w2.url],
                          weight_dir=tmp_path / "w", backoff=0.05)
         prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(16)]
+        _until_the_router_uses_both(b, prompts[0], (w1, w2))
         other = _perturbed(tiny_dir, tmp_path, scale=0.05)
         b.sync_weights(other, 5)
         served = [w.log_path.read_text().count("POST /generate") for w in (w1, w2)]
