@@ -4,9 +4,9 @@ Run: ``python benchmarks/bench_objectives.py [--steps 50 --seeds 2 --tasks-per-s
 A results benchmark, not a test: it trains the tiny local model (134k parameters) on the toy
 coordination workflows ``coord_par2.wf`` and ``coord_par3.wf`` (2 or 3 agents write digits in
 parallel; reward 1 when they sum to the target mod 10, so one active set of size 2 or 3 per
-episode) with the same budget and seeds under each objective, then writes ``docs/results.md``
-(a table) and ``docs/img/objectives.png`` (reward curves). Everything but ``loss`` is the same
-TrainConfig; runs are interleaved (seed outer, objective inner) so machine load hits all alike.
+episode) with the same budget and seeds under each objective, then writes its own marked section
+of ``docs/results.md`` (``<!-- bench_objectives -->``, a table; the rest of the page is kept) and
+``docs/img/objectives.png`` (reward curves). Everything but ``loss`` is the same TrainConfig; runs are interleaved (seed outer, objective inner) so machine load hits all alike.
 """
 
 from __future__ import annotations
@@ -225,7 +225,8 @@ def write_section(out: Path, body: str) -> None:
     block = f"{BEGIN}\n{body.strip()}\n{END}\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1].lstrip("\n")
+        tail = rest.split(END, 1)[1]
+        text = head + block + tail.removeprefix("\n")  # the end marker's own newline; blank lines after it stay
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "") + block
     out.write_text(text, encoding="utf-8")

@@ -29,7 +29,29 @@ def _objectives() -> str:
     return objectives_table()
 
 
+def _backends() -> str:
+    from srpo_graph.backends import BACKENDS
+
+    rows = ["| backend | options (`rollout.<backend>.*`) | samples from | errors | loss defaults | what |",
+            "|---|---|---|---|---|---|"]
+    for name, spec in BACKENDS.items():
+        fields = ", ".join(f"`{f}`" for f in spec.options.model_fields) or "none"
+        where = "the trained model, in process" if spec.in_process else "its own copy (weights synced each update)"
+        errors = "fail the episode (budget `rollout.max_failed_fraction`)" if spec.remote else "stop the step"
+        defaults = ", ".join(f"`{k} = {v}`" for k, v in spec.loss_defaults.items()) or "none"
+        rows.append(f"| `{name}` | {fields} | {where} | {errors} | {defaults} | {spec.summary} |")
+    return "\n".join(rows)
+
+
+def _exit_codes() -> str:
+    from srpo_graph.errors import exit_codes_table
+
+    return exit_codes_table()
+
+
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
+    "exit-codes": ("docs/architecture.md", _exit_codes),
+    "backends": ("docs/architecture.md", _backends),
     "config-reference": ("docs/training.md", _config),
     "objectives": ("docs/algorithm.md", _objectives),
 }

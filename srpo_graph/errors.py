@@ -1,15 +1,21 @@
 """Errors and source spans shared by every stage.
 
-One root, :class:`SrpoGraphError`, and one subclass per stage. An error that can
-point into a ``.wf`` file carries :class:`Diagnostic` items with a :class:`Span`;
-:func:`render` prints them compiler-style::
+One root, :class:`SrpoGraphError`, and one subclass per stage; every error a user sees is made of
+:class:`Diagnostic` items (what, where, why, fix) and printed by one renderer, :func:`render`.
+Where is a :class:`Span` when the problem is in a ``.wf`` file (the line is shown, underlined),
+else a location string (``traces.jsonl:12``, ``field `optim.lr```, ``override 'x=1'``)::
 
     workflows/bad.wf:3:9: error: unknown policy 'tiniest'
       3 |   policy: tiniest
         |           ^~~~~~~
-      hint: declared policies are: tiny
+      fix: declared policies are: tiny
 
-The CLI prints ``str(error)`` (never a traceback) and exits with ``error.exit_code``.
+    runs/x/config.toml: error: field `optim.eps`: 1e-46 is below the smallest normal float32 number
+      why: Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights
+      fix: use optim.eps >= 1.18e-38
+
+Build one with ``ConfigError.at(where, message, why=..., fix=...)`` (or ``span=``). The CLI prints
+``str(error)`` (never a traceback) and exits with ``error.exit_code``: :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -17,9 +23,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 MAX_REPORTED = 20
 MAX_SHOWN_LINE = 120  # characters of a source line shown under an error (longer ones: a window)
@@ -46,13 +55,25 @@ class Span(BaseModel):
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """One problem found in a source: what, where, and how to fix it."""
+    """One problem: what (``message``), where (a ``.wf`` ``span``, or a ``where`` string for
+    other inputs), why (optional) and how to fix it (``hint``, rendered ``fix: ...``)."""
 
     message: str
     span: Span | None = None
-    hint: str | None = None
+    hint: str | None = None  # the fix
     severity: Literal["error", "warning"] = "error"
     code: str = "E"  # a short stable code tests can assert on, e.g. "unknown-name"
+    where: str | None = None  # the location when there is no span: a file, file:line, a config field
+    why: str | None = None
+
+    def headline(self) -> str:
+        """The first line of the rendering: ``path:line:col: error: message`` (or without a place).
+
+        >>> Diagnostic("tool 'docs' raised KeyError('q')", Span(path="s.wf", line=41, col=3, end_line=41, end_col=9)).headline()
+        "s.wf:41:3: error: tool 'docs' raised KeyError('q')"
+        """
+        place = self.span.where() if self.span is not None else self.where
+        return f"{place}: {self.severity}: {self.message}" if place else f"{self.severity}: {self.message}"
 
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -94,11 +115,8 @@ def render_diagnostic(diag: Diagnostic, source: str | None = None) -> str:
       1 | policy: x
         |         ^
     """
-    head = f"{diag.severity}: {diag.message}"
-    if diag.span is None:
-        out = [head]
-    else:
-        out = [f"{diag.span.where()}: {head}"]
+    out = [diag.headline()]
+    if diag.span is not None:
         text = _source_line(diag.span, source)
         if text is not None:
             gutter = str(diag.span.line)
@@ -118,8 +136,9 @@ def render_diagnostic(diag: Diagnostic, source: str | None = None) -> str:
                 width = min(width, MAX_SHOWN_LINE - col + 2)
             out.append(f"  {gutter} | {text.replace(chr(9), ' ').translate(_VISIBLE)}")
             out.append(f"  {pad} | {' ' * (col - 1)}^{'~' * (max(1, width) - 1)}")
-    if diag.hint:
-        out.append(f"  hint: {diag.hint}")
+    for label, text in (("why", diag.why), ("fix", diag.hint)):
+        if text:
+            out.append(f"  {label}: " + text.replace("\n", "\n  " + " " * len(label) + "  "))
     return "\n".join(out)
 
 
@@ -142,6 +161,17 @@ class SrpoGraphError(Exception):
         if not message and self.diagnostics:
             message = render(self.diagnostics, source)
         super().__init__(message)
+
+    @classmethod
+    def at(cls, where: str | None, message: str, *, why: str | None = None, fix: str | None = None,
+           span: Span | None = None, code: str = "E", source: str | None = None) -> Self:
+        """One error with one :class:`Diagnostic`, rendered like every other.
+
+        >>> print(ConfigError.at("field `optim.lr`", "must be > 0 (got -1)", fix="use e.g. optim.lr=1e-3"))
+        field `optim.lr`: error: must be > 0 (got -1)
+          fix: use e.g. optim.lr=1e-3
+        """
+        return cls(diagnostics=[Diagnostic(message, span, fix, code=code, where=where, why=why)], source=source)
 
 
 class WorkflowSyntaxError(SrpoGraphError):
@@ -184,6 +214,34 @@ class ConfigError(SrpoGraphError):
     """A training or run configuration is invalid."""
 
     exit_code = 7
+
+
+EXIT_CODES: dict[int, str] = {  # the process exit status of `srpo-graph` (docs/architecture.md, generated)
+    0: "success",
+    SrpoGraphError.exit_code: "another srpo-graph error (e.g. a run stopped because the disk is full; checkpoints intact)",
+    WorkflowSyntaxError.exit_code: "a `.wf` file does not parse or check (also: a command-line usage error, click's 2)",
+    BackendError.exit_code: "an inference backend failed, stopped answering or could not start",
+    TraceError.exit_code: "a trace file or line does not match the trace schema",
+    RuntimeFailure.exit_code: "the executor could not run the workflow",
+    CompileError.exit_code: "traces cannot be compiled into a SetBatch",
+    ConfigError.exit_code: "a configuration, override, task file or run folder is invalid",
+    130: "interrupted (Ctrl-C); a training run prints the `--resume` command that continues it",
+    143: "terminated (SIGTERM); a training run stops like Ctrl-C and resumes the same way",
+}
+
+
+def exit_codes_table() -> str:
+    """The markdown table of :data:`EXIT_CODES` (docs/architecture.md's generated block).
+
+    >>> exit_codes_table().splitlines()[2]
+    '| 0 | success |'
+    """
+    classes = {c.exit_code: c.__name__ for c in (WorkflowSyntaxError, BackendError, TraceError, RuntimeFailure,
+                                                  CompileError, ConfigError)}
+    rows = ["| exit | meaning |", "|---|---|"]
+    for code, meaning in sorted(EXIT_CODES.items()):
+        rows.append(f"| {code} | {meaning}" + (f" (`{classes[code]}`)" if code in classes else "") + " |")
+    return "\n".join(rows)
 
 
 @dataclass

@@ -180,12 +180,42 @@ class Import(_Frozen):
     span: Span | None = None
 
 
+class LoraAdapter(_Frozen):
+    """``lora("base", r=.., alpha=.., targets=[..], dropout=..)``: a LoRA adapter on another policy.
+
+    The base policy's weights are loaded once and frozen; each adapter policy trains only its
+    low-rank matrices ``B A`` (rank ``r``, scaled by ``alpha / r``) on the ``targets`` modules.
+    """
+
+    base: str  # the policy whose model is the frozen base (a full policy, never an adapter)
+    r: int = 8  # rank, > 0
+    alpha: float = 16.0  # scaling numerator (the update is alpha / r * B A), > 0
+    targets: tuple[str, ...] = ("q_proj", "v_proj")  # module names (the last dotted component)
+    dropout: float = 0.0  # in [0, 1); the trainer runs in eval mode, so only a stored setting
+
+    def label(self) -> str:
+        """The declaration as written back: ``lora("base", r=8, alpha=16, targets=[q_proj, v_proj])``."""
+        alpha = int(self.alpha) if float(self.alpha).is_integer() else self.alpha
+        extra = f", dropout={self.dropout}" if self.dropout else ""
+        return f'lora("{self.base}", r={self.r}, alpha={alpha}, targets=[{", ".join(self.targets)}]{extra})'
+
+
 class Policy(_Frozen):
-    """A trainable model: a Hugging Face name, a local path, or ``tiny`` (the built-in default)."""
+    """A trainable model: a Hugging Face name, a local path, or ``tiny`` (the built-in default).
+
+    With ``adapter`` set, the policy is a LoRA adapter on ``adapter.base`` and ``model`` is the
+    base policy's model (filled in by the checker). A policy that is the base of adapters is
+    frozen: agents that use it sample from the base with every adapter disabled.
+    """
 
     name: str
     model: str
+    adapter: LoraAdapter | None = None
     span: Span | None = None
+
+    def label(self) -> str:
+        """``"tiny"`` for a full policy, the ``lora(...)`` declaration for an adapter."""
+        return self.adapter.label() if self.adapter is not None else f'"{self.model}"'
 
 
 class Sampling(_Frozen):
@@ -283,13 +313,14 @@ class Workflow(_Frozen):
         return {p.name: p for p in self.policies}
 
     @cached_property
+    def frozen_bases(self) -> frozenset[str]:
+        """Policies that are the base of at least one LoRA adapter (frozen, never updated)."""
+        return frozenset(p.adapter.base for p in self.policies if p.adapter is not None)
+
+    @cached_property
     def consumer_of(self) -> dict[str, str]:
         """agent name -> the transition that consumes its outputs."""
         return {a: t.name for t in self.transitions for a in t.consume}
-
-    @property
-    def content_id(self) -> str:
-        return f"{self.name}@{self.source_hash[:12]}"
 
     # -- the networkx view ----------------------------------------------------
 
@@ -303,8 +334,8 @@ class Workflow(_Frozen):
         g = nx.MultiDiGraph(name=self.name)
         g.add_node("start", kind="start")
         g.add_node(END, kind="end")
-        for a in self.agents:
-            g.add_node(a.name, kind="agent", policy=a.policy)
+        for agent in self.agents:
+            g.add_node(agent.name, kind="agent", policy=agent.policy)
         for t in self.transitions:
             g.add_node(t.name, kind="transition", set_sizes=t.set_sizes, max_rounds=t.max_rounds)
         for a in self.start:

@@ -6,15 +6,15 @@ model directory that loads like any Hugging Face causal LM (``LlamaConfig`` + a 
 model, a recipe model is *pre-trained* here, by supervised learning on synthetic data generated
 in code, so that RL starts where the paper's does: from a model that half-knows the task.
 
-The one recipe, ``tiny-reason`` (~0.4M parameters), writes multi-token outputs (10-60 tokens) in
+The one recipe, ``tiny-reason`` (648k parameters, 3 layers; ~7 min to build on one thread), writes multi-token outputs (10-60 tokens) in
 a format that can be broken, for these roles (the prompts are the ``.wf`` templates of
 ``workflows/tiny_*.wf``; each is one of the constants below, filled from a task's question):
 
 ==========  =====================================  ==========================================
 role        prompt                                 completion
 ==========  =====================================  ==========================================
-solve       ``<q>QUESTION<s>``                     ``37+48=85;85-9=76;#76`` (steps, ``#`` answer)
-quick       ``<q>QUESTION<e>``                     ``#76`` (no steps: less often right)
+solve       ``<q>QUESTION<s>``                     ``4+3=7;7-5=2;#2`` (steps, ``#`` answer)
+quick       ``<q>QUESTION<e>``                     ``#2`` (no steps: less often right)
 verify      ``<q>QUESTION<p>PROPOSAL<v>``          a solution (a copy of the proposal or a new one)
 aggregate   ``<q>QUESTION<a>SOL_A<b>SOL_B<g>``     a solution (a copy of one or a new one)
 route       ``<r>QUESTION``                        one digit: 0 quick, 1 careful (solve), 2 skip
@@ -22,11 +22,12 @@ search      ``<k>QUESTION<d>PASSAGES<s>``          ``search: QUERY`` or ``answer
 ==========  =====================================  ==========================================
 
 Note [An imperfect teacher]. The pre-training targets are written by a teacher that makes the
-mistakes a small LM makes, at fixed rates: an arithmetic step off by 1 or 10 (carried forward), a
+mistakes a small LM makes, at fixed rates: an arithmetic step off by 1 or 2 (carried forward), a
 solution that ends without its ``#answer`` (a broken format: the extractor finds nothing), a
 verifier/aggregator that copies a proposal instead of checking it, a searcher that answers
 before searching, searches with a useless query, or picks the wrong word of a passage. The
-model learns that mixture, so its sampled accuracy starts well below 100% (20-60%) while the
+model learns that mixture, so its sampled accuracy starts well below 100% (28-32% on the pipeline
+and mixed workflows, 14% routed, ~0 on search; docs/results.md) while the
 correct behaviour is already in its distribution: the regime where RL's credit assignment is
 what decides how fast it improves. The rates are the recipe's, never tuned per objective.
 
@@ -70,10 +71,14 @@ ROUTE = "<r>{question}"
 SEARCH = "<k>{question}<d>{docs}<s>"
 
 # Note [An imperfect teacher]: the fixed mistake rates
-P_SLIP = 0.2        # an arithmetic step off by 1 or 10
+P_SLIP = 0.2        # an arithmetic step off by 1 or 2 (carried forward)
+SLIPS = (-2, -1, 1, 2)
 P_NO_ANSWER = 0.15  # a solution without its #answer
 P_COPY = 0.5        # verifier / aggregator copies a proposal unchecked
 P_QUICK_RIGHT = 0.35
+# how often each role is drawn for an SFT example (a search draw adds a whole episode: 2-5 pairs)
+ROLES = ("solve", "quick", "verify", "aggregate", "route", "search")
+ROLE_WEIGHTS = (6, 1, 2, 2, 1, 1)
 
 
 def is_held_out(question: str) -> bool:
@@ -108,14 +113,23 @@ class MathProblem:
         return v
 
 
+# Note [Small operands]: every term is a digit and every running value stays in 0..MAX_VALUE (one
+# digit), so a step is one of ~90 single-digit facts. With two-digit operands (10-60 +- 2-19, the
+# first version) a 0.4-0.6M-parameter model after 1,500 SFT steps got 8% of its steps right and
+# started RL at 3-6%; with single digits it gets ~40% of sampled steps right (59% greedy) and starts
+# at 20-25% on the pipeline and mixed workflows, which leaves RL room on both sides.
+MAX_VALUE = 9
+
+
 def math_problem(rng: random.Random) -> MathProblem:
-    """One random problem: 1-2 additions/subtractions of small numbers, never below 0."""
-    n_ops = rng.choice((1, 2, 2))
-    terms, ops = [rng.randint(10, 60)], []
+    """One random problem: 1-2 additions/subtractions of digits, the running value in 0..MAX_VALUE."""
+    n_ops = rng.choice((1, 2))
+    terms, ops = [rng.randint(1, 9)], []
     v = terms[0]
     for _ in range(n_ops):
-        t = rng.randint(2, 19)
-        op = "-" if (rng.random() < 0.4 and v - t >= 0) else "+"
+        t = rng.randint(1, 9)
+        can_sub, can_add = v - t >= 0, v + t <= MAX_VALUE
+        op = "-" if (can_sub and (rng.random() < 0.4 or not can_add)) else "+"
         v = v + t if op == "+" else v - t
         terms.append(t)
         ops.append(op)
@@ -138,7 +152,7 @@ def solution(p: MathProblem, rng: random.Random | None = None) -> str:
     for op, t in zip(p.ops, p.terms[1:]):
         r = v + t if op == "+" else v - t
         if rng is not None and rng.random() < P_SLIP:
-            r = max(0, r + rng.choice((-10, -1, 1, 10)))
+            r = max(0, r + rng.choice(SLIPS))
         steps.append(f"{v}{op}{t}={r}")
         v = r
     text = ";".join(steps)
@@ -240,7 +254,7 @@ def sft_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
     names = sorted({q.answer for q in qs if not q.answer.isdigit()})
     out: list[tuple[str, str]] = []
     while len(out) < num:
-        role = rng.choices(("solve", "quick", "verify", "aggregate", "route", "search"), (4, 1, 2, 2, 1, 2))[0]
+        role = rng.choices(ROLES, ROLE_WEIGHTS)[0]
         if role == "search":
             out += _search_examples(rng.choice(qs), rng, names)
             continue
@@ -257,9 +271,10 @@ def sft_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
             prop = solution(p, rng)
             out.append((VERIFY.format(question=q, proposal=prop), prop if rng.random() < P_COPY else solution(p, rng)))
         elif role == "aggregate":
-            a, b = solution(p, rng), solution(p, rng)
+            first, second = solution(p, rng), solution(p, rng)
             u = rng.random()
-            out.append((AGGREGATE.format(question=q, a=a, b=b), a if u < P_COPY / 2 else b if u < P_COPY else solution(p, rng)))
+            out.append((AGGREGATE.format(question=q, a=first, b=second),
+                        first if u < P_COPY / 2 else second if u < P_COPY else solution(p, rng)))
         else:
             out.append((ROUTE.format(question=q), str(rng.randrange(3))))
     return out[:num]
@@ -289,9 +304,9 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     r.name: r for r in (
-        Recipe("tiny-reason", "math chains, verifier/aggregator/router roles and multi-turn search (~0.4M params)",
-               hidden=128, layers=2, heads=4, intermediate=384, examples=sft_examples, num_examples=40_000,
-               steps=1600, batch_size=32, lr=4e-3, seed=1234, version=2),
+        Recipe("tiny-reason", "digit chains, verifier/aggregator/router roles and multi-turn search (~0.65M params)",
+               hidden=128, layers=3, heads=4, intermediate=384, examples=sft_examples, num_examples=40_000,
+               steps=1200, batch_size=32, lr=4e-3, seed=1234, version=3),
     )
 }
 

@@ -57,10 +57,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from srpo_graph.backends.base import Completion, GenerationRequest
+from srpo_graph.backends.base import Completion, FinishReason, GenerationRequest
 from srpo_graph.errors import BackendError
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # pickle protocol 4 of `sglang.srt.sampling.custom_logit_processor.DisallowedTokensLogitsProcessor`,
 # by reference (= DisallowedTokensLogitsProcessor.to_str() in sglang 0.5.23); see Note above.
 _DISALLOW_CALLABLE = ("80049552000000000000008c2a73676c616e672e7372742e73616d706c696e672e637573746f6d5f6c6f6769745f"
@@ -216,7 +216,7 @@ class SGLangBackend:
                 f"sglang: no server answers at {self.url} ({type(exc).__name__}: {exc}). Start one with "
                 "`python -m sglang.launch_server --model-path MODEL --port 30000 --enable-custom-logit-processor` "
                 "(see docs/sglang.md) and pass its address with --url, or let `srpo-graph train` launch it "
-                "(rollout.sglang_launch)."
+                "(rollout.sglang.launch)."
             ) from None
         if resp.status_code != 200:
             raise BackendError(f"sglang: {self.url}/health answered HTTP {resp.status_code} (still starting?)")
@@ -247,9 +247,9 @@ class SGLangBackend:
                 full distribution's; a constraint outside the vocabulary.
         """
         if getattr(req, "logprobs", "full") == "sampled" and (req.top_k > 0 or req.top_p < 1.0):
-            raise BackendError(f"sglang: request {req.request_id!r} asks for the log-probs of the top-k/top-p "
-                               "truncated distribution (logprobs='sampled'); SGLang returns those of the full "
-                               "distribution. fix: logprobs='full', or the transformers backend")
+            raise BackendError.at("sglang", f"request {req.request_id!r} asks for the log-probs of the top-k/top-p "
+                                  "truncated distribution (logprobs='sampled'); SGLang returns those of the full "
+                                  "distribution", fix="logprobs='full', or the transformers backend")
         params: dict[str, Any] = {
             "max_new_tokens": int(req.max_new_tokens),
             "temperature": float(req.temperature),
@@ -296,11 +296,11 @@ class SGLangBackend:
         retractions = meta.get("num_retractions", meta.get("total_retractions", 0)) or 0
         with self._lock:
             self.stats["retractions"] += int(retractions)
-        return Completion(tuple(ids), tuple(lps), _FINISH[kind], self._version_of(meta))  # type: ignore[arg-type]
+        return Completion(tuple(ids), tuple(lps), _FINISH[kind], self._version_of(meta))
 
     def _version_of(self, meta: dict[str, Any]) -> int:
         """The weight version that produced a completion: the oldest of its spans' (see Note)."""
-        tags = [seg.get("version") for seg in meta.get("weight_versions") or [] if isinstance(seg, dict)]
+        tags: list[Any] = [seg.get("version") for seg in meta.get("weight_versions") or [] if isinstance(seg, dict)]
         tags = tags or [meta.get("weight_version")]
         versions = []
         for tag in tags:
@@ -336,7 +336,7 @@ class SGLangBackend:
             partial = [None if isinstance(r, BackendError) else r for r in results]
             raise BatchError(f"{bad[0]}" + (f" (and {len(bad) - 1} more of {len(requests)} requests failed)"
                                             if len(bad) > 1 else ""), partial, errors)
-        return results  # type: ignore[return-value]
+        return [r for r in results if not isinstance(r, BackendError)]  # all of them: none failed
 
     # ------------------------------------------------------------------ weights
 
@@ -364,9 +364,9 @@ class SGLangBackend:
         written = self._manifest()
         if path.exists():
             if name not in written:
-                raise BackendError(f"sglang: {path} exists and was not written by srpo-graph (not in "
-                                   f"{self.weight_dir / MANIFEST}); refusing to replace it. fix: point "
-                                   "rollout.weight_dir at a folder of its own")
+                raise BackendError.at("sglang", f"{path} exists and was not written by srpo-graph (not in "
+                                      f"{self.weight_dir / MANIFEST}); refusing to replace it",
+                                      fix="point rollout.weight_dir at a folder of its own")
             shutil.rmtree(path)
         self._write_manifest(sorted(set(written) | {name}, key=_vkey))  # before writing: a crash leaves it known
         model.save_pretrained(path, safe_serialization=True)

@@ -38,7 +38,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from srpo_graph.errors import BackendError
 
@@ -77,16 +77,16 @@ def launch_command(recipe: str, model: str, port: int, host: str = "127.0.0.1", 
     >>> launch_command("serve {model}", "/m", 1)
     Traceback (most recent call last):
     ...
-    srpo_graph.errors.BackendError: field `rollout.sglang_launch`: the launch command 'serve {model}' must contain {model} and {port}
+    srpo_graph.errors.BackendError: field `rollout.sglang.launch`: the launch command 'serve {model}' must contain {model} and {port}
     """
     template = PRESETS.get(recipe, recipe)
     if "{model}" not in template or "{port}" not in template:
-        raise BackendError(f"field `rollout.sglang_launch`: the launch command {recipe!r} must contain {{model}} and {{port}}")
+        raise BackendError(f"field `rollout.sglang.launch`: the launch command {recipe!r} must contain {{model}} and {{port}}")
     try:
         argv = [part.format(model=model, port=int(port), host=host, python=python or sglang_python())
                 for part in shlex.split(template)]
     except (KeyError, IndexError, ValueError) as exc:
-        raise BackendError(f"field `rollout.sglang_launch`: cannot fill the launch command {recipe!r}: {exc!r} "
+        raise BackendError(f"field `rollout.sglang.launch`: cannot fill the launch command {recipe!r}: {exc!r} "
                            "(known fields: {model} {port} {host} {python})") from None
     if CUSTOM_LOGIT_FLAG not in argv:
         argv.append(CUSTOM_LOGIT_FLAG)
@@ -252,6 +252,60 @@ def stop_all() -> None:
 def live_servers() -> list[SGLangServer]:
     with _LIVE_LOCK:
         return list(_LIVE.values())
+
+
+def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict[str, Any]:
+    """One connected SGLang backend per trained policy: ``BACKENDS["sglang"].for_training``.
+
+    Servers are launched first (all at once, then each waited for, on ports ``options.port + i``)
+    when ``options.launch`` is set; otherwise each policy connects to ``options.urls[name]`` or
+    ``options.url``. Every policy gets its own server: policies' weights diverge as they train.
+
+    Args:
+        policies: the trained policies (``backends.TrainedPolicy``), in declaration order.
+        options: the ``rollout.sglang`` section (``backends.options.SGLangOptions``).
+        run_dir: the run folder (server logs in ``run_dir/sglang/``, weights in ``run_dir/weights``).
+    Raises:
+        ConfigError: a URL for an unknown policy, two policies on one server, router workers
+            with several policies.
+        BackendError: a server that cannot start or does not answer ``/health``.
+    """
+    from srpo_graph.backends import load_backend
+    from srpo_graph.backends.sglang_lora import is_adapter_policy, serve_adapters
+    from srpo_graph.errors import ConfigError
+
+    if any(is_adapter_policy(p) for p in policies):  # LoRA adapters: one server per shared base
+        return serve_adapters(policies, options, run_dir)
+    names = [p.name for p in policies]
+    unknown = sorted(set(options.urls) - set(names))
+    if unknown:
+        raise ConfigError.at("field `rollout.sglang.urls`", f"no policy named {unknown} in the workflow "
+                             f"(policies: {names})", fix="key the URLs by policy name")
+    if options.workers and len(names) > 1:
+        raise ConfigError.at("field `rollout.sglang.workers`", "router workers are for a one-policy workflow; "
+                             f"this one has {len(names)} policies",
+                             fix="give each policy its own server in `rollout.sglang.urls`")
+    models = {p.name: p.model_path for p in policies}
+    if options.launch is not None:
+        servers = [SGLangServer(
+            launch_command(options.launch, models[n], options.port + i), options.port + i,
+            log_path=run_dir / "sglang" / f"{n}.log",
+            env={"SGLANG_USE_CPU_ENGINE": "1"} if options.launch == "cpu" else None) for i, n in enumerate(names)]
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_healthy(options.health_timeout)
+        urls = {n: s.url for n, s in zip(names, servers)}
+    else:
+        urls = {n: options.urls.get(n, options.url) for n in names}
+        shared = [n for n in names if list(urls.values()).count(urls[n]) > 1]
+        if shared:
+            raise ConfigError.at("field `rollout.sglang.urls`", f"policies {shared} would share the server "
+                                 f"{urls[shared[0]]}, which holds one set of weights",
+                                 fix="one server per policy (`rollout.sglang.urls={name=URL,...}`), "
+                                 "or let training start them (`rollout.sglang.launch=cpu`)")
+    weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
+    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n) for n in names}
 
 
 atexit.register(stop_all)

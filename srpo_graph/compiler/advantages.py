@@ -194,14 +194,13 @@ def compute_advantages(events: EventTable, mode: AdvantageMode = AdvantageMode.T
     [0.707, -0.707, 0.0]
     """
     mode, grouping, singleton_baseline = AdvantageMode(mode), Grouping(grouping), SingletonBaseline(singleton_baseline)
-    kw = dict(use_std=use_std, eps=eps, unbiased=unbiased)
     u = GROUPERS[mode](events, grouping)
-    adv, zero = normalize(u.values, u.group, u.num_groups, **kw)
+    adv, zero = normalize(u.values, u.group, u.num_groups, use_std=use_std, eps=eps, unbiased=unbiased)
     count = torch.bincount(u.group, minlength=u.num_groups)
     single = (count == 1)[u.group]  # [U]
     if singleton_baseline is SingletonBaseline.EPISODE and mode is not AdvantageMode.EPISODE and bool(single.any()):
         e = group_by_episode(events)
-        adv_e, _ = normalize(e.values, e.group, e.num_groups, **kw)
+        adv_e, _ = normalize(e.values, e.group, e.num_groups, use_std=use_std, eps=eps, unbiased=unbiased)
         by_episode = torch.zeros(len(events.episode_reward), dtype=torch.float64)
         by_episode[e.unit_episode] = adv_e
         adv = torch.where(single, by_episode[u.unit_episode], adv)

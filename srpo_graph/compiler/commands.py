@@ -27,8 +27,8 @@ def _read(path: Path, skip_bad: bool) -> tuple[list, list[str], int]:
         click.echo(f"skipped: {exc}", err=True)
     bad = len(skipped)
     if not episodes:
-        raise TraceError(f"{path}: error: no episodes to compile"
-                         + (f" ({bad} bad lines skipped)" if bad else " (the file has no trace lines)"))
+        raise TraceError.at(str(path), "no episodes to compile"
+                            + (f" ({bad} bad lines skipped)" if bad else " (the file has no trace lines)"))
     return episodes, where, bad
 
 
@@ -139,8 +139,8 @@ def inspect_cmd(batch: Path, as_json: bool) -> None:
     hist.add_column("events", justify="right")
     hist.add_column("", justify="left")
     top = max(summary.set_size_histogram.values(), default=1)
-    for k, n in summary.set_size_histogram.items():
-        hist.add_row(str(k), str(n), "#" * max(1, round(30 * n / top)))
+    for size, n in summary.set_size_histogram.items():
+        hist.add_row(str(size), str(n), "#" * max(1, round(30 * n / top)))
     console = Console()
     console.print(table)
     console.print(hist)

@@ -27,7 +27,6 @@ What it does, in order:
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -39,7 +38,7 @@ from srpo_graph.compiler.advantages import EventTable, compute_advantages
 from srpo_graph.compiler.options import CompileConfig, FailedPolicy, ReturnMode, TruncatedPolicy
 from srpo_graph.compiler.setbatch import EPISODE_STATUS, CompileStats, SetBatch, assign_micro_batches
 from srpo_graph.errors import CompileError
-from srpo_graph.runtime.trace import SCHEMA_VERSION, Episode, Output, TransitionRecord
+from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, episode_problems
 
 __all__ = ["CompileConfig", "RETURNS", "activators", "compile", "provenance_children"]
 
@@ -48,57 +47,14 @@ __all__ = ["CompileConfig", "RETURNS", "activators", "compile", "provenance_chil
 
 
 def _fail(where: str, field: str, message: str) -> CompileError:
-    return CompileError(f"{where}: error: field {field}: {message}")
+    return CompileError.at(where, f"field {field}: {message}")
 
 
 def _validate(ep: Episode, where: str) -> None:
-    if getattr(ep, "schema_", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise _fail(where, "schema", f"{ep.schema_!r} is not {SCHEMA_VERSION!r}")
-    if not isinstance(ep.reward, (int, float)) or not math.isfinite(ep.reward):
-        raise _fail(where, "reward", f"{ep.reward!r} is not a finite number")
-    seen: set[str] = set()
-    for j, o in enumerate(ep.outputs):
-        f = f"outputs[{j}]"
-        if o.id in seen:
-            raise _fail(where, f"{f}.id", f"duplicate output id {o.id!r}")
-        seen.add(o.id)
-        if not o.prompt_ids:
-            raise _fail(where, f"{f}.prompt_ids", f"output {o.id!r} has an empty prompt")
-        if len(o.logprobs) != len(o.completion_ids):
-            raise _fail(where, f"{f}.logprobs", f"output {o.id!r} has {len(o.logprobs)} log-probs for "
-                        f"{len(o.completion_ids)} completion tokens")
-        if not (math.isfinite(o.temperature) and o.temperature >= 0):
-            raise _fail(where, f"{f}.temperature", f"output {o.id!r}: {o.temperature} is not >= 0")
-        if o.allowed_token_ids is not None:
-            if not o.allowed_token_ids:
-                raise _fail(where, f"{f}.allowed_token_ids", f"output {o.id!r}: empty allowed set")
-            outside = set(o.completion_ids) - set(o.allowed_token_ids)
-            if outside:
-                raise _fail(where, f"{f}.completion_ids", f"output {o.id!r} sampled tokens {sorted(outside)} "
-                            "outside its allowed_token_ids")
-        for name in ("prompt_ids", "completion_ids"):
-            ids = getattr(o, name)
-            if ids and min(ids) < 0:
-                raise _fail(where, f"{f}.{name}", f"output {o.id!r} has token id {min(ids)} < 0")
-        if o.logprobs:
-            lp = np.asarray(o.logprobs, dtype=np.float64)
-            bad = np.flatnonzero(~np.isfinite(lp) | (lp > 1e-4))
-            if bad.size:
-                k = int(bad[0])
-                raise _fail(where, f"{f}.logprobs[{k}]", f"output {o.id!r}: {o.logprobs[k]} is not a finite log-probability")
-    consumer: dict[str, str] = {}
-    tids: set[str] = set()
-    for k, t in enumerate(ep.transitions):
-        f = f"transitions[{k}]"
-        if t.id in tids:
-            raise _fail(where, f"{f}.id", f"duplicate transition id {t.id!r}")
-        tids.add(t.id)
-        if t.reward is not None and not math.isfinite(t.reward):
-            raise _fail(where, f"{f}.reward", f"transition {t.id!r}: {t.reward} is not finite")
-        for c in t.consumed:
-            if c in consumer:
-                raise _fail(where, f"{f}.consumed", f"output {c!r} is consumed by both {consumer[c]!r} and {t.id!r}")
-            consumer[c] = t.id
+    """The trace rules (``runtime.trace.episode_problems``, Note [One copy of the trace rules]) on an
+    episode that may never have been validated: the runtime builds them without validation."""
+    for field_, message in episode_problems(ep, outputs=True, resolve_ids=False):
+        raise _fail(where, field_, message)
 
 
 def _check_batch_consistency(ep: Episode, where: str, first_seen: dict[tuple[str, int], str],
@@ -287,11 +243,12 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
         for k, t in enumerate(ep.transitions):
             turn = fired.get(t.name, 0)
             fired[t.name] = turn + 1
-            members = [by_id.get(c) for c in t.consumed]
-            if not members:
+            found = [by_id.get(c) for c in t.consumed]
+            if not found:
                 stats.empty_events += 1
                 continue
-            if any(m is None or m.finish_reason == "abort" for m in members):
+            members = [m for m in found if m is not None and m.finish_reason != "abort"]
+            if len(members) < len(found):
                 if config.missing_member == "error":
                     raise _fail(loc, f"transitions[{k}].consumed", f"transition {t.id!r} consumes a missing or aborted output")
                 stats.dropped_incomplete_events += 1

@@ -179,13 +179,14 @@ class SetBatch:
     task_ids: list[str] = field(default_factory=list)
     workflow: str = ""
     stats: CompileStats = field(default_factory=CompileStats)
-    member_agent: torch.Tensor | None = _dim("M", torch.int64, optional=True)
-    set_episode_events: torch.Tensor | None = _dim("S", torch.int64, optional=True)
-    member_advantage: torch.Tensor | None = _dim("M", torch.float32, optional=True)
-    member_max_tokens: torch.Tensor | None = _dim("M", torch.int64, optional=True)
-    member_top_k: torch.Tensor | None = _dim("M", torch.int64, optional=True)
-    member_top_p: torch.Tensor | None = _dim("M", torch.float32, optional=True)
-    episode_status: torch.Tensor | None = _dim("E", torch.int8, optional=True)
+    # the extensions: None (omitted) when constructing, always a tensor once built (``__post_init__``)
+    member_agent: torch.Tensor = _dim("M", torch.int64, optional=True)
+    set_episode_events: torch.Tensor = _dim("S", torch.int64, optional=True)
+    member_advantage: torch.Tensor = _dim("M", torch.float32, optional=True)
+    member_max_tokens: torch.Tensor = _dim("M", torch.int64, optional=True)
+    member_top_k: torch.Tensor = _dim("M", torch.int64, optional=True)
+    member_top_p: torch.Tensor = _dim("M", torch.float32, optional=True)
+    episode_status: torch.Tensor = _dim("E", torch.int8, optional=True)
     agents: list[str] = field(default_factory=list)
     member_ids: list[str] = field(default_factory=list)
     set_ids: list[str] = field(default_factory=list)
@@ -279,7 +280,7 @@ class SetBatch:
         unknown = sorted(set(columns) - set(meta))
         if unknown:
             raise TypeError(f"SetBatch has no tensor fields {unknown}")
-        tensors = {}
+        tensors: dict[str, Any] = {}
         for name, col in columns.items():
             if torch.is_tensor(col):
                 tensors[name] = col.to(meta[name]["dtype"])
@@ -299,7 +300,8 @@ class SetBatch:
         device = torch.device(device)
         if self.input_ids.device == device:
             return self
-        return replace(self, **{k: v.to(device) for k, v in self.tensors().items()})
+        moved: dict[str, Any] = {k: v.to(device) for k, v in self.tensors().items()}
+        return replace(self, **moved)
 
     # -- selection: whole sets only ---------------------------------------------------
 
@@ -406,16 +408,16 @@ class SetBatch:
                 meta = fh.metadata() or {}
                 tensors = {k: fh.get_tensor(k) for k in fh.keys()}
         except Exception as exc:  # safetensors raises its own error types
-            raise CompileError(f"{path}: error: not a readable safetensors file: {exc}") from None
+            raise CompileError.at(str(path), f"not a readable safetensors file: {exc}") from None
         if "srpo_graph" not in meta:
-            raise CompileError(f"{path}: error: safetensors file has no srpo-graph header")
+            raise CompileError.at(str(path), "safetensors file has no srpo-graph header")
         header = json.loads(meta["srpo_graph"])
         if header.get("format") != FORMAT:
-            raise CompileError(f"{path}: error: format {header.get('format')!r} is not {FORMAT!r}")
+            raise CompileError.at(str(path), f"format {header.get('format')!r} is not {FORMAT!r}")
         required = {f.name for f in fields(cls) if "dim" in f.metadata and not f.metadata["optional"]}
         missing = sorted(n for n in required if n not in tensors)
         if missing:
-            raise CompileError(f"{path}: error: missing tensors {missing}")
+            raise CompileError.at(str(path), f"missing tensors {missing}")
         header.pop("format")
         header["stats"] = CompileStats.from_dict(header.get("stats") or {})
         return cls(**tensors, **header)

@@ -48,6 +48,7 @@ SAMPLING_EXAMPLES = {"temperature": "temperature: 0.7", "top_p": "top_p: 0.9", "
 def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
     """The agent ``a`` declares (its output type is already in ``scope.agent_types``)."""
     name = a.name.value
+    errors_before = len(scope.sink.errors)
     by_kind: dict[type, list] = {}
     for i in a.items:
         by_kind.setdefault(type(i), []).append(i)
@@ -66,7 +67,7 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
     if prompt is None:
         scope.err(f"agent '{name}' has no prompt", a.name.span, 'add `prompt: "..."`', "missing-prompt")
     refs: list[Ref] = []
-    parts = []
+    parts: list[TextPart | Ref] = []
     if prompt is not None:
         for p in prompt.template.parts:
             if isinstance(p, ast.Ref):
@@ -87,12 +88,13 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
                      "the only value is `unconsumed: allow`", "bad-value")
         else:
             scope.uses.unconsumed_ok.add(name)
-    # an agent with errors is still built (its problems are reported) so the graph rules run
-    return Agent.model_construct(
-        node="agent", name=name, policy=pol.policy.value if pol else "",
+    # an agent with errors is still built (its problems are reported) so the graph rules run; such
+    # a draft (its extractor may be None) never becomes a Workflow: check() stops at the errors
+    return scope.node(
+        Agent, errors_before, node="agent", name=name, policy=pol.policy.value if pol else "",
         template=Template(parts=tuple(parts), span=prompt.template.span if prompt else None),
         sampling=sampling, output=out_type, span=a.span,
-        extractor=extractor or Call(module="?", alias="?", function="?"),
+        extractor=extractor,
     )
 
 def extractor_of(scope: Scope, agent: str, out: ast.OutputItem | None, t: WfType) -> Call | None:
@@ -116,8 +118,8 @@ def extractor_of(scope: Scope, agent: str, out: ast.OutputItem | None, t: WfType
                      "the extractor sees only the completion text and these constants", "bad-call")
     extra = options if (isinstance(t, ChoiceType) and not out.via.args) else ()
     call = scope.call(out.via, "extractor", refs, leading=(TextType(),), extra_args=extra)
-    if call is None:
-        return Call(module="?", alias=out.via.module.value, function=out.via.function.value)
+    if call is None:  # reported by scope.call
+        return None
     mod = scope.modules.get(out.via.module.value, (None, None, None))[1]
     fn = getattr(mod, out.via.function.value, None) if mod is not None else None
     if fn is not None and callable(fn) and not returns_fit(t, return_annotation(fn)):

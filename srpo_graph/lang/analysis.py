@@ -16,12 +16,12 @@ per episode (see Note [Set sizes]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 
 import networkx as nx
 
-from srpo_graph.errors import Diagnostic, DiagnosticSink, Span
+from srpo_graph.errors import DiagnosticSink, Span
 from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, ChoiceType, Transition, Workflow
 
 MAX_ROUTE_SUBSETS = 12  # a choices[...] router with more labels: sizes are bounded, not enumerated
@@ -30,7 +30,6 @@ MAX_ROUTE_SUBSETS = 12  # a choices[...] router with more labels: sizes are boun
 @dataclass
 class Analysis:
     transitions: list[Transition]
-    warnings: list[Diagnostic] = field(default_factory=list)
     max_firings: int = 0
     bound_reason: str = ""
 
@@ -104,7 +103,7 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
         with_sizes.append(t.model_copy(update={"set_sizes": tuple(sizes) or (len(t.consume),)}))
     _check_availability(draft, with_sizes, events, sink, uses)
     bound, reason = _firing_bound(g, draft.model_copy(update={"transitions": tuple(with_sizes)}))
-    return Analysis(with_sizes, [], bound, reason)
+    return Analysis(with_sizes, bound, reason)
 
 
 # Note [Set sizes]
@@ -308,5 +307,5 @@ def _why_unreachable(g: nx.MultiDiGraph, n: str, kind: str) -> str:
 def _why_no_end(g: nx.MultiDiGraph, n: str) -> str:
     """Why ``n`` never finishes: where its paths lead instead."""
     order = {m: i for i, m in enumerate(g.nodes)}
-    after = sorted(nx.descendants(g, n) - {n}, key=order.get)
+    after = sorted(nx.descendants(g, n) - {n}, key=order.__getitem__)
     return f"its paths only lead to {_names(after)}" if after else "nothing follows it"

@@ -173,9 +173,35 @@ class TaskBlock:
 
 
 @dataclass(frozen=True)
+class ModuleList:
+    """``[q_proj, v_proj]``: module names, as written."""
+
+    names: tuple[Name, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class LoraArg:
+    """``r=16``, ``alpha=32``, ``targets=[q_proj, v_proj]`` (keys and values checked by the checker)."""
+
+    key: Name
+    value: NumberLit | ModuleList
+    span: Span
+
+
+@dataclass(frozen=True)
+class LoraExpr:
+    """``lora("base", r=16, ...)``: a LoRA adapter on the policy named ``base``."""
+
+    base: StringLit
+    args: tuple[LoraArg, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
 class PolicyDecl:
     name: Name
-    model: StringLit
+    model: StringLit | LoraExpr
     span: Span
 
 

@@ -71,7 +71,20 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def policy_decl(self, meta, children):
-        return ast.PolicyDecl(self._name(children[0]), self._string(children[1]), self._span(meta))
+        model = children[1] if isinstance(children[1], ast.LoraExpr) else self._string(children[1])
+        return ast.PolicyDecl(self._name(children[0]), model, self._span(meta))
+
+    @v_args(meta=True)
+    def lora_expr(self, meta, children):
+        return ast.LoraExpr(self._string(children[0]), tuple(children[1:]), self._span(meta))
+
+    @v_args(meta=True)
+    def lora_arg(self, meta, children):
+        return ast.LoraArg(self._name(children[0]), children[1], self._span(meta))
+
+    @v_args(meta=True)
+    def module_list(self, meta, children):
+        return ast.ModuleList(tuple(self._name(t) for t in children if t is not None), self._span(meta))
 
     # -- agents ----------------------------------------------------------------
     @v_args(meta=True)

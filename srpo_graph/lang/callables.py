@@ -122,7 +122,7 @@ def wf_type_of(ann: Any) -> WfType | None:
     'list[text]'
     """
     ann = _strip_optional(ann)
-    simple = {str: TextType(), int: IntType(), float: FloatType(), bool: BoolType()}
+    simple: dict[Any, WfType] = {str: TextType(), int: IntType(), float: FloatType(), bool: BoolType()}
     if ann in simple:
         return simple[ann]
     origin = typing.get_origin(ann) or ann

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from srpo_graph.errors import Diagnostic, Span, WorkflowCheckError
 from srpo_graph.lang import ast
+from srpo_graph.lang.adapters import check_lora
 from srpo_graph.lang.agents import DEFAULT_EXTRACTORS, build_agent
 from srpo_graph.lang.callables import import_module, python_module_name, return_annotation, wf_type_of
 from srpo_graph.lang.scope import MAX_COUNT, Scope, Uses, close_names
@@ -142,13 +143,12 @@ def check_module(module: ast.Module, source: str | None = None, *, base_dir: str
     if ck.sink.errors:
         raise WorkflowCheckError(diagnostics=_root_causes_first(ck.sink.errors), source=source)
     try:
-        workflow = Workflow.model_validate(
-            {**draft.model_dump(), "transitions": [t.model_dump() for t in result.transitions],
-             "source_hash": source_hash(source)}
-        )
+        # the nodes are validated already (scope.node); the workflow's own fields and rules here
+        fields = {name: getattr(draft, name) for name in Workflow.model_fields}
+        workflow = Workflow(**{**fields, "transitions": tuple(result.transitions), "source_hash": source_hash(source)})
     except ValidationError as exc:  # a bug in the checker, never the user's: still no raw traceback
-        raise WorkflowCheckError(f"{module.path}: error: internal check failure: {exc.errors()[0]['msg']}") from None
-    return CheckResult(workflow, ck.sink.warnings + result.warnings, result.max_firings, result.bound_reason)
+        raise WorkflowCheckError.at(str(module.path), f"internal check failure: {exc.errors()[0]['msg']}") from None
+    return CheckResult(workflow, ck.sink.warnings, result.max_firings, result.bound_reason)
 
 
 # Graph rules judge the graph the declarations describe; while a name or type is wrong (a typo
@@ -199,11 +199,16 @@ class _Checker(Scope):
                 if self.unique(f.name, seen, "task field"):
                     self.task_fields[f.name.value] = self.type_of(f.type)
         seen_pol: dict[str, Span] = {}
-        for it in items:
-            if isinstance(it, ast.PolicyDecl) and self.unique(it.name, seen_pol, "policy"):
+        decls = [it for it in items if isinstance(it, ast.PolicyDecl) and self.unique(it.name, seen_pol, "policy")]
+        full: dict[str, Policy] = {}
+        for it in decls:
+            if isinstance(it.model, ast.StringLit):
                 if not it.model.value.strip():
                     self.err("empty model name", it.model.span, 'use "tiny", a Hugging Face name or a local path')
-                self.policies[it.name.value] = Policy(name=it.name.value, model=it.model.value, span=it.span)
+                full[it.name.value] = Policy(name=it.name.value, model=it.model.value, span=it.span)
+        adapters = {it.name.value: it.model.base.value for it in decls if isinstance(it.model, ast.LoraExpr)}
+        for it in decls:  # declaration order; a lora(...) adapter needs every full policy first
+            self.policies[it.name.value] = full.get(it.name.value) or check_lora(self, it, full, adapters)
         agents = [it for it in items if isinstance(it, ast.AgentDecl)]
         transitions = [it for it in items if isinstance(it, ast.TransitionDecl)]
         for node in agents + transitions:

@@ -9,6 +9,8 @@ the same workflow. Knows nothing of names or types.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from srpo_graph.lang import ast
 from srpo_graph.lang.parser import parse
 from srpo_graph.lang.templates import encode_string, encode_template
@@ -56,28 +58,30 @@ def format_module(m: ast.Module) -> str:
 
 
 # --------------------------------------------------------------------------- pieces
+#
+# One rule per AST class, in tables keyed by the class: a node no table knows (a construct added
+# to the grammar and the AST but not here) raises instead of being printed as something else.
+# tests/lang/test_properties_lang.py checks that every member of the AST's unions has a rule.
+
+
+def _rule(table: dict[type, Callable[[Any], str]], node: Any, what: str) -> str:
+    rule = table.get(type(node))
+    if rule is None:
+        line = getattr(getattr(node, "span", None), "line", "?")
+        raise TypeError(f"fmt: no rule prints the {what} {type(node).__name__} (line {line}); add one to lang/fmt.py")
+    return rule(node)
 
 
 def fmt_type(t: ast.TypeExpr) -> str:
-    if isinstance(t, ast.SimpleType):
-        return t.name
-    if isinstance(t, ast.ChoiceTypeExpr):
-        return f"{'choices' if t.multi else 'choice'}[{', '.join(o.value for o in t.options)}]"
-    if isinstance(t, ast.ListTypeExpr):
-        return f"list[{fmt_type(t.item)}]"
-    return "{" + ", ".join(f"{f.name.value}: {fmt_type(f.type)}" for f in t.fields) + "}"
+    return _rule(TYPES, t, "type")
 
 
-def fmt_value(v) -> str:
-    if isinstance(v, ast.Ref):
-        return ".".join(v.path) + ("?" if v.optional else "")
-    if isinstance(v, ast.StringLit):
-        return encode_string(v.value)
-    if isinstance(v, ast.BoolLit):
-        return "true" if v.value else "false"
-    if isinstance(v, ast.NumberLit):
-        return repr(v.value)
-    return "[" + ", ".join(fmt_value(x) for x in v.items) + "]"
+def fmt_value(v: Any) -> str:
+    return _rule(VALUES, v, "value")
+
+
+def fmt_activation(a: ast.Activation) -> str:
+    return _rule(ACTIVATIONS, a, "activation")
 
 
 def fmt_call(c: ast.Call) -> str:
@@ -88,15 +92,11 @@ def fmt_call(c: ast.Call) -> str:
     return f"{head}({args})"
 
 
-def _names(ns) -> str:
+def _names(ns: Any) -> str:
     return ", ".join(n.value for n in ns)
 
 
-def fmt_activation(a: ast.Activation) -> str:
-    if isinstance(a, ast.ActivateEnd):
-        return "end"
-    if isinstance(a, ast.ActivateAgents):
-        return _names(a.agents)
+def _route(a: ast.ActivateRoute) -> str:
     head = "route " + fmt_value(a.on)
     if a.cases is None:
         return head
@@ -104,41 +104,72 @@ def fmt_activation(a: ast.Activation) -> str:
     return head + " { " + cases + " }" if a.cases else head + " { }"
 
 
-def _agent_item(i) -> str:
-    if isinstance(i, ast.PolicyItem):
-        return f"policy: {i.policy.value}"
-    if isinstance(i, ast.PromptItem):
-        return f"prompt: {encode_template(i.template)}"
-    if isinstance(i, ast.SampleItem):
-        entries = ", ".join(f"{e.key.value}: {fmt_value(e.value)}" for e in i.entries)
-        return f"sample {{ {entries} }}" if entries else "sample { }"
-    if isinstance(i, ast.OutputItem):
-        return f"output: {fmt_type(i.type)}" + (f" via {fmt_call(i.via)}" if i.via else "")
-    return f"unconsumed: {i.value.value}"
+TYPES: dict[type, Callable[[Any], str]] = {
+    ast.SimpleType: lambda t: t.name,
+    ast.ChoiceTypeExpr: lambda t: f"{'choices' if t.multi else 'choice'}[{', '.join(o.value for o in t.options)}]",
+    ast.ListTypeExpr: lambda t: f"list[{fmt_type(t.item)}]",
+    ast.RecordTypeExpr: lambda t: "{" + ", ".join(f"{f.name.value}: {fmt_type(f.type)}" for f in t.fields) + "}",
+}
+VALUES: dict[type, Callable[[Any], str]] = {
+    ast.Ref: lambda v: ".".join(v.path) + ("?" if v.optional else ""),
+    ast.StringLit: lambda v: encode_string(v.value),
+    ast.BoolLit: lambda v: "true" if v.value else "false",
+    ast.NumberLit: lambda v: repr(v.value),
+    ast.ListLit: lambda v: "[" + ", ".join(fmt_value(x) for x in v.items) + "]",
+}
+ACTIVATIONS: dict[type, Callable[[Any], str]] = {
+    ast.ActivateEnd: lambda a: "end",
+    ast.ActivateAgents: lambda a: _names(a.agents),
+    ast.ActivateRoute: _route,
+}
 
 
-def _transition_item(i) -> str:
-    if isinstance(i, ast.ConsumeItem):
-        return f"consume: {_names(i.agents)}"
-    if isinstance(i, ast.ToolItem):
-        return f"tool {i.name.value} = {fmt_call(i.call)}"
-    if isinstance(i, ast.RewardItem):
-        return f"reward: {fmt_call(i.call)}"
-    if isinstance(i, ast.ActivateItem):
-        return f"activate: {fmt_activation(i.activation)}"
-    return f"max_rounds: {i.value.value}"
+def fmt_policy_model(m: ast.StringLit | ast.LoraExpr) -> str:
+    """``"tiny"``, or ``lora("base", r=16, alpha=32, targets=[q_proj, v_proj])`` as written."""
+    if isinstance(m, ast.StringLit):
+        return encode_string(m.value)
+    args = [encode_string(m.base.value)]
+    for a in m.args:
+        v = a.value
+        shown = fmt_value(v) if isinstance(v, ast.NumberLit) else "[" + ", ".join(n.value for n in v.names) + "]"
+        args.append(f"{a.key.value}={shown}")
+    return f"lora({', '.join(args)})"
 
 
-def _top_line(i) -> str:
-    if isinstance(i, ast.ImportStmt):
-        return f"import {i.dotted}" + (f" as {i.alias.value}" if i.alias else "")
-    if isinstance(i, ast.PolicyDecl):
-        return f"policy {i.name.value} = {encode_string(i.model.value)}"
-    if isinstance(i, ast.StartStmt):
-        return f"start: {_names(i.agents)}"
-    if isinstance(i, ast.RewardStmt):
-        return f"reward: {fmt_call(i.call)}"
-    return f"max_steps: {i.value.value}"
+def _sample(i: ast.SampleItem) -> str:
+    entries = ", ".join(f"{e.key.value}: {fmt_value(e.value)}" for e in i.entries)
+    return f"sample {{ {entries} }}" if entries else "sample { }"
+
+
+AGENT_ITEMS: dict[type, Callable[[Any], str]] = {
+    ast.PolicyItem: lambda i: f"policy: {i.policy.value}",
+    ast.PromptItem: lambda i: f"prompt: {encode_template(i.template)}",
+    ast.SampleItem: _sample,
+    ast.OutputItem: lambda i: f"output: {fmt_type(i.type)}" + (f" via {fmt_call(i.via)}" if i.via else ""),
+    ast.UnconsumedItem: lambda i: f"unconsumed: {i.value.value}",
+}
+TRANSITION_ITEMS: dict[type, Callable[[Any], str]] = {
+    ast.ConsumeItem: lambda i: f"consume: {_names(i.agents)}",
+    ast.ToolItem: lambda i: f"tool {i.name.value} = {fmt_call(i.call)}",
+    ast.RewardItem: lambda i: f"reward: {fmt_call(i.call)}",
+    ast.ActivateItem: lambda i: f"activate: {fmt_activation(i.activation)}",
+    ast.MaxRoundsItem: lambda i: f"max_rounds: {i.value.value}",
+}
+TOP_LINES: dict[type, Callable[[Any], str]] = {  # one-line top-level items (the three blocks: _Emitter.run)
+    ast.ImportStmt: lambda i: f"import {i.dotted}" + (f" as {i.alias.value}" if i.alias else ""),
+    ast.PolicyDecl: lambda i: f"policy {i.name.value} = {fmt_policy_model(i.model)}",
+    ast.StartStmt: lambda i: f"start: {_names(i.agents)}",
+    ast.RewardStmt: lambda i: f"reward: {fmt_call(i.call)}",
+    ast.MaxStepsStmt: lambda i: f"max_steps: {i.value.value}",
+}
+
+
+def _agent_item(i: Any) -> str:
+    return _rule(AGENT_ITEMS, i, "agent item")
+
+
+def _transition_item(i: Any) -> str:
+    return _rule(TRANSITION_ITEMS, i, "transition item")
 
 
 # Items of one group follow each other without a blank line.
@@ -195,7 +226,7 @@ class _Emitter:
             elif isinstance(it, ast.TransitionDecl):
                 self.block(f"transition {it.name.value}", it.span, it.items, _transition_item)
             else:
-                self.unit(_top_line(it), it.span, "")
+                self.unit(_rule(TOP_LINES, it, "item"), it.span, "")
         rest = [c.text for c in self.comments[self.k:]]
         if rest:
             self.out.append("")

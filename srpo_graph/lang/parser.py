@@ -15,6 +15,7 @@ import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
@@ -188,7 +189,7 @@ def read_source(path: str | Path) -> str:
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise WorkflowSyntaxError(f"{p}: error: cannot read the file: {exc.strerror or exc}") from None
+        raise WorkflowSyntaxError.at(str(p), f"cannot read the file: {exc.strerror or exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -203,25 +204,6 @@ def read_source(path: str | Path) -> str:
             code="not-utf8",
         )
         raise WorkflowSyntaxError(diagnostics=[diag], source="") from None
-
-
-def parse_file(path: str | Path) -> ast.Module:
-    """Read (as UTF-8) and parse a ``.wf`` file.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The :class:`~srpo_graph.lang.ast.Module`, its spans pointing into ``path``.
-
-    Raises:
-        WorkflowSyntaxError: the file cannot be read, is not UTF-8 or does not parse.
-
-    >>> parse_file("/no/such/file.wf")
-    Traceback (most recent call last):
-    srpo_graph.errors.WorkflowSyntaxError: /no/such/file.wf: error: cannot read the file: No such file or directory
-    """
-    return parse(read_source(path), str(path))
 
 
 # --------------------------------------------------------------------------- errors
@@ -339,14 +321,18 @@ def _last_word_before(text: str, pos: int) -> tuple[str, int]:
 def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxError:
     line, col = max(exc.line, 1), max(exc.column, 1)
     hint = None
-    stop = exc.pos_in_stream if isinstance(exc, UnexpectedCharacters) else (
-        len(text) if exc.token.type == "$END" else exc.token.end_pos or len(text))
+    stop: int  # where the text stops making sense: the lexer's offset, or the end of the bad token
+    if isinstance(exc, UnexpectedCharacters):
+        stop = cast(int, exc.pos_in_stream)  # lark types it None (its class default); the lexer sets an int
+    else:
+        assert isinstance(exc, UnexpectedToken)  # the LALR parser raises only these two
+        stop = len(text) if exc.token.type == "$END" else exc.token.end_pos or len(text)
     bad_number = _malformed_number(text, path, stop)
     if bad_number is not None:  # the root cause: what follows only repeats it
         return bad_number
     if isinstance(exc, UnexpectedCharacters):
-        char = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
-        if char == '"' and text[max(0, exc.pos_in_stream - 2):exc.pos_in_stream + 1] == '"""':
+        char = text[stop] if stop < len(text) else ""
+        if char == '"' and text[max(0, stop - 2):stop + 1] == '"""':
             # the lexer took `""` as an empty string before this quote: the string starts 2 back
             span = Span(path=path, line=line, col=col - 2, end_line=line, end_col=col + 1)
             return WorkflowSyntaxError(diagnostics=[Diagnostic(
@@ -354,11 +340,11 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
                 'close it with """ (it may span lines; write \\" for a quote inside)', code="bad-string")],
                 source=text)
         if char == '"':
-            end = text.find("\n", exc.pos_in_stream)
+            end = text.find("\n", stop)
             end = len(text) if end < 0 else end
             message = "unterminated string"
             hint = 'close the string with `"` on the same line, or use """triple quotes""" for several lines'
-            span = Span(path=path, line=line, col=col, end_line=line, end_col=col + max(1, end - exc.pos_in_stream))
+            span = Span(path=path, line=line, col=col, end_line=line, end_col=col + max(1, end - stop))
             return WorkflowSyntaxError(diagnostics=[Diagnostic(message, span, hint, code="bad-string")], source=text)
         message = f"unexpected character {char!r}"
         span = Span(path=path, line=line, col=col, end_line=line, end_col=col + 1)
@@ -407,8 +393,9 @@ def _named_mistake(tok: Token, text: str, path: str) -> WorkflowSyntaxError | No
     """Mistakes whose parser error would name a later token: a trailing comma in a list of
     names (the next item's keyword is read as one more name, then its ':' fails), and a
     `route` without the output it routes on."""
+    pos = tok.start_pos or 0  # always set on the lexer's tokens
     if tok.type == "COLON":
-        word, start = _last_word_before(text, tok.start_pos)
+        word, start = _last_word_before(text, pos)
         comma = start
         while comma > 0 and text[comma - 1] in " \t\f\r\n":
             comma -= 1
@@ -420,7 +407,7 @@ def _named_mistake(tok: Token, text: str, path: str) -> WorkflowSyntaxError | No
             return WorkflowSyntaxError(diagnostics=[Diagnostic(
                 f"trailing ',' at the end of a list of names (so `{word}:` was read as one more name)", span,
                 "remove the ',' after the last name", code="syntax")], source=text)
-    if tok.type == "LBRACE" and _last_word_before(text, tok.start_pos)[0] == "route":
+    if tok.type == "LBRACE" and _last_word_before(text, pos)[0] == "route":
         return WorkflowSyntaxError(diagnostics=[Diagnostic(
             "`route` needs the output it routes on", tok_span(tok, path),
             "write `activate: route AGENT { label -> AGENT, ... }` (AGENT's output is a choice[...])",

@@ -14,7 +14,7 @@ import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from srpo_graph.errors import DiagnosticSink, Span
 from srpo_graph.lang import ast
@@ -35,7 +35,7 @@ from srpo_graph.workflow import (
     type_str,
 )
 
-_SIMPLE = {"text": TextType(), "int": IntType(), "float": FloatType(), "bool": BoolType()}
+_SIMPLE: dict[str, WfType] = {"text": TextType(), "int": IntType(), "float": FloatType(), "bool": BoolType()}
 
 
 def close_names(name: str, known: Iterable[str]) -> str | None:
@@ -103,6 +103,14 @@ class Scope:
 
     def err(self, message, span, hint=None, code="E"):
         self.sink.error(message, span, hint, code)
+
+    def node(self, cls: Any, errors_before: int, **fields: Any) -> Any:
+        """A workflow node: validated (``cls(**fields)``) when no error was reported since
+        ``errors_before``; else an unvalidated draft (``model_construct``) that lets the graph rules
+        still run -- a draft never reaches a :class:`Workflow`, ``check`` stops at the errors."""
+        if len(self.sink.errors) == errors_before:
+            return cls(**fields)
+        return cls.model_construct(**fields)
 
     def unique(self, name: ast.Name, seen: dict[str, Span], what: str) -> bool:
         if name.value in seen:
@@ -174,7 +182,8 @@ class Scope:
             r = Ref(path=e.path, optional=e.optional, span=e.span)
             refs.append(r)
             return r, self.ref_type(e)
-        lit_type = {ast.StringLit: TextType(), ast.BoolLit: BoolType()}.get(type(e))
+        lit_types: dict[type, WfType] = {ast.StringLit: TextType(), ast.BoolLit: BoolType()}
+        lit_type = lit_types.get(type(e))
         if isinstance(e, ast.NumberLit):
             lit_type = IntType() if isinstance(e.value, int) else FloatType()
         return Literal_(value=e.value, span=e.span), lit_type
@@ -200,7 +209,10 @@ class Scope:
     def call(self, c: ast.Call, role: str, refs: list[Ref], leading=(), extra_args=()) -> Call | None:
         """Resolve and type-check a call; ``leading`` types are passed first by the runtime."""
         resolved = self.resolve_call(c, role)
-        args, kwargs, arg_types, kw_types = [], [], [], {}
+        args: list[Ref | Literal_] = []
+        kwargs: list[tuple[str, Ref | Literal_]] = []
+        arg_types: list[WfType | None] = []
+        kw_types: dict[str, WfType | None] = {}
         for a in c.args:
             value, t = self.expr(a.value, refs)
             if a.name is None:

@@ -19,7 +19,7 @@ from srpo_graph import std
 from srpo_graph.lang.callables import wf_type_of
 from srpo_graph.workflow import type_str
 
-_SAMPLE = {int: 3, float: 0.5, str: "x", bool: True}
+_SAMPLE: dict[typing.Any, typing.Any] = {int: 3, float: 0.5, str: "x", bool: True}
 _EXTRA = {"pattern": r"(\d+)"}  # an extractor's literal arguments, for the call on an empty completion
 
 
@@ -48,7 +48,8 @@ def _on_missing(fn: typing.Callable, kind: str) -> str:
         except ValueError:
             return "raises `ValueError` on an empty completion: the output's value is `None`"
     hints = typing.get_type_hints(fn)
-    args, none_at_varargs = [], False
+    args: list[typing.Any] = []
+    none_at_varargs = False
     params = list(inspect.signature(fn).parameters.values())
     has_var = any(p.kind is p.VAR_POSITIONAL for p in params)
     for i, p in enumerate(params):

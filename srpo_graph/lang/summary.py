@@ -26,6 +26,21 @@ def _activation(t) -> str:
     return f"route {act.on} {{{cases}}}"
 
 
+def _adapter_lines(w: Workflow) -> list[str]:
+    """One line per shared base: which agents sample from it and which adapter each trains."""
+    rows = []
+    for base in (p for p in w.policies if p.name in w.frozen_bases):
+        users = [f"{a.name} [{a.policy}]" for a in w.agents if a.policy == base.name]
+        parts = [f"{', '.join(users)} sample the frozen base"] if users else []
+        for pol in w.policies:
+            if pol.adapter is None or pol.adapter.base != base.name:
+                continue
+            agents = ", ".join(a.name for a in w.agents if a.policy == pol.name) or "no agent"
+            parts.append(f"{agents} train adapter {pol.name} (r={pol.adapter.r})")
+        rows.append(f'{base.name} "{base.model}" loaded once: ' + "; ".join(parts))
+    return ["  adapters:    " + "\n               ".join(rows)] if rows else []
+
+
 def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: str = "") -> str:
     """A few lines: agents and policies, transitions with set sizes, routers, the episode bound.
 
@@ -51,7 +66,8 @@ def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: st
     """
     w = workflow
     lines = [f"{w.name}  ({w.path})" + (f"  {w.description}" if w.description else "")]
-    lines.append("  policies:    " + ", ".join(f'{p.name} = "{p.model}"' for p in w.policies))
+    lines.append("  policies:    " + ", ".join(f"{p.name} = {p.label()}" for p in w.policies))
+    lines.extend(_adapter_lines(w))
     agents = [f"{a.name} [{a.policy}] -> {type_str(a.output)}" for a in w.agents]
     lines.append("  agents:      " + ("\n               ".join(agents) if agents else "none"))
     rows = []
@@ -69,10 +85,10 @@ def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: st
         rows.append(f"{t.name}  consumes {', '.join(t.consume)}{pol}  {label} {_sizes(t.set_sizes)}"
                     f"  -> {_activation(t)}" + ("  (" + "; ".join(extra) + ")" if extra else ""))
     lines.append("  transitions: " + "\n               ".join(rows))
-    routers = [t for t in w.transitions if isinstance(t.activate, ActivateRoute)]
+    routers = [t.activate for t in w.transitions if isinstance(t.activate, ActivateRoute)]
     if routers:
         lines.append("  routers:     " + "\n               ".join(
-            f"{t.activate.on} -> " + " | ".join(sorted({x for _, ts in t.activate.cases for x in ts})) for t in routers))
+            f"{r.on} -> " + " | ".join(sorted({x for _, ts in r.cases for x in ts})) for r in routers))
     lines.append("  start:       " + ", ".join(w.start))
     if w.reward is not None:
         lines.append(f"  reward:      {w.reward.qualname} (terminal)")

@@ -28,6 +28,7 @@ from srpo_graph.workflow import (
 def build_transition(scope: Scope, t: ast.TransitionDecl) -> Transition | None:
     """The transition ``t`` declares, or None when it activates nothing (reported)."""
     name = t.name.value
+    errors_before = len(scope.sink.errors)
     by_kind: dict[type, list] = {}
     for i in t.items:
         by_kind.setdefault(type(i), []).append(i)
@@ -78,8 +79,8 @@ def build_transition(scope: Scope, t: ast.TransitionDecl) -> Transition | None:
     if activation is None:
         scope.uses.incomplete = True
         return None
-    return Transition.model_construct(
-        node="transition", name=name, consume=tuple(consume), tools=tuple(tools), reward=reward,
+    return scope.node(
+        Transition, errors_before, node="transition", name=name, consume=tuple(consume), tools=tuple(tools), reward=reward,
         activate=activation, max_rounds=max_rounds, set_sizes=(), span=t.span,
     )
 
@@ -89,7 +90,8 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
     if isinstance(act, ast.ActivateEnd):
         return ActivateEnd()
     if isinstance(act, ast.ActivateAgents):
-        names, seen_act = [], {}
+        names: list[str] = []
+        seen_act: dict[str, Span] = {}
         for n in act.agents:
             if n.value not in scope.agent_types:
                 scope.err(f"transition '{tname}' activates unknown agent '{n.value}'", n.span,
@@ -108,8 +110,8 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
         scope.err(f"cannot route on '{on}': it is {type_str(t)}, not a choice", act.on.span,
                  "route on an output declared `choice[...]` or `choices[...]`", "type-mismatch")
         return ActivateRoute(on=on, cases=())
+    cases: list[tuple[str, tuple[str, ...]]] = []
     if act.cases is None:
-        cases = []
         for label in t.options:
             if label != END and label not in scope.agent_types:
                 scope.err(f"router choice '{label}' is not an agent", act.on.span,
@@ -117,7 +119,7 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
                          f" route {on} {{ {label} -> AGENT }}", "router-target")
             cases.append((label, (END,) if label == END else (label,)))
         return ActivateRoute(on=on, cases=tuple(cases))
-    cases, seen = [], {}
+    seen: dict[str, Span] = {}
     for case in act.cases:
         if case.label.value not in t.options:
             scope.err(f"'{case.label.value}' is not a label of {type_str(t)}", case.label.span,
@@ -125,7 +127,8 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
             continue
         if not scope.unique(case.label, seen, "route case"):
             continue
-        targets, seen_targets = [], {}
+        targets: list[str] = []
+        seen_targets: dict[str, Span] = {}
         for n in case.targets:
             if n.value != END and n.value not in scope.agent_types:
                 scope.err(f"route case '{case.label.value}' names '{n.value}', which is not an agent", n.span,

@@ -34,26 +34,85 @@ def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[
     return out
 
 
+def _backend_names() -> list[str]:
+    from srpo_graph.backends import BACKENDS
+
+    return list(BACKENDS)
+
+
+def _scalar_type(ann):
+    """The click type of a scalar options field, or None (dicts and tuples stay config-only)."""
+    import types
+    import typing
+
+    union = typing.get_origin(ann) in (typing.Union, types.UnionType)
+    args = [a for a in (typing.get_args(ann) if union else (ann,)) if a is not type(None)]
+    if len(args) == 1 and args[0] in (str, int, float, Path):
+        return click.Path(path_type=Path) if args[0] is Path else args[0]
+    return None
+
+
+def _backend_options(fn):
+    """One ``--<backend>-<field>`` flag per scalar field of every backend's options
+    (``backends.BACKENDS``; short names from a field's ``json_schema_extra["cli"]``), collected
+    into ``backend_flags`` ({(backend, field): value} of the flags given)."""
+    from srpo_graph.backends import BACKENDS
+
+    params = []
+    for kind, spec in BACKENDS.items():
+        for name, info in spec.options.model_fields.items():
+            typ = _scalar_type(info.annotation)
+            if typ is None:
+                continue
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            if extra.get("train_only"):
+                continue
+            flags = [f"--{kind}-{name.replace('_', '-')}", *extra.get("cli", [])]
+            default = info.get_default(call_default_factory=True)
+            params.append(click.option(*flags, f"{kind}__{name}", type=typ, default=None,
+                                       help=f"{kind}: {info.description} [default: {default}]"))
+    for opt in reversed(params):
+        fn = opt(fn)
+    return fn
+
+
+def _options_from_flags(kind: str, flags: dict):
+    """The options of backend ``kind`` from ``--<kind>-<field>`` flags; a flag of another backend is an error."""
+    from pydantic import ValidationError
+
+    from srpo_graph.backends import backend_spec
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    other = sorted(k for k in given if not k.startswith(kind + "__"))
+    if other:
+        names = ", ".join("--" + k.replace("__", "-").replace("_", "-") for k in other)
+        raise ConfigError.at("run", f"{names} belong to another backend than --backend {kind}",
+                             fix=f"pass --backend {other[0].split('__')[0]}, or drop the flag")
+    try:
+        return backend_spec(kind).options(**{k.split("__", 1)[1]: v for k, v in given.items()})
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise ConfigError.at("run", f"--{kind}-{str(e['loc'][0]).replace('_', '-')}: {e['msg']}") from None
+
+
 @click.command("run")
 @click.argument("workflow_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="JSONL task file.")
 @click.option("--samples", default=8, show_default=True, help="Episodes per task (the group size G).")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Trace JSONL to write.")
-@click.option("--backend", "backend_kind", type=click.Choice(["transformers", "sglang"]), default="transformers", show_default=True)
+@click.option("--backend", "backend_kind", type=click.Choice(_backend_names()), default="transformers", show_default=True,
+              help="Inference engine (backends.BACKENDS); its options are the --<backend>-<field> flags.")
 @click.option("--model", "models", multiple=True, help="NAME for every policy, or POLICY=NAME (repeatable).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--limit", type=int, default=None, help="Only the first N tasks.")
-@click.option("--url", default=None, help="SGLang server/router address (with --backend sglang).")
 @click.option("--device", default="cpu", show_default=True, help="transformers backend device.")
 @click.option("--max-concurrent", type=int, default=None, help="Most episodes alive at once (default: all).")
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).")
-@click.option("--retries", type=int, default=None,
-              help="sglang: retries of a request on connection errors and 5xx (default 4, with backoff).")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="sglang: deadline in seconds for one request's whole answer, also against a server that drips bytes (default 300).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, url, device, max_concurrent,
-            threads, retries, timeout_s, quiet):
+@_backend_options
+def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, device, max_concurrent,
+            threads, quiet, **backend_flags):
     """Run every task SAMPLES times and write one trace line per episode.
 
     Episodes are appended to OUT (flushed) as soon as they finish, so a run that stops early
@@ -62,7 +121,7 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     """
     from rich.console import Console
 
-    from srpo_graph.backends import load_backend
+    from srpo_graph.backends import backend_spec, load_backend
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.tasks import load_tasks
 
@@ -70,17 +129,14 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
     chosen = {p.name: p.model for p in wf.policies}
     chosen.update(parse_model_overrides(models, list(chosen)))
-    if backend_kind == "transformers":
+    options = _options_from_flags(backend_kind, backend_flags)
+    if backend_spec(backend_kind).in_process:
         import torch
 
         # the tiny model is far faster on one thread; on a busy CPU more threads can be 50x slower
         if threads or all(m == "tiny" for m in chosen.values()):
             torch.set_num_threads(threads or 1)
-    kw: dict = {"device": device}
-    if backend_kind == "sglang":
-        kw = {"url": url, **({"max_retries": retries} if retries is not None else {}),
-              **({"timeout": timeout_s} if timeout_s is not None else {})}
-    by_model = {m: load_backend(backend_kind, m, **kw) for m in dict.fromkeys(chosen.values())}
+    by_model = {m: load_backend(backend_kind, m, options, device=device) for m in dict.fromkeys(chosen.values())}
     backends = {p: by_model[m] for p, m in chosen.items()}
     console = Console(stderr=True)
     try:

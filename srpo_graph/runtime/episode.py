@@ -13,15 +13,14 @@ so no output is generated that no transition could consume.
 
 from __future__ import annotations
 
-import importlib
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from srpo_graph.backends.base import GenerationRequest
-from srpo_graph.errors import RuntimeFailure
+from srpo_graph.errors import Diagnostic, RuntimeFailure
+from srpo_graph.lang.callables import import_module
 from srpo_graph.runtime.render import State, call_args
 from srpo_graph.runtime.trace import MAX_ABS_REWARD, Episode, Output, TransitionRecord, WorkflowRef
 from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, Call, Transition, Workflow
@@ -57,11 +56,27 @@ class Sampled:
     policy_version: int
 
 
+def at_node(node: Any, message: str) -> str:
+    """An episode's error: ``message`` at the ``.wf`` position of the node that failed, rendered
+    like a check error's first line (``search.wf:28:3: error: tool 'docs' raised ...``); a node
+    without a position (a workflow built in Python) gives ``error: message``."""
+    return Diagnostic(message, getattr(node, "span", None)).headline()
+
+
+class _ToolFailed(Exception):
+    """Which tool of a firing raised (the job runs a transition's tools in order)."""
+
+    def __init__(self, tool: Any, cause: BaseException):
+        super().__init__(f"tool {tool.name!r} raised {cause!r}")
+        self.tool = tool
+
+
 class Callables:
     """Imports the Python functions a workflow calls (``Call.module``), once, thread-safely.
 
-    The ``.wf`` file's directory is put on ``sys.path`` so that ``import my_tools`` finds a
-    module next to it. An import that fails is remembered and re-raised for every episode
+    Modules are imported by the checker's importer (``lang.callables.import_module``): the
+    ``.wf`` file's directory comes first on ``sys.path`` while a module is imported, so
+    ``import my_tools`` finds a module next to it, and ``sys.path`` is left as it was. An import that fails is remembered and re-raised for every episode
     that needs it (each such episode is marked failed; the run goes on). It also indexes which
     transitions consume each agent (``consumers``), so readiness checks look at those only.
     """
@@ -77,13 +92,10 @@ class Callables:
         # agent -> (its consumer, that transition's max_rounds), for consumers with a bound
         self.bounded: dict[str, tuple[str, int]] = {}
         for a, name in workflow.consumer_of.items():
-            t = workflow.transition_by_name.get(name)
-            if t is not None and t.max_rounds is not None:
-                self.bounded[a] = (name, t.max_rounds)
-        if workflow.path and workflow.path != "<string>":
-            folder = str(Path(workflow.path).resolve().parent)
-            if folder not in sys.path:
-                sys.path.append(folder)
+            consumer = workflow.transition_by_name.get(name)
+            if consumer is not None and consumer.max_rounds is not None:
+                self.bounded[a] = (name, consumer.max_rounds)
+        self.base_dir = Path(workflow.path).resolve().parent if workflow.path and workflow.path != "<string>" else None
 
     def get(self, call: Call) -> Callable[..., Any]:
         key = (call.module, call.function)
@@ -93,7 +105,7 @@ class Callables:
         with self._lock:
             if key not in self._cache:
                 try:
-                    fn = getattr(importlib.import_module(call.module), call.function)
+                    fn = getattr(import_module(call.module, self.base_dir), call.function)
                     if not callable(fn):
                         raise TypeError(f"{call.module}.{call.function} is not callable")
                     self._cache[key] = fn
@@ -155,7 +167,7 @@ class EpisodeRun:
             except ValueError:
                 value = None  # the output holds no such value: documented, not a failure
         except Exception as exc:  # noqa: BLE001
-            error = f"extractor {agent.extractor.qualname} of agent {agent.name!r}: {exc!r}"
+            error = at_node(agent.extractor, f"extractor {agent.extractor.qualname} of agent {agent.name!r} raised {exc!r}")
         req = sampled.request
         oid = f"o{len(self.outputs)}"
         # no re-validation here (it costs O(tokens) per output): every field is typed by
@@ -194,7 +206,8 @@ class EpisodeRun:
                     if self.end_activated:
                         self._finish("ok")
                     else:
-                        self.fail("episode stalled: nothing pending, no transition ready, `end` never activated")
+                        self.fail(at_node(self.wf, "episode stalled: nothing pending, no transition ready, "
+                                                   "`end` never activated"))
                 return None
             if len(self.records) >= self.wf.max_steps or (
                 ready.max_rounds is not None and self.rounds.get(ready.name, 0) >= ready.max_rounds
@@ -206,7 +219,7 @@ class EpisodeRun:
                 try:
                     job = self._tool_job(ready)
                 except Exception as exc:  # noqa: BLE001 - e.g. the tool's module does not import
-                    self.fail(f"tool of transition {ready.name!r}: {exc}")
+                    self.fail(at_node(ready, f"tool of transition {ready.name!r}: {exc}"))
                     return None
                 self.waiting = (ready, consumed)
                 return job
@@ -220,7 +233,10 @@ class EpisodeRun:
         transition, consumed = self.waiting
         self.waiting = None
         if error is not None:
-            self.fail(f"tool of transition {transition.name!r}: {error!r}")
+            if isinstance(error, _ToolFailed):
+                self.fail(at_node(error.tool, f"{error} (transition {transition.name!r})"))
+            else:
+                self.fail(at_node(transition, f"tool of transition {transition.name!r}: {error!r}"))
             return
         self.state.vars.update(results or {})
         self._complete_firing(transition, consumed, results)
@@ -243,18 +259,27 @@ class EpisodeRun:
         def job() -> dict[str, Any]:
             results: dict[str, Any] = {}
             for tc, fn in zip(t.tools, fns):
-                args, kwargs = call_args(tc.call, state)
-                results[tc.name] = state.vars[tc.name] = fn(*args, **kwargs)
+                try:
+                    args, kwargs = call_args(tc.call, state)
+                    results[tc.name] = state.vars[tc.name] = fn(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - the episode fails, naming this tool and its line
+                    raise _ToolFailed(tc, exc) from exc
             return results
 
         return job
 
     def _complete_firing(self, t: Transition, consumed: list[str], tool_results: dict[str, Any] | None) -> None:
+        reward = None
+        if t.reward is not None:
+            try:
+                reward = self._call_reward(t.reward)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(at_node(t.reward, f"reward {t.reward.qualname} of transition {t.name!r}: {exc!r}"))
+                return
         try:
-            reward = self._call_reward(t.reward) if t.reward is not None else None
             activated = self._activation(t)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(f"transition {t.name!r}: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - e.g. a route on a value that names no case
+            self.fail(at_node(t, f"transition {t.name!r}: {exc!r}"))
             return
         self.records.append(TransitionRecord(
             id=f"t{len(self.records)}", name=t.name, step=len(self.records), consumed=consumed,
@@ -304,13 +329,16 @@ class EpisodeRun:
         return value
 
     def _finish(self, status: str) -> None:
-        try:
-            terminal = self._call_reward(self.wf.reward) if self.wf.reward is not None else 0.0
-        except Exception as exc:  # noqa: BLE001
-            self.fail(f"terminal reward {self.wf.reward.qualname}: {exc!r}")  # type: ignore[union-attr]
-            return
+        reward, terminal = self.wf.reward, 0.0
+        if reward is not None:
+            try:
+                terminal = self._call_reward(reward)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(at_node(reward, f"terminal reward {reward.qualname}: {exc!r}"))
+                return
         if abs(terminal + self.transition_rewards) > MAX_ABS_REWARD:  # the trace schema's bound
-            self.fail(f"episode reward {terminal + self.transition_rewards:g} exceeds |r| <= {MAX_ABS_REWARD:g}")
+            self.fail(at_node(reward or self.wf, f"episode reward {terminal + self.transition_rewards:g} exceeds "
+                                                 f"|r| <= {MAX_ABS_REWARD:g}"))
             return
         self.status, self.reward = status, terminal + self.transition_rewards
 

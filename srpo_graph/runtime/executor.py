@@ -32,11 +32,11 @@ from pydantic import BaseModel
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import BackendError, RuntimeFailure, SrpoGraphError
-from srpo_graph.runtime.episode import Callables, EpisodeRun, Sampled
+from srpo_graph.runtime.episode import Callables, EpisodeRun, Sampled, at_node
 from srpo_graph.runtime.prompts import AgentPlan, plan_agents, trim_at_stop
 from srpo_graph.runtime.render import render
 from srpo_graph.runtime.tasks import Task
-from srpo_graph.runtime.trace import Episode, WorkflowRef
+from srpo_graph.runtime.trace import LOGPROB_TOL, Episode, WorkflowRef
 from srpo_graph.workflow import Workflow
 
 
@@ -169,9 +169,9 @@ def run(
                     if not ep.done:
                         still.append((i, ep))
                         continue
-                    finished[i] = ep.to_episode(ref)
+                    finished[i] = episode = ep.to_episode(ref)
                     if on_episode is not None:
-                        on_episode(finished[i])  # type: ignore[arg-type]
+                        on_episode(episode)
                 if bar is not None:
                     bar.advance(len(live) - len(still))
                 live = still
@@ -204,7 +204,7 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
         try:
             rendered.append((ep, plan, render(plan.agent.template, ep.state)))
         except Exception as exc:  # noqa: BLE001 - e.g. an absent reference
-            ep.fail(f"prompt of agent {agent!r}: {exc}")
+            ep.fail(at_node(plan.agent.template, f"prompt of agent {agent!r}: {exc}"))
     by_agent: dict[str, list[int]] = {}
     for i, (_, plan, _) in enumerate(rendered):
         by_agent.setdefault(plan.agent.name, []).append(i)
@@ -248,7 +248,8 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
                 if not ep.done:
                     stats["backend_failures"] += 1
                     stats["backend_error"] = stats["backend_error"] or f"policy {plan.agent.policy!r}: {err}"
-                    ep.fail(f"backend error on agent {plan.agent.name!r} (policy {plan.agent.policy!r}): {err}")
+                    ep.fail(at_node(plan.agent, f"backend error on agent {plan.agent.name!r} (policy "
+                                            f"{plan.agent.policy!r}): {err}"))
                 continue
             stats["tokens"] += len(comp.completion_ids)
             if ep.done:
@@ -298,7 +299,7 @@ def checked_completion(comp: Completion, req: GenerationRequest, *, vocab_size: 
     if len(lps) != len(comp.completion_ids) or comp.finish_reason not in ("stop", "length", "abort"):
         raise BackendError(f"request {req.request_id!r}: {len(lps)} log-probs for {len(comp.completion_ids)} tokens,"
                            f" finish_reason {comp.finish_reason!r}")
-    if lps and not (max(lps) <= 1e-4 and math.isfinite(sum(lps))):  # sum is NaN/-inf if any is
+    if lps and not (max(lps) <= LOGPROB_TOL and math.isfinite(sum(lps))):  # sum is NaN/-inf if any is
         raise BackendError(f"request {req.request_id!r}: log-probs {list(lps)[:8]} are not finite log-probabilities")
     if not req.prompt_ids:
         raise BackendError(f"request {req.request_id!r}: empty prompt")

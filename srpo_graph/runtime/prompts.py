@@ -108,12 +108,6 @@ class AgentPlan:
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
     _decoded: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        ids = self._cache.get(text)
-        if ids is None:
-            ids = self.encode_many([text])[0]
-        return ids
-
     def encode_many(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
         """Ids of many prompts; the ones not seen yet are tokenized in one batched call."""
         cache = self._cache
@@ -161,7 +155,7 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
                     f"agent {agent.name!r}: allow entries {bad} are not single tokens of policy"
                     f" {agent.policy!r}'s tokenizer"
                 )
-            allowed = tuple(dict.fromkeys(i for _, i in ids))  # type: ignore[misc]
+            allowed = tuple(dict.fromkeys(i for _, i in ids if i is not None))
         stop_ids, stop_strs = [], []
         for s in agent.sampling.stop:
             tid = single_token_id(tok, s)

@@ -98,7 +98,7 @@ def load_tasks(path: str | os.PathLike, workflow: Workflow | None = None) -> lis
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise RuntimeFailure(f"{p}: error: cannot read task file: {exc}") from None
+        raise RuntimeFailure.at(str(p), f"cannot read task file: {exc}") from None
     fields = dict(workflow.task_fields) if workflow is not None else {}
     tasks: list[Task] = []
     seen: dict[str, int] = {}
@@ -108,26 +108,27 @@ def load_tasks(path: str | os.PathLike, workflow: Workflow | None = None) -> lis
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise RuntimeFailure(f"{p}:{lineno}:{exc.colno}: error: not valid JSON: {exc.msg}") from None
+            raise RuntimeFailure.at(f"{p}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
         if not isinstance(data, dict):
-            raise RuntimeFailure(f"{p}:{lineno}: error: a task must be a JSON object, got {type(data).__name__}")
+            raise RuntimeFailure.at(f"{p}:{lineno}", f"a task must be a JSON object, got {type(data).__name__}")
         raw_id = data.pop("id", None)
         if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, (str, int))):
-            raise RuntimeFailure(f"{p}:{lineno}: error: field id: must be a string or an integer, got {raw_id!r}")
+            raise RuntimeFailure.at(f"{p}:{lineno}", f"field id: must be a string or an integer, got {raw_id!r}")
         task_id = str(raw_id) if raw_id is not None else f"{p.stem}-{lineno}"
         for name, t in fields.items():
             if name not in data:
-                raise RuntimeFailure(
-                    f"{p}:{lineno}: error: field {name}: missing (workflow {workflow.name!r} declares"  # type: ignore[union-attr]
-                    f" task {{ {name}: {type_str(t)} }})"
+                raise RuntimeFailure.at(
+                    f"{p}:{lineno}",
+                    f"field {name}: missing (workflow {workflow.name!r} declares"  # type: ignore[union-attr]
+                    f" task {{ {name}: {type_str(t)} }})",
                 )
             problem = type_problem(data[name], t)
             if problem:
-                raise RuntimeFailure(f"{p}:{lineno}: error: field {name}: {problem}")
+                raise RuntimeFailure.at(f"{p}:{lineno}", f"field {name}: {problem}")
         if task_id in seen:
-            raise RuntimeFailure(f"{p}:{lineno}: error: field id: {task_id!r} already used on line {seen[task_id]}")
+            raise RuntimeFailure.at(f"{p}:{lineno}", f"field id: {task_id!r} already used on line {seen[task_id]}")
         seen[task_id] = lineno
         tasks.append(Task(id=task_id, fields=data))
     if not tasks:
-        raise RuntimeFailure(f"{p}: error: no tasks in the file")
+        raise RuntimeFailure.at(str(p), "no tasks in the file")
     return tasks

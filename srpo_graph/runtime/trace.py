@@ -33,6 +33,89 @@ Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Reward = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)]
 
 
+LOGPROB_TOL = 1e-4  # a log-prob may exceed 0 by float rounding, never by more
+
+
+# Note [One copy of the trace rules]
+# The rules an episode must keep are written once, here, as generators of (field, message): the
+# pydantic validators below raise the first one when a trace line is read, and the compiler
+# applies the same functions to in-memory episodes, which the runtime builds with
+# ``model_construct`` (no validation, for speed). Field paths are relative to the output or the
+# episode (``logprobs[3]``, ``transitions[1].consumed``).
+
+
+def output_problems(o: Any) -> Iterator[tuple[str, str]]:
+    """The rules one :class:`Output` breaks, as ``(field, message)``, in a fixed order.
+
+    >>> o = Output.model_construct(id="o0", prompt_ids=[1], completion_ids=[2], logprobs=[0.5], temperature=1.0,
+    ...                            allowed_token_ids=None, max_tokens=None)
+    >>> list(output_problems(o))
+    [('logprobs[0]', "output 'o0': logprobs[0] = 0.5 is not a finite log-probability")]
+    """
+    if not o.prompt_ids:
+        yield "prompt_ids", f"output {o.id!r}: empty prompt_ids"
+    if len(o.logprobs) != len(o.completion_ids):
+        yield "logprobs", f"output {o.id!r}: {len(o.logprobs)} logprobs for {len(o.completion_ids)} completion tokens"
+    for name in ("prompt_ids", "completion_ids"):
+        ids = getattr(o, name)
+        if ids and min(ids) < 0:
+            yield name, f"output {o.id!r}: token id {min(ids)} < 0"
+    if not (math.isfinite(o.temperature) and o.temperature >= 0):
+        yield "temperature", f"output {o.id!r}: temperature {o.temperature} is not >= 0"
+    lps = o.logprobs
+    if lps and (max(lps) > LOGPROB_TOL or not all(map(math.isfinite, lps))):  # C loops; the index only if bad
+        k = next(i for i, lp in enumerate(lps) if not math.isfinite(lp) or lp > LOGPROB_TOL)
+        yield f"logprobs[{k}]", f"output {o.id!r}: logprobs[{k}] = {lps[k]} is not a finite log-probability"
+    if o.allowed_token_ids is not None:
+        if not o.allowed_token_ids:
+            yield "allowed_token_ids", f"output {o.id!r}: allowed_token_ids is empty"
+        else:
+            outside = set(o.completion_ids) - set(o.allowed_token_ids)
+            if outside:
+                yield "completion_ids", f"output {o.id!r}: completion_ids {sorted(outside)} are outside its allowed_token_ids"
+    if o.max_tokens is not None and len(o.completion_ids) > o.max_tokens:
+        yield "max_tokens", f"output {o.id!r}: {len(o.completion_ids)} completion tokens for max_tokens {o.max_tokens}"
+
+
+def episode_problems(ep: Any, *, outputs: bool = False, resolve_ids: bool = True) -> Iterator[tuple[str, str]]:
+    """The rules one :class:`Episode` breaks, as ``(field, message)``.
+
+    Args:
+        ep: the episode.
+        outputs: also each output's rules (:func:`output_problems`, fields ``outputs[j].*``);
+            the validators check outputs on their own.
+        resolve_ids: every consumed id names an output (episodes that did not fail); the
+            compiler instead drops or rejects an event with a missing member by its own option.
+    """
+    if getattr(ep, "schema_", SCHEMA_VERSION) != SCHEMA_VERSION:
+        yield "schema", f"{ep.schema_!r} is not {SCHEMA_VERSION!r}"
+    if not isinstance(ep.reward, (int, float)) or not math.isfinite(ep.reward):
+        yield "reward", f"{ep.reward!r} is not a finite number"
+    known: set[str] = set()
+    for j, o in enumerate(ep.outputs):
+        if o.id in known:
+            yield f"outputs[{j}].id", f"duplicate output id {o.id!r}"
+        known.add(o.id)
+        if outputs:
+            for field_, message in output_problems(o):
+                yield f"outputs[{j}].{field_}", message
+    seen: set[str] = set()
+    consumer: dict[str, str] = {}
+    for k, t in enumerate(ep.transitions):
+        if t.id in seen:
+            yield f"transitions[{k}].id", f"duplicate transition id {t.id!r}"
+        seen.add(t.id)
+        if t.reward is not None and not math.isfinite(t.reward):
+            yield f"transitions[{k}].reward", f"transition {t.id!r}: {t.reward} is not finite"
+        missing = [c for c in t.consumed if c not in known]
+        if resolve_ids and missing and ep.status != "failed":
+            yield f"transitions[{k}].consumed", f"transition {t.id!r} consumes unknown output ids {missing}"
+        for c in t.consumed:
+            if c in consumer:
+                yield f"transitions[{k}].consumed", f"output {c!r} is consumed by both {consumer[c]!r} and {t.id!r}"
+            consumer[c] = t.id
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -65,25 +148,9 @@ class Output(_Frozen):
     finish_reason: Literal["stop", "length", "abort"] = "stop"
 
     @model_validator(mode="after")
-    def _lengths_agree(self) -> "Output":
-        if len(self.logprobs) != len(self.completion_ids):
-            raise ValueError(
-                f"output {self.id!r}: {len(self.logprobs)} logprobs for {len(self.completion_ids)} completion tokens"
-            )
-        if not self.prompt_ids:
-            raise ValueError(f"output {self.id!r}: empty prompt_ids")
-        for i, lp in enumerate(self.logprobs):
-            if not math.isfinite(lp) or lp > 1e-4:
-                raise ValueError(f"output {self.id!r}: logprobs[{i}] = {lp} is not a finite log-probability")
-        if self.allowed_token_ids is not None:
-            if not self.allowed_token_ids:
-                raise ValueError(f"output {self.id!r}: allowed_token_ids is empty")
-            outside = set(self.completion_ids) - set(self.allowed_token_ids)
-            if outside:
-                raise ValueError(f"output {self.id!r}: completion_ids {sorted(outside)} are outside its allowed_token_ids")
-        if self.max_tokens is not None and len(self.completion_ids) > self.max_tokens:
-            raise ValueError(f"output {self.id!r}: {len(self.completion_ids)} completion tokens for max_tokens "
-                             f"{self.max_tokens}")
+    def _rules(self) -> "Output":  # Note [One copy of the trace rules]
+        for _field, message in output_problems(self):
+            raise ValueError(message)
         return self
 
 
@@ -115,29 +182,9 @@ class Episode(_Frozen):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     @model_validator(mode="after")
-    def _ids_resolve(self) -> "Episode":
-        if self.schema_ != SCHEMA_VERSION:
-            raise ValueError(f"schema {self.schema_!r} is not {SCHEMA_VERSION!r}")
-        ids = [o.id for o in self.outputs]
-        if len(set(ids)) != len(ids):
-            raise ValueError("duplicate output ids")
-        known = set(ids)
-        seen: set[str] = set()
-        consumer: dict[str, str] = {}
-        for k, t in enumerate(self.transitions):
-            if t.id in seen:
-                raise ValueError(f"transitions[{k}].id: duplicate transition id {t.id!r}")
-            seen.add(t.id)
-            missing = [c for c in t.consumed if c not in known]
-            if missing and self.status != "failed":
-                raise ValueError(f"transitions[{k}].consumed: transition {t.id!r} consumes unknown output ids {missing}")
-            for c in t.consumed:
-                if c in consumer:
-                    raise ValueError(f"transitions[{k}].consumed: output {c!r} is consumed by both "
-                                     f"{consumer[c]!r} and {t.id!r}")
-                consumer[c] = t.id
-        if not math.isfinite(self.reward):
-            raise ValueError(f"reward: {self.reward} is not finite")
+    def _rules(self) -> "Episode":  # Note [One copy of the trace rules]
+        for field_, message in episode_problems(self):
+            raise ValueError(f"{field_}: {message}")
         return self
 
     def to_json(self) -> str:
@@ -185,34 +232,35 @@ def parse_episode_line(line: str | bytes, path: str = "<string>", lineno: int = 
     srpo_graph.errors.TraceError: t.jsonl:3:12: error: not UTF-8 text (byte 0xff)
     """
     if isinstance(line, bytes):
+        raw = line
         try:
-            line = line.decode("utf-8")
+            line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            col = len(line[: exc.start].decode("utf-8", errors="replace")) + 1
-            raise TraceError(f"{path}:{lineno}:{col}: error: not UTF-8 text (byte 0x{line[exc.start]:02x})") from None
+            col = len(raw[: exc.start].decode("utf-8", errors="replace")) + 1
+            raise TraceError.at(f"{path}:{lineno}:{col}", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise TraceError(f"{path}:{lineno}:{exc.colno}: error: not valid JSON: {exc.msg}") from None
+        raise TraceError.at(f"{path}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
     except RecursionError:
-        raise TraceError(f"{path}:{lineno}: error: not valid JSON here: nested deeper than {MAX_DEPTH} levels") from None
+        raise TraceError.at(f"{path}:{lineno}", f"not valid JSON here: nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. an integer literal longer than Python reads (4300 digits)
-        raise TraceError(f"{path}:{lineno}: error: not valid JSON here: {exc}") from None
+        raise TraceError.at(f"{path}:{lineno}", f"not valid JSON here: {exc}") from None
     if not isinstance(data, dict):
-        raise TraceError(f"{path}:{lineno}: error: an episode must be a JSON object, got {type(data).__name__}")
+        raise TraceError.at(f"{path}:{lineno}", f"an episode must be a JSON object, got {type(data).__name__}")
     deep = _too_deep(data)
     if deep is not None:
-        raise TraceError(f"{path}:{lineno}: error: field {deep}: nested deeper than {MAX_DEPTH} levels")
+        raise TraceError.at(f"{path}:{lineno}", f"field {deep}: nested deeper than {MAX_DEPTH} levels")
     schema = data.get("schema")
     if schema != SCHEMA_VERSION:
-        raise TraceError(
-            f"{path}:{lineno}: error: field schema: {schema!r} is not {SCHEMA_VERSION!r}"
-            " (written by another version of srpo-graph?)"
+        raise TraceError.at(
+            f"{path}:{lineno}",
+            f"field schema: {schema!r} is not {SCHEMA_VERSION!r} (written by another version of srpo-graph?)",
         )
     try:
         return Episode.model_validate(data)
     except ValidationError as exc:
-        raise TraceError(f"{path}:{lineno}: error: {_format_validation(exc)}") from None
+        raise TraceError.at(f"{path}:{lineno}", _format_validation(exc)) from None
 
 
 def read_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None) -> list[Episode]:
@@ -247,7 +295,7 @@ def iter_numbered_traces(
     try:
         fh = p.open("rb")  # bytes: a line that is not UTF-8 is an error of that line, not of the reader
     except OSError as exc:
-        raise TraceError(f"{p}: error: cannot read trace file: {exc.strerror}") from None
+        raise TraceError.at(str(p), f"cannot read trace file: {exc.strerror}") from None
     with fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -277,15 +325,15 @@ def read_trace_set(path: str | os.PathLike) -> list[Episode]:
         if first is None:
             first = (ep.workflow.name, ep.workflow.hash, lineno)
         elif ep.workflow.name != first[0]:
-            raise TraceError(f"{where}: error: field workflow.name: {ep.workflow.name!r}, but line {first[2]} is from "
-                             f"workflow {first[0]!r}; one trace file holds one workflow's episodes")
+            raise TraceError.at(where, f"field workflow.name: {ep.workflow.name!r}, but line {first[2]} is from "
+                                f"workflow {first[0]!r}; one trace file holds one workflow's episodes")
         elif ep.workflow.hash != first[1]:
-            raise TraceError(f"{where}: error: field workflow.hash: workflow {first[0]!r} changed since line {first[2]} "
-                             f"(hash {ep.workflow.hash[:12]} vs {first[1][:12]})")
+            raise TraceError.at(where, f"field workflow.hash: workflow {first[0]!r} changed since line {first[2]} "
+                                f"(hash {ep.workflow.hash[:12]} vs {first[1][:12]})")
         key = (ep.group_id, ep.sample)
         if key in seen:
-            raise TraceError(f"{where}: error: field sample: group {ep.group_id!r} sample {ep.sample} appears twice "
-                             f"(also line {seen[key]})")
+            raise TraceError.at(where, f"field sample: group {ep.group_id!r} sample {ep.sample} appears twice "
+                                f"(also line {seen[key]})")
         seen[key] = lineno
         episodes.append(ep)
     return episodes

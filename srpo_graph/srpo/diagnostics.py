@@ -84,7 +84,8 @@ class LossDiagnostics:
             for k in out.agent_sums:
                 out.agent_sums[k] = _pad_add(out.agent_sums[k], p.agent_sums[k])
             out.size_absmax = _pad_max(out.size_absmax, p.size_absmax)
-            if out.entropy_by_policy_sum is not None and p.entropy_by_policy_sum is not None:
+            if (out.entropy_by_policy_sum is not None and p.entropy_by_policy_sum is not None
+                    and out.tokens_by_policy is not None and p.tokens_by_policy is not None):  # set together
                 out.entropy_by_policy_sum = _pad_add(out.entropy_by_policy_sum, p.entropy_by_policy_sum)
                 out.tokens_by_policy = _pad_add(out.tokens_by_policy, p.tokens_by_policy)
             out.ratio_lo = torch.minimum(out.ratio_lo, p.ratio_lo.to(out.ratio_lo.device))
@@ -187,7 +188,7 @@ class LossDiagnostics:
 
     @property
     def entropy_by_policy(self) -> torch.Tensor | None:
-        if self.entropy_by_policy_sum is None:
+        if self.entropy_by_policy_sum is None or self.tokens_by_policy is None:  # set together
             return None
         return self.entropy_by_policy_sum / self.tokens_by_policy.clamp(min=1)
 

@@ -133,8 +133,8 @@ def get_objective(name: str) -> Objective:
 
         near = difflib.get_close_matches(name, list(OBJECTIVES), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
-        raise ConfigError(f"field `objective`: error: unknown objective {name!r}\n  fix: {hint}known: "
-                          f"{', '.join(OBJECTIVES)} (docs/algorithm.md)")
+        raise ConfigError.at("field `objective`", f"unknown objective {name!r}",
+                             fix=f"{hint}known: {', '.join(OBJECTIVES)} (docs/algorithm.md)")
     return OBJECTIVES[name]
 
 

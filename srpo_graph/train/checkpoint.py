@@ -93,7 +93,8 @@ def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda.{i}"] = s
     version, internal, gauss = random.getstate()
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # the global generator is MT19937: its legacy state is a tuple
     meta = {
         "python": [version, list(internal), gauss],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -335,14 +336,14 @@ def load_checkpoint(
     """
     ck = Path(checkpoint)
     if not (ck / COMPLETE).is_file():
-        raise ConfigError(f"{ck}: error: not a complete checkpoint (no {COMPLETE} marker)\n"
-                          "  fix: resume from a run folder; the newest complete checkpoint is used")
+        raise ConfigError.at(str(ck), f"not a complete checkpoint (no {COMPLETE} marker)",
+                             fix="resume from a run folder; the newest complete checkpoint is used")
     try:
         payload = json.loads((ck / "state.json").read_text())
         for name, opt in optimizers.items():
             if name not in payload["policies"]:
-                raise ConfigError(f"{ck}: error: checkpoint has no policy {name!r} (has {payload['policies']})\n"
-                                  "  fix: resume with the workflow the run was started with")
+                raise ConfigError.at(str(ck), f"checkpoint has no policy {name!r} (has {payload['policies']})",
+                                     fix="resume with the workflow the run was started with")
             meta = json.loads((ck / "optim" / f"{name}.json").read_text())
             opt_sd = _optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta)
             (loaders or {}).get(name, opt.load_state_dict)(opt_sd)
@@ -355,6 +356,6 @@ def load_checkpoint(
     except ConfigError:
         raise
     except Exception as exc:  # json, safetensors, torch: a damaged file of any kind, never a traceback
-        raise ConfigError(f"{ck}: error: damaged checkpoint ({type(exc).__name__}: {exc})\n"
-                          "  fix: resume from the run folder: --resume falls back to the previous good "
-                          "checkpoint") from None
+        raise ConfigError.at(str(ck), f"damaged checkpoint ({type(exc).__name__}: {exc})",
+                             fix="resume from the run folder: --resume falls back to the previous good "
+                             "checkpoint") from None

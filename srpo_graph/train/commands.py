@@ -34,12 +34,13 @@ def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None,
     if resume is not None:
         saved = Path(resume) / "config.toml"
         if not saved.is_file():
-            raise ConfigError(f"{resume}: error: not a run folder (no config.toml)\n"
-                              "  fix: pass the --run-dir of an earlier `srpo-graph train`")
+            raise ConfigError.at(str(resume), "not a run folder (no config.toml)",
+                                 fix="pass the --run-dir of an earlier `srpo-graph train`")
         try:
             data, source = load_toml(saved), str(saved)
         except ConfigError as exc:  # damaged: not TOML, not UTF-8
-            _check_saved_config(None, saved, str(exc).splitlines()[0].split("error: ", 1)[-1])
+            _check_saved_config(None, saved, exc.diagnostics[0].message if exc.diagnostics
+                                else str(exc).splitlines()[0].split("error: ", 1)[-1])
         _check_saved_config(data, saved)
         from srpo_graph.train.config import _without_objective_defaults
 
@@ -74,9 +75,9 @@ def _check_saved_config(data: dict | None, path: Path, damage: str = "") -> None
                         key=lambda p: int(p.parent.name.split("_")[1]) if p.parent.name.split("_")[1].isdigit() else -1)
         fix = (f"restore it from the newest checkpoint's copy: cp {copies[-1]} {path}" if copies
                else "restore config.toml from a backup (or write the run's settings back by hand)")
-        raise ConfigError(f"{path}: error: the run's saved configuration {what}\n"
-                          "  why: resuming with defaults in its place would silently change the run\n"
-                          f"  fix: {fix}, then --resume again")
+        raise ConfigError.at(str(path), f"the run's saved configuration {what}",
+                             why="resuming with defaults in its place would silently change the run",
+                             fix=f"{fix}, then --resume again")
 
 
 @click.command("train", context_settings={"ignore_unknown_options": False})
@@ -203,4 +204,21 @@ def _launch(workflow: Path, cfg, resume: bool) -> int:
             os.environ.pop(RESUME_ENV, None)
 
 
-COMMANDS: list = [train_command]
+@click.command("export-adapter")
+@click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--policy", required=True, help="The LoRA adapter policy to export.")
+@click.option("--dtype", default="float32", show_default=True, help="dtype of the saved model.")
+def export_adapter_command(source, out, policy, dtype):
+    """Merge a trained LoRA adapter into its base; write a full model to OUT.
+
+    SOURCE is a run folder (its newest good checkpoint) or one checkpoints/step_N folder.
+
+    Example: srpo-graph export-adapter runs/coord_lora2 --policy role_a exported/role_a
+    """
+    from srpo_graph.train.lora import export_adapter
+
+    click.echo(f"wrote {export_adapter(source, policy, out, dtype=dtype)} (load it with from_pretrained)")
+
+
+COMMANDS: list = [train_command, export_adapter_command]

@@ -19,13 +19,14 @@ compiler's :class:`CompileConfig` are embedded as the ``loss`` and ``compile`` s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from srpo_graph.backends import BACKENDS
 from srpo_graph.compiler.compile import CompileConfig
-from srpo_graph.errors import ConfigError
+from srpo_graph.errors import ConfigError, Diagnostic, render
 from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.srpo.objectives import OBJECTIVES
 from srpo_graph.train.strategies import STRATEGIES
@@ -35,8 +36,8 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class RolloutConfig(_Section):
-    """What is sampled each step and by which engine."""
+class _RolloutFields(_Section):
+    """What is sampled each step and by which engine (its options: ``rollout.<backend>``)."""
 
     tasks: Path | None = Field(
         None,
@@ -50,38 +51,15 @@ class RolloutConfig(_Section):
     )
     samples: int = Field(8, ge=1, le=1024, description="G: episodes per task (the group size), 1..1024.")
     tasks_per_step: int = Field(16, ge=1, le=100_000, description="Tasks per step (a step samples tasks_per_step x samples episodes).")
-    backend: Literal["transformers", "sglang"] = Field(
-        "transformers", description="Inference engine: `transformers` (in-process, shares the trained model) or `sglang` (a server)."
-    )
-    sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang server or sglang-router URL (backend = sglang) "
-                            "of every policy not in `sglang_urls`; ignored when `sglang_launch` is set.")
-    sglang_urls: dict[str, str] = Field(
-        default_factory=dict, description="Per-policy server URLs {policy name: URL} (backend = sglang): one server "
-        "per policy, each synced after every update of its policy. Policies not listed use `sglang_url`.")
-    sglang_workers: tuple[str, ...] = Field(
-        (), description="SGLang worker URLs that receive weight updates when `sglang_url` is a router "
-        "(the router has no update route). Empty: the server at `sglang_url` itself. One-policy workflows only.")
-    sglang_launch: str | None = Field(
-        None, description="Start the servers here, one per policy, and stop them when training ends, fails or is "
-        "interrupted: `cpu` (the CPU recipe of shared/sglang-cpu, with the python of $SRPO_GRAPH_SGLANG_PYTHON or "
-        "~/.cache/srpo-graph/sglang-venv), `gpu` (`python -m sglang.launch_server` defaults), or a command template "
-        "with {model} and {port} (and {host}, {python}). None: connect to servers you started (`sglang_url(s)`).")
-    sglang_port: int = Field(30000, ge=1024, le=65000, description="First port of launched servers; policy i (in "
-                             "declaration order) gets sglang_port + i. Launched servers listen on 127.0.0.1.")
-    sglang_health_timeout: float = Field(600.0, gt=0.0, description="Seconds a launched server may take to answer /health 200.")
-    sglang_timeout: float = Field(300.0, gt=0.0, description="Deadline in seconds for one /generate request in all "
-                                  "(connect, answer and the whole body; a server that drips bytes is cut off).")
-    sglang_retries: int = Field(4, ge=0, le=100, description="Retries of one request on connection errors and HTTP 5xx, "
-                                "with exponential backoff from 0.5 s.")
+    backend: str = Field(  # a key of backends.BACKENDS (checked below); its options: the section of that name
+        "transformers", description="Inference engine, a key of `backends.BACKENDS`: `transformers` (in-process, "
+        "shares the trained model) or `sglang` (a server per policy). Its options are the section of the same "
+        "name (`rollout.sglang.url`, `[rollout.sglang]`).")
     max_failed_fraction: float = Field(
         0.5, ge=0.0, le=1.0, description="Failure budget per step, [0, 1]: the share of a step's episodes that may fail "
         "on backend errors (a server that died, hung or restarted mid-rollout) before the run stops with a message "
         "naming the server (checkpoints intact: fix it, then `--resume`). Below it, the failed episodes are dropped "
         "(counted as `rollout/backend_failures`) and the step trains on the rest.")
-    weight_dir: Path | None = Field(
-        None, description="Where updated weights are saved for SGLang's update_weights_from_disk; must be "
-        "readable by the server; each policy saves into its own subfolder <policy>. Default: RUN_DIR/weights. Only folders srpo-graph wrote there (listed in "
-        "its .srpo-graph-weights.json) are ever replaced or deleted.")
     models: dict[str, str] = Field(
         default_factory=dict,
         description="Per-policy model overrides {policy name: HF name, local path or `tiny`}; e.g. run a math "
@@ -97,6 +75,49 @@ class RolloutConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")
+
+
+def _with_backend_sections(base: type[_Section]) -> Any:
+    """``base`` plus one section per row of ``backends.BACKENDS`` (``rollout.sglang``, ...), so a
+    new backend's options appear in the config, its TOML and the docs' reference by themselves."""
+    sections: dict[str, Any] = {name: (spec.options, Field(default_factory=spec.options, description=spec.summary))
+                                for name, spec in BACKENDS.items()}
+    model = create_model("RolloutConfig", __base__=base, __module__=__name__, **sections)
+    model.__doc__ = base.__doc__
+    return model
+
+
+class _KnownBackend(_RolloutFields):
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(f"unknown backend {v!r}; known: {', '.join(BACKENDS)}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_flat_names(cls, data: Any) -> Any:
+        """Configs written before the backend sections (``sglang_url = ...``, ``weight_dir``, e.g. an
+        older run's config.toml being resumed) still load: ``<backend>_<field>`` -> ``<backend>.<field>``."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        if "weight_dir" in out:
+            out["sglang_weight_dir"] = out.pop("weight_dir")
+        for name, spec in BACKENDS.items():
+            moved = {k[len(name) + 1:]: out.pop(k) for k in list(out)
+                     if k.startswith(name + "_") and k[len(name) + 1:] in spec.options.model_fields}
+            if moved:
+                section = out.get(name, {})
+                out[name] = {**moved, **section} if isinstance(section, dict) else section
+        return out
+
+
+if TYPE_CHECKING:  # the sections are generated; type checkers see the common fields (sections: getattr)
+    RolloutConfig = _KnownBackend
+else:
+    RolloutConfig = _with_backend_sections(_KnownBackend)
 
 
 class OptimConfig(_Section):
@@ -208,7 +229,7 @@ class TrainConfig(_Section):
         "state (for models too large for one device; more communication: parameters are all-gathered in "
         "every forward, and rank 0 keeps an unsharded copy to sample from or to save for SGLang). "
         "Same results either way (docs/training.md).")
-    rollout: RolloutConfig = RolloutConfig()
+    rollout: RolloutConfig = RolloutConfig()  # its backend sections are generated from BACKENDS
     optim: OptimConfig = OptimConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     loss: LossConfig = LossConfig()
@@ -273,26 +294,23 @@ def _nearest_field(loc: Sequence[Any]) -> str | None:
 
 
 def _config_error(exc: ValidationError, source: str) -> ConfigError:
-    lines = []
-    for e in exc.errors()[:5]:
+    diags = []
+    for e in exc.errors():
         loc = list(e["loc"])
         name = ".".join(str(p) for p in loc) or "<config>"
-        what = f"{source}: error: field `{name}`: {e['msg']}"
+        what = f"field `{name}`: {e['msg']}"
         if e["type"] == "extra_forbidden":
-            what = f"{source}: error: unknown field `{name}`"
+            what = f"unknown field `{name}`"
             near = _nearest_field(loc)
-            fix = (f"fix: did you mean `{near}`? " if near else "fix: remove it or check its spelling ") + \
+            fix = (f"did you mean `{near}`? " if near else "remove it or check its spelling ") + \
                 "(see docs/training.md for every field)"
         else:
             doc = _field_doc([p for p in loc if isinstance(p, str)])
-            fix = f"fix: {doc}" if doc else "fix: see docs/training.md"
+            fix = doc or "see docs/training.md"
             if "input" in e and not isinstance(e["input"], dict):
                 what += f" (got {e['input']!r})"
-        lines += [what, f"  {fix}"]
-    more = len(exc.errors()) - 5
-    if more > 0:
-        lines.append(f"... and {more} more")
-    return ConfigError("\n".join(lines))
+        diags.append(Diagnostic(what, hint=fix, where=source))
+    return ConfigError(render(diags, limit=5), diagnostics=diags)  # the first 5, then "... and N more"
 
 
 def validate(data: dict[str, Any], source: str = "<config>") -> TrainConfig:
@@ -376,15 +394,15 @@ def check_trainable(config: "TrainConfig", source: str = "<config>") -> None:
     """
     dtype = config.rollout.dtype
     if dtype == "float16":
-        raise ConfigError(f"{source}: error: field `rollout.dtype`: float16 cannot be trained here (no loss scaler)\n"
-                          "  why: AdamW on float16 weights underflows to 0 and gives NaN weights after one update\n"
-                          "  fix: use rollout.dtype=\"bfloat16\" (same memory, float32's range) or \"float32\"")
+        raise ConfigError.at(source, "field `rollout.dtype`: float16 cannot be trained here (no loss scaler)",
+                             why="AdamW on float16 weights underflows to 0 and gives NaN weights after one update",
+                             fix="use rollout.dtype=\"bfloat16\" (same memory, float32's range) or \"float32\"")
     tiny = _DTYPE_TINY[dtype]
     if config.optim.eps < tiny:
-        raise ConfigError(f"{source}: error: field `optim.eps`: {config.optim.eps:g} is below the smallest normal "
-                          f"{dtype} number ({tiny:.3g})\n"
-                          "  why: Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights\n"
-                          f"  fix: use optim.eps >= {tiny:.3g} (the usual 1e-8 is safe for float32 and bfloat16)")
+        raise ConfigError.at(source, f"field `optim.eps`: {config.optim.eps:g} is below the smallest normal "
+                             f"{dtype} number ({tiny:.3g})",
+                             why="Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights",
+                             fix=f"use optim.eps >= {tiny:.3g} (the usual 1e-8 is safe for float32 and bfloat16)")
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -393,14 +411,15 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{p}: error: cannot read config file: {exc.strerror}\n  fix: check the --config path") from None
+        raise ConfigError.at(str(p), f"cannot read config file: {exc.strerror}",
+                             fix="check the --config path") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: error: not valid TOML: not UTF-8 text (byte {exc.start})\n"
-                          "  fix: a TOML file is UTF-8 text") from None
+        raise ConfigError.at(str(p), f"not valid TOML: not UTF-8 text (byte {exc.start})",
+                             fix="a TOML file is UTF-8 text") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: error: not valid TOML: {exc}\n  fix: see https://toml.io for the syntax") from None
+        raise ConfigError.at(str(p), f"not valid TOML: {exc}", fix="see https://toml.io for the syntax") from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -414,7 +433,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {item!r}: error: expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+        raise ConfigError.at(f"override {item!r}", "expected KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -431,7 +450,7 @@ def merge_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         for k in keys[:-1]:
             child = node.setdefault(k, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: error: `{k}` is a value, not a section")
+                raise ConfigError.at(f"override {item!r}", f"`{k}` is a value, not a section")
             node = child
         node[keys[-1]] = value
     return out

@@ -59,10 +59,11 @@ def default_task_file(workflow_path: str | Path, workflow: Workflow) -> Path:
         if p.is_file() and _fields_fit(p, workflow):
             return p
     fields = ", ".join(name for name, _ in workflow.task_fields) or "(none)"
-    raise ConfigError(
-        f"{workflow_path}: error: no task file found for this workflow (fields: {fields})\n"
-        f"  tried: {', '.join(str(p) for p in candidates)}\n"
-        "  fix: pass --tasks PATH (or rollout.tasks=PATH); `python scripts/make_data.py` generates the examples' tasks"
+    raise ConfigError.at(
+        str(workflow_path),
+        f"no task file found for this workflow (fields: {fields})\n"
+        f"  tried: {', '.join(str(p) for p in candidates)}",
+        fix="pass --tasks PATH (or rollout.tasks=PATH); `python scripts/make_data.py` generates the examples' tasks",
     )
 
 
@@ -122,9 +123,9 @@ def override_workflow(
     models = dict(models or {})
     unknown = sorted(set(models) - {p.name for p in workflow.policies} - {"*"})
     if unknown:
-        raise ConfigError(
-            f"field `rollout.models`: error: unknown policies {unknown} in workflow {workflow.name!r}\n"
-            f"  fix: use one of {[p.name for p in workflow.policies]} or `*`"
+        raise ConfigError.at(
+            "field `rollout.models`", f"unknown policies {unknown} in workflow {workflow.name!r}",
+            fix=f"use one of {[p.name for p in workflow.policies]} or `*`",
         )
     if not models and max_tokens is None and not greedy and logprobs in (None, "full"):
         return workflow

@@ -136,26 +136,28 @@ def all_reduce_grads(params: Iterable[torch.nn.Parameter], info: DistInfo, bucke
     params = [p for p in params if p.requires_grad]
     if not params:
         return
+    grads: list[torch.Tensor] = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    bucket: list[torch.nn.Parameter] = []
+        grads.append(p.grad)
+    bucket: list[torch.Tensor] = []  # gradients (each has its parameter's shape)
     size = 0
-    for p in params + [None]:  # None flushes the last bucket
-        if p is not None and (not bucket or (size + p.numel() <= bucket_elems and p.grad.dtype == bucket[0].grad.dtype
-                                             and p.grad.device == bucket[0].grad.device)):
-            bucket.append(p)
-            size += p.numel()
+    for g in grads + [None]:  # None flushes the last bucket
+        if g is not None and (not bucket or (size + g.numel() <= bucket_elems and g.dtype == bucket[0].dtype
+                                             and g.device == bucket[0].device)):
+            bucket.append(g)
+            size += g.numel()
             continue
-        flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+        flat = torch.cat([q.reshape(-1) for q in bucket])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for q in bucket:
             n = q.numel()
-            q.grad.copy_(flat[offset : offset + n].view_as(q))
+            q.copy_(flat[offset : offset + n].view_as(q))
             offset += n
-        if p is not None:
-            bucket, size = [p], p.numel()
+        if g is not None:
+            bucket, size = [g], g.numel()
 
 
 def shard_sets(set_tokens: Sequence[int], rank: int, world_size: int) -> list[int]:

@@ -30,7 +30,7 @@ copy of each policy on rank 0). Frozen reference models (KL) are not sharded.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 
@@ -143,7 +143,8 @@ class _Ordered(torch.nn.Module):
 
 class _Plan:
     def __init__(self, models: Sequence[torch.nn.Module], active: Sequence[int]):
-        self.models, self.active, self.done = models, sorted(active), set()
+        self.models, self.active = models, sorted(active)
+        self.done: set[int] = set()
         self.extra: list[torch.Tensor] = []
 
     def run_dummies_before(self, pid: int) -> None:
@@ -155,7 +156,7 @@ class _Plan:
     def finish(self) -> torch.Tensor | None:
         """Dummy forwards of the active policies not run yet; the zero term for the loss."""
         self.run_dummies_before(max(self.active, default=-1) + 1)
-        return sum(self.extra) if self.extra else None
+        return sum(self.extra[1:], self.extra[0]) if self.extra else None
 
 
 def ordered_models(models: Sequence[torch.nn.Module], active: Sequence[int]) -> tuple[list[Any], _Plan]:
@@ -176,7 +177,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], full)  # full_state_dict=True: every value is a plain tensor
 
 
 def sync_backend(model: torch.nn.Module, replica: Any, backend: Any, version: int) -> None:
@@ -198,7 +200,7 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     by parameter index as an unsharded optimizer would be. A collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    sd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     unique = {id(p): i for i, p in enumerate(model.parameters())}  # a tied weight has several names
     index = {name: unique[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
     state = {index[name]: st for name, st in sd.get("state", {}).items()}

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import time
 from enum import Enum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 WIDE = 110  # columns the full bar needs (label, bar, M/N, numbers, elapsed, remaining)
 MEDIUM = 50  # columns for M/N, the short numbers and the elapsed time
@@ -109,8 +112,8 @@ class ProgressBar:
         self.console = console
         self.plain_every = plain_every or max(1, total // 20)
         self.layout: Layout | None = None
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._last_eval: float | None = None
         self._step = start
         self._t0 = time.monotonic()
@@ -153,7 +156,7 @@ class ProgressBar:
         is_eval = isinstance(flat.get("eval/reward"), (int, float))
         if is_eval:
             self._last_eval = float(flat["eval/reward"])
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None and self.layout is not None:  # set together
             self._progress.update(self._task, advance=1, info=describe(flat, self._last_eval, self.layout))
         elif self.layout is Layout.PLAIN:
             step = int(flat.get("step", self._step))

@@ -67,9 +67,9 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
         handle.close()
         who = (f"process {holder.get('pid')} on {holder.get('host')} (since {holder.get('started')})"
                if holder.get("pid") else "another process")
-        raise ConfigError(f"{run_dir}: error: the run folder is in use: {who} is training in it (lock {path})\n"
-                          "  why: two processes in one run folder would overwrite each other's checkpoints\n"
-                          "  fix: wait for it to finish or stop it, then resume; or train in another --run-dir") from None
+        raise ConfigError.at(str(run_dir), f"the run folder is in use: {who} is training in it (lock {path})",
+                             why="two processes in one run folder would overwrite each other's checkpoints",
+                             fix="wait for it to finish or stop it, then resume; or train in another --run-dir") from None
     handle.seek(0)
     handle.truncate()
     handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),

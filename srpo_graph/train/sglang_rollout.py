@@ -1,30 +1,25 @@
-"""Trainer stage: rollouts on SGLang servers -- which server samples for which policy, who starts
-and stops them, the failure budget, and the sampler/trainer mismatch per agent.
+"""Trainer stage: rollouts on remote backends -- who stops the servers training started, the
+failure budget, the backend's loss defaults, and the sampler/trainer mismatch per agent.
 
-Consumes the ``rollout`` section of :class:`~srpo_graph.train.config.TrainConfig` and the
-workflow's policies; produces one :class:`~srpo_graph.backends.sglang.SGLangBackend` per policy
-(each its own server: policies' weights diverge as they train). Knows nothing about losses.
+Which server samples for which policy is the backend's row in ``backends.BACKENDS``
+(``for_training``; for SGLang ``backends/sglang_server.py::serve_policies``). Here:
 
-* ``rollout.sglang_launch`` set: one server per policy is started here (all at once, then each
-  waited for), on ports ``sglang_port + i``; they are stopped by :func:`server_scope` when
-  training ends, fails or is interrupted, and by ``sglang_server``'s exit hook and parent-death
-  signal if the trainer itself dies (see ``backends/sglang_server.py``).
-* otherwise each policy connects to ``sglang_urls[policy]`` or ``sglang_url``; two policies on
-  one URL are refused (one server holds one set of weights).
-* the objective's set-level mismatch correction defaults to ``tis`` on SGLang (Note [Mismatch
-  on SGLang] in docs/sglang.md): the server samples in bf16 with its own kernels while the
-  trainer recomputes in fp32, so ``old_logprobs`` != sampler log-probs; an explicit
-  ``loss.mismatch`` is kept.
+* :func:`server_scope` stops every server started inside it when training ends, fails or is
+  interrupted (``sglang_server``'s exit hook and parent-death signal cover a trainer that dies);
+* :func:`with_backend_defaults`: the backend's ``loss_defaults``; the set-level mismatch correction
+  defaults to ``tis`` on SGLang (Note [Mismatch on SGLang] in docs/sglang.md): the server samples in
+  bf16 with its own kernels while the trainer recomputes in fp32, so ``old_logprobs`` != sampler
+  log-probs; an explicit ``loss.mismatch`` is kept;
+* :func:`check_failure_budget`: a remote backend's failed episodes against ``rollout.max_failed_fraction``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Iterator
 
-from srpo_graph.backends import load_backend, resolve_model, sglang_server
-from srpo_graph.errors import BackendError, ConfigError
+from srpo_graph.backends import backend_spec, sglang_server
+from srpo_graph.errors import BackendError
 
 
 @contextlib.contextmanager
@@ -39,57 +34,16 @@ def server_scope() -> Iterator[None]:
                 s.stop()
 
 
-def with_sglang_defaults(config: Any) -> Any:
-    """``config`` with ``loss.mismatch = tis`` when the backend is sglang and it was not set explicitly."""
-    if config.rollout.backend != "sglang" or "mismatch" in config.loss.model_fields_set:
+def with_backend_defaults(config: Any) -> Any:
+    """``config`` with its backend's ``loss_defaults`` (``BACKENDS[...]``) for the loss options not set
+    explicitly: ``loss.mismatch = tis`` on SGLang (Note [Mismatch on SGLang] in docs/sglang.md)."""
+    defaults = {k: v for k, v in backend_spec(config.rollout.backend).loss_defaults.items()
+                if k not in config.loss.model_fields_set}
+    if not defaults:
         return config
-    from srpo_graph.srpo.loss import Mismatch
-
-    return config.model_copy(update={"loss": config.loss.model_copy(update={"mismatch": Mismatch.TIS})})
-
-
-def sglang_backends(wf: Any, config: Any, run_dir: Path) -> dict[str, Any]:
-    """One connected SGLang backend per policy of ``wf`` (servers launched first if configured).
-
-    Raises:
-        ConfigError: a URL for an unknown policy, two policies on one server, router workers
-            with several policies.
-        BackendError: a server that cannot start or does not answer ``/health``.
-    """
-    r = config.rollout
-    names = [p.name for p in wf.policies]
-    unknown = sorted(set(r.sglang_urls) - set(names))
-    if unknown:
-        raise ConfigError(f"field `rollout.sglang_urls`: error: no policy named {unknown} in workflow {wf.name!r} "
-                          f"(policies: {names})\n  fix: key the URLs by policy name")
-    if r.sglang_workers and len(names) > 1:
-        raise ConfigError("field `rollout.sglang_workers`: error: router workers are for a one-policy workflow; "
-                          f"{wf.name!r} has {len(names)} policies\n  fix: give each policy its own server in "
-                          "`rollout.sglang_urls`")
-    models = {p.name: resolve_model(p.model) for p in wf.policies}
-    if r.sglang_launch is not None:
-        servers = [sglang_server.SGLangServer(
-            sglang_server.launch_command(r.sglang_launch, models[n], r.sglang_port + i), r.sglang_port + i,
-            log_path=run_dir / "sglang" / f"{n}.log",
-            env={"SGLANG_USE_CPU_ENGINE": "1"} if r.sglang_launch == "cpu" else None) for i, n in enumerate(names)]
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_healthy(r.sglang_health_timeout)
-        urls = {n: s.url for n, s in zip(names, servers)}
-    else:
-        urls = {n: r.sglang_urls.get(n, r.sglang_url) for n in names}
-        shared = [n for n in names if list(urls.values()).count(urls[n]) > 1]
-        if shared:
-            raise ConfigError(f"field `rollout.sglang_urls`: error: policies {shared} would share the server "
-                              f"{urls[shared[0]]}, which holds one set of weights\n  fix: one server per policy "
-                              "(`rollout.sglang_urls={name=URL,...}`), or let training start them (`rollout.sglang_launch=cpu`)")
-    weight_root = Path(r.weight_dir) if r.weight_dir is not None else run_dir / "weights"
-    backends = {}
-    for n in names:
-        backends[n] = load_backend("sglang", models[n], url=urls[n], worker_urls=list(r.sglang_workers) or None,
-                                   weight_dir=weight_root / n, timeout=r.sglang_timeout, max_retries=r.sglang_retries)
-    return backends
+    coerced = type(config.loss).model_validate(defaults)  # e.g. "tis" -> Mismatch.TIS
+    update = {k: getattr(coerced, k) for k in defaults}
+    return config.model_copy(update={"loss": config.loss.model_copy(update=update)})
 
 
 def check_failure_budget(stats: Any, config: Any) -> None:
@@ -103,10 +57,11 @@ def check_failure_budget(stats: Any, config: Any) -> None:
     share = stats.backend_failures / stats.episodes
     budget = config.rollout.max_failed_fraction
     if share > budget:
-        raise BackendError(
+        raise BackendError.at(
+            None,
             f"rollout stopped: {stats.backend_failures} of {stats.episodes} episodes failed on backend errors "
-            f"({share:.0%} > rollout.max_failed_fraction={budget:g}); first: {stats.backend_error}\n"
-            "  fix: check the server (its log is in RUN_DIR/sglang/ when training started it), then continue "
+            f"({share:.0%} > rollout.max_failed_fraction={budget:g}); first: {stats.backend_error}",
+            fix="check the server (its log is in RUN_DIR/sglang/ when training started it), then continue "
             "with `srpo-graph train FILE.wf --resume RUN_DIR`")
 
 
@@ -140,5 +95,4 @@ def agent_mismatch(batch: Any) -> dict[str, float]:
     return out
 
 
-__all__ = ["agent_mismatch", "check_failure_budget", "rollout_metrics", "server_scope", "sglang_backends",
-           "with_sglang_defaults", "BackendError"]
+__all__ = ["agent_mismatch", "check_failure_budget", "rollout_metrics", "server_scope", "with_backend_defaults", "BackendError"]

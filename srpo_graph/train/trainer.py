@@ -19,6 +19,7 @@ sharded (``fsdp.py``); rank 0 samples from and saves an unsharded replica synced
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import math
 import os
@@ -30,9 +31,8 @@ from typing import Any
 
 import torch
 
-from srpo_graph.backends import resolve_model
+from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
 from srpo_graph.backends.tiny import load_tokenizer
-from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.errors import ConfigError, SrpoGraphError
 from srpo_graph.lang import load_workflow
@@ -40,7 +40,7 @@ from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
 from srpo_graph.train import checkpoint as ckpt
-from srpo_graph.train import fsdp
+from srpo_graph.train import fsdp, lora
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
@@ -53,8 +53,7 @@ from srpo_graph.train.sglang_rollout import (
     check_failure_budget,
     rollout_metrics,
     server_scope,
-    sglang_backends,
-    with_sglang_defaults,
+    with_backend_defaults,
 )
 from srpo_graph.train.update import recompute_old_logprobs, update_policies
 
@@ -171,34 +170,38 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
     dtype = getattr(torch, config.rollout.dtype)
     updates_total = config.steps * config.optim.epochs * config.optim.mini_batches
     kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
-    # sglang: one server per policy (launched here if rollout.sglang_launch), only rank 0 samples
-    remote = (sglang_backends(wf, config, Path(config.run_dir or "runs"))
-              if config.rollout.backend == "sglang" and dist.is_main else {})
+    spec = backend_spec(config.rollout.backend)
     slots = []
     sharded = config.strategy == "fsdp" and dist.enabled
-    for pol in wf.policies:
+    if lora.uses_adapters(wf):  # LoRA adapters on one shared frozen base per base policy: lora.py
+        slots = lora.build_slots(wf, config, device, resume_from, dist, make_slot=PolicySlot,
+                                 lr_lambda=_lr_lambda(config, updates_total))
+    for pol in wf.policies if not slots else ():
         base = resolve_model(pol.model)
         path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()  # no dropout: update.py
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = model.to(device).eval()  # no dropout: update.py
         tok = load_tokenizer(path)
-        # fsdp: shard before the optimizer sees the parameters; sglang's replica is only saved (CPU)
-        replica = fsdp.shard_with_replica(model, path, dtype, device if config.rollout.backend == "transformers"
-                                          else "cpu", dist) if sharded else None
+        # fsdp: shard before the optimizer sees the parameters; rank 0 keeps a whole replica to
+        # sample from (in-process backends, on the device) or to save for a server (CPU)
+        replica = fsdp.shard_with_replica(model, path, dtype, device if spec.in_process else "cpu", dist) \
+            if sharded else None
         o = config.optim
         opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, updates_total))
-        r = config.rollout
-        if r.backend == "transformers" and (replica is not None or not sharded):
-            backend = TransformersBackend(replica if replica is not None else model, tok, device=device)
-        elif r.backend == "sglang" and dist.is_main:  # only rank 0 samples, so only rank 0 talks to the server
-            backend = remote[pol.name]
-        else:
-            backend = None
-        ref = None
+        ref: Any = None
         if kl != 0.0:
-            ref = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(device).eval()
+            ref = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+            ref = ref.to(device).eval()
             ref.requires_grad_(False)
-        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, backend, ref, replica=replica))
+        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, None, ref, replica=replica))
+    if dist.is_main:  # only rank 0 samples, so only rank 0 builds backends (and starts servers)
+        trained = [TrainedPolicy(s.name, s.base, s.replica if s.replica is not None else s.model, s.tokenizer, device)
+                   for s in slots]
+        options = getattr(config.rollout, config.rollout.backend)
+        backends = spec.for_training(trained, options, Path(config.run_dir or "runs"))
+        for s in slots:
+            s.backend = backends[s.name]
     return slots
 
 
@@ -208,7 +211,7 @@ def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, 
     if dist.is_main:
         res = run_episodes(wf, tasks, {s.name: s.backend for s in slots}, samples=samples, seed=seed,
                            policy_versions={s.name: s.version for s in slots}, progress=progress,
-                           on_backend_error="fail" if config.rollout.backend == "sglang" else "raise")
+                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote else "raise")
         stats = res.stats
         check_failure_budget(stats, config)  # a dead/hung server: fail its episodes, or stop clearly
         if not dist.enabled:  # one process: the episodes as they are (compile validates them once)
@@ -229,7 +232,7 @@ def _resolve_tasks(workflow_path: Path, wf, config: TrainConfig):
     eval_list = load_tasks(eval_path, wf) if eval_path is not None else None
     train_tasks, eval_tasks = split_tasks(tasks, eval_list, config.eval.num_tasks)
     if not train_tasks:
-        raise ConfigError(f"{path}: error: no training tasks\n  fix: give a task file with at least 2 tasks")
+        raise ConfigError.at(str(path), "no training tasks", fix="give a task file with at least 2 tasks")
     return Path(path), train_tasks, eval_tasks[: config.eval.num_tasks]
 
 
@@ -253,13 +256,14 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
         config = config.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow_path).name)})
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the lock for the whole job
         return _train(workflow_path, config, resume=resume)
+    assert config.run_dir is not None
     with lock_run_dir(config.run_dir), server_scope():  # servers it launched stop with it, whatever happens
         return _train(workflow_path, config, resume=resume)
 
 
 def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> RunSummary:
     t_start = time.perf_counter()
-    config = with_sglang_defaults(config)  # loss.mismatch=tis on SGLang unless set (docs/sglang.md)
+    config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
     workflow_path = Path(workflow_path)
     device = _device(config)
     dist = init_distributed(device)
@@ -282,12 +286,12 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         state = ckpt.load_checkpoint(
             resume_from, optimizers={s.name: s.optimizer for s in slots},
             schedulers={s.name: s.scheduler for s in slots},
-            loaders={s.name: (lambda sd, s=s: fsdp.load_full_optimizer_state(s.model, s.optimizer, sd))
+            loaders={s.name: functools.partial(fsdp.load_full_optimizer_state, s.model, s.optimizer)
                      for s in slots if fsdp.is_sharded(s.model)})
         started_with = state.extra.get("workflow")
         if started_with is not None and started_with != wf.name:
-            raise ConfigError(f"{resume_from}: error: this run trained workflow {started_with!r}, not {wf.name!r} "
-                              f"({workflow_path})\n  fix: resume with the .wf file the run was started with")
+            raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
+                                 f"({workflow_path})", fix="resume with the .wf file the run was started with")
         for s in slots:
             s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
     compile_cfg = config.compile.model_copy(update={"policies": tuple(p.name for p in wf.policies)})
@@ -378,11 +382,11 @@ def _choose_checkpoint(run_dir: Path, *, announce: bool) -> Path:
     good, damaged = ckpt.latest_good_checkpoint(run_dir)
     if good is None:
         if not damaged:
-            raise ConfigError(f"{run_dir}: error: no complete checkpoint to resume from\n"
-                              "  fix: check the run folder, or start a new run without --resume")
+            raise ConfigError.at(str(run_dir), "no complete checkpoint to resume from",
+                                 fix="check the run folder, or start a new run without --resume")
         listed = "\n".join(f"  {p}: {why}" for p, why in damaged)
-        raise ConfigError(f"{run_dir}: error: every checkpoint is damaged, nothing to resume from\n{listed}\n"
-                          "  fix: restore the run folder from a backup, or start a new run with --overwrite")
+        raise ConfigError.at(str(run_dir), f"every checkpoint is damaged, nothing to resume from\n{listed}",
+                             fix="restore the run folder from a backup, or start a new run with --overwrite")
     if announce:
         for path, why in damaged:
             print(f"srpo-graph train: checkpoint {path} is damaged ({why}); skipping it", file=sys.stderr)
@@ -403,10 +407,10 @@ def _clear_previous_run(run_dir: Path, *, overwrite: bool) -> None:
     old = [run_dir / n for n in ("checkpoints", "traces", "plots", "tensorboard", "metrics.jsonl", "summary.json")]
     old = [p for p in old if p.exists()]
     if old and not overwrite:
-        raise ConfigError(
-            f"{run_dir}: error: the folder holds an earlier run ({', '.join(p.name for p in old)})\n"
-            f"  why: a fresh run there would mix with it or destroy it\n"
-            f"  fix: continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it"
+        raise ConfigError.at(
+            str(run_dir), f"the folder holds an earlier run ({', '.join(p.name for p in old)})",
+            why="a fresh run there would mix with it or destroy it",
+            fix=f"continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it",
         )
     if old:
         print(f"srpo-graph train: replacing the previous run in {run_dir} (--overwrite)", file=sys.stderr)
@@ -460,10 +464,9 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
         timings["old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         upd = update_policies(
-            models, [s.optimizer for s in slots], [s.scheduler for s in slots], batch, config.loss,
+            slots, batch, config.loss,
             epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
-            seed=config.seed * 1_000_003 + step, ref_models=[s.ref_model for s in slots] if slots[0].ref_model is not None else None,
-            dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy,
+            seed=config.seed * 1_000_003 + step, dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy,
             layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite)
         state.skipped_updates += upd.skipped_updates
         record["loss"] = upd.loss

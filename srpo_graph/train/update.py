@@ -178,10 +178,25 @@ def _weights_finite(models, active, dist: DistInfo) -> bool:
     return all_reduce_sum(bad, dist) == 0.0
 
 
+@dataclass
+class UpdatePolicy:
+    """What the update needs of one policy (the trainer's ``PolicySlot`` has the same attributes).
+
+    Attributes:
+        model: the trained model.
+        optimizer: its optimizer.
+        scheduler: its LR scheduler, stepped after each optimizer step (None: none).
+        ref_model: the frozen reference for the KL term (None when the KL coefficient is 0).
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None
+    ref_model: Any = None
+
+
 def update_policies(
-    models: Sequence[torch.nn.Module],
-    optimizers: Sequence[torch.optim.Optimizer],
-    schedulers: Sequence[Any],
+    policies: Sequence[Any],
     batch: SetBatch,
     loss_config: LossConfig,
     *,
@@ -189,7 +204,6 @@ def update_policies(
     mini_batches: int,
     grad_clip: float,
     seed: int,
-    ref_models: Sequence[Any] | None = None,
     dist: DistInfo = DistInfo(),
     inject_nonfinite: bool = False,
     strategy: str = "ddp",
@@ -199,13 +213,13 @@ def update_policies(
     """Run the epochs x mini-batches update on ``batch`` (old_logprobs already set).
 
     Args:
-        models, optimizers, schedulers: indexed by policy id (``batch.policies``).
+        policies: one :class:`UpdatePolicy` (or ``PolicySlot``: ``model``, ``optimizer``,
+            ``scheduler``, ``ref_model``) per policy id (``batch.policies``).
         batch: the step's SetBatch.
         loss_config: the objective's configuration.
         epochs, mini_batches: passes over the batch and optimizer steps per pass.
         grad_clip: max grad norm per policy (0 = none).
         seed: seeds the mini-batch shuffling (the same on every rank).
-        ref_models: per policy, for the KL term (None when the KL coefficient is 0).
         dist: data-parallel info; each rank back-propagates its shard of whole events.
         inject_nonfinite: debug hook, the first micro-batch loss becomes NaN.
         strategy: a key of ``strategies.STRATEGIES``: ``ddp`` (replicated models, gradients all-reduced) or ``fsdp`` (models
@@ -219,6 +233,11 @@ def update_policies(
     Returns:
         UpdateResult.
     """
+    models = [p.model for p in policies]
+    optimizers = [p.optimizer for p in policies]
+    schedulers = [p.scheduler for p in policies]
+    refs = [p.ref_model for p in policies]
+    ref_models = refs if any(r is not None for r in refs) else None
     gen = torch.Generator().manual_seed(seed)
     result = UpdateResult()
     epoch_diags: list[LossDiagnostics] = []
@@ -254,7 +273,8 @@ def update_policies(
                 result.padding_forwards += strat.backward(loss, plan)
                 mb_loss += float(loss.detach())
                 result.tokens += micro.num_tokens
-                micro_diags.append(diag)
+                if diag is not None:  # always (diagnostics=True)
+                    micro_diags.append(diag)
             mb_loss = all_reduce_sum(mb_loss, dist)
             if micro_diags:
                 mini_diags.append(LossDiagnostics.combine(micro_diags, "micro"))

@@ -6,6 +6,7 @@ Stage: viz. Consumes a checked :class:`~srpo_graph.workflow.Workflow`; produces 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from srpo_graph.viz.text import to_dot, to_mermaid
 from srpo_graph.workflow import Workflow
@@ -53,7 +54,7 @@ def to_png(workflow: Workflow, dpi: int = 110) -> bytes:
     return _png(workflow, dpi)
 
 
-FORMATS = {".svg": to_svg, ".png": to_png, ".dot": to_dot, ".gv": to_dot, ".mmd": to_mermaid}
+FORMATS: dict[str, Callable[[Workflow], str | bytes]] = {".svg": to_svg, ".png": to_png, ".dot": to_dot, ".gv": to_dot, ".mmd": to_mermaid}
 
 
 def write_graph(workflow: Workflow, path: str | Path) -> Path:

@@ -69,7 +69,7 @@ def layout(workflow: Workflow) -> Layout:
         level["end"] = max(others) + 1
     num_layers = max(level.values()) + 1
     order = {n: i for i, n in enumerate(g.nodes)}
-    layers = [sorted((n for n in level if level[n] == k), key=order.get) for k in range(num_layers)]
+    layers = [sorted((n for n in level if level[n] == k), key=order.__getitem__) for k in range(num_layers)]
     pos: dict[str, tuple[float, float]] = {}
     for k, layer in enumerate(layers):
         if k > 0:  # barycenter of the predecessors already placed

@@ -11,9 +11,10 @@ Uses matplotlib's object API (no pyplot global state), so it is safe in servers 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass, field
 
 from srpo_graph.viz.layout import layout
-from srpo_graph.viz.text import policy_colors, sizes_label
+from srpo_graph.viz.text import policy_caption, policy_colors, sizes_label
 from srpo_graph.workflow import Workflow
 
 X_GAP, Y_GAP = 2.6, 1.5
@@ -61,12 +62,41 @@ def _blocked(box, arrows, taken) -> bool:
     return any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in taken)
 
 
-def _figure(w: Workflow):
+OFF = "#d0d7de"  # what an episode did not use (Usage)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one episode did, drawn over the routing graph (``srpo-graph show --html``).
+
+    Used parts are drawn as usual with captions; the rest in grey. Built by
+    ``runtime.episode_view.usage`` from a trace.
+
+    Attributes:
+        agents: outputs per agent (0 or absent: not run).
+        fired: firings per transition.
+        arcs: the (from, to) node pairs the episode used.
+        agent_notes: a caption per agent that ran (e.g. ``×2 → 7``).
+        transition_notes: a note per transition that fired (e.g. ``×1  r=1``).
+        end_note: the caption of ``end`` (status and reward).
+    """
+
+    agents: dict[str, int] = field(default_factory=dict)
+    fired: dict[str, int] = field(default_factory=dict)
+    arcs: frozenset[tuple[str, str]] = frozenset()
+    agent_notes: dict[str, str] = field(default_factory=dict)
+    transition_notes: dict[str, str] = field(default_factory=dict)
+    end_note: str = "end"
+
+
+def _figure(w: Workflow, usage: Usage | None = None):
     from matplotlib.figure import Figure
     from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 
     lay = layout(w)
     notes = {t.name: _note(t) for t in w.transitions}
+    if usage is not None:  # what the episode did, instead of the static annotations
+        notes = {t.name: usage.transition_notes.get(t.name, "") for t in w.transitions}
     widest = max((_note_width(s) for s in notes.values()), default=0.0)
     x_gap = max(X_GAP, BAR_W / 2 + NOTE_PAD + widest + 0.15 + AGENT_W / 2)  # Note [Transition notes]
     pos = {n: (x * x_gap, -y * Y_GAP) for n, (x, y) in lay.pos.items()}
@@ -82,22 +112,28 @@ def _figure(w: Workflow):
     ax.set_aspect("equal")
     colors = policy_colors(w)
     kinds = {a.name: "agent" for a in w.agents} | {t.name: "transition" for t in w.transitions}
-    patches = {}
+    patches: dict[str, Patch] = {}
     for n, (x, y) in pos.items():
+        p: Patch
         kind = kinds.get(n, n)
         if kind == "agent":
             agent = w.agent_by_name[n]
+            ran = usage is None or usage.agents.get(n, 0) > 0
+            caption = policy_caption(w, agent.policy) if usage is None else usage.agent_notes.get(n, "not run")
             p = FancyBboxPatch((x - AGENT_W / 2, y - AGENT_H / 2), AGENT_W, AGENT_H,
                                boxstyle="round,pad=0.02,rounding_size=0.22",
-                               fc=colors.get(agent.policy, "#cccccc"), ec="#222222", lw=1.2, zorder=3)
+                               fc=colors.get(agent.policy, "#cccccc") if ran else "#f6f8fa",
+                               ec="#222222" if ran else OFF, lw=1.2, zorder=3, gid=f"agent:{n}")
             ax.add_patch(p)
-            ax.text(x, y + 0.08, n, ha="center", va="center", fontsize=10, color="white", weight="bold", zorder=4)
-            ax.text(x, y - 0.17, agent.policy, ha="center", va="center", fontsize=7, color="white", zorder=4)
+            ink = "white" if ran else "#888888"
+            ax.text(x, y + 0.08, n, ha="center", va="center", fontsize=10, color=ink, weight="bold", zorder=4)
+            ax.text(x, y - 0.17, caption, ha="center", va="center", fontsize=7, color=ink, zorder=4)
         elif kind == "transition":
-            t = w.transition_by_name[n]
-            p = Rectangle((x - BAR_W / 2, y - BAR_H / 2), BAR_W, BAR_H, fc="#333333", ec="#111111", zorder=3)
+            fired = usage is None or usage.fired.get(n, 0) > 0
+            p = Rectangle((x - BAR_W / 2, y - BAR_H / 2), BAR_W, BAR_H, fc="#333333" if fired else "#eeeeee",
+                          ec="#111111" if fired else OFF, zorder=3, gid=f"transition:{n}")
             ax.add_patch(p)
-            ax.text(x, y, n, ha="center", va="center", fontsize=8, color="white", zorder=4)
+            ax.text(x, y, n, ha="center", va="center", fontsize=8, color="white" if fired else "#999999", zorder=4)
         elif n == "start":
             p = Circle((x, y), 0.13, fc="black", zorder=3)
             ax.add_patch(p)
@@ -106,7 +142,7 @@ def _figure(w: Workflow):
             ax.add_patch(Circle((x, y), 0.18, fc="white", ec="black", lw=1.5, zorder=3))
             p = Circle((x, y), 0.11, fc="black", zorder=4)
             ax.add_patch(p)
-            ax.text(x + 0.25, y, "end", ha="left", va="center", fontsize=8)
+            ax.text(x + 0.25, y, "end" if usage is None else usage.end_note, ha="left", va="center", fontsize=8)
         patches[n] = p
     style = {"start": ("#555555", ":"), "consume": ("#888888", "-"), "activate": ("#111111", "-"),
              "route": ("#c0392b", "--")}
@@ -114,13 +150,18 @@ def _figure(w: Workflow):
     arrows, taken = [], [_node_box(n, pos[n], kinds.get(n, n)) for n in pos]
     for u, v, data in w.graph().edges(data=True):
         color, ls = style[data["kind"]]
+        used = usage is None or (u, v) in usage.arcs
+        label_color = color if used else "#999999"
+        lw = 1.3
+        if usage is not None:  # used arcs black and thick, the others grey (route labels keep their colour)
+            color, lw = ("#111111", 2.4) if used else (OFF, 1.0)
         k = seen_pairs.get((u, v), 0)
         seen_pairs[(u, v)] = k + 1
         back = (u, v) in lay.back_edges or pos[v][1] >= pos[u][1]
         rad = (0.5 if back else 0.0) + 0.15 * k
         arrow = FancyArrowPatch(pos[u], pos[v], patchA=patches[u], patchB=patches[v], arrowstyle="-|>",
-                                mutation_scale=12, color=color, ls=ls, lw=1.3,
-                                connectionstyle=f"arc3,rad={rad}", zorder=2)
+                                mutation_scale=12, color=color, ls=ls, lw=lw,
+                                connectionstyle=f"arc3,rad={rad}", zorder=2, gid=f"arc:{u}->{v}:{k}")
         ax.add_patch(arrow)
         arrows.append(arrow.get_path().interpolated(40).vertices)  # data coordinates, clipped at the nodes
         if data["kind"] == "route":
@@ -128,11 +169,13 @@ def _figure(w: Workflow):
             mx, my = (x1 + x2) / 2, (y1 + y2) / 2
             if rad:
                 mx, my = mx + rad * (y2 - y1) * 0.5, my - rad * (x2 - x1) * 0.5
-            ax.text(mx, my, data.get("label", ""), fontsize=8, color=color, ha="center", va="center", zorder=5,
+            ax.text(mx, my, data.get("label", ""), fontsize=8, color=label_color, ha="center", va="center", zorder=5,
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.9))
             half = _note_width(data.get("label", "")) / 2
             taken.append((mx - half, my - 0.15, mx + half, my + 0.15))
     for t in w.transitions:  # Note [Transition notes]: right of the bar, else left, whichever is clear
+        if not notes[t.name]:
+            continue
         x, y = pos[t.name]
         width = _note_width(notes[t.name])
         for side in (1, -1, 1):
@@ -143,30 +186,33 @@ def _figure(w: Workflow):
         taken.append(box)
         ax.text(near, y, notes[t.name], ha="left" if side > 0 else "right", va="center", fontsize=NOTE_FONT,
                 color="#333333", zorder=6, bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#bbbbbb", lw=0.6))
-    handles = [Patch(fc=colors[p.name], ec="#222222", label=f"{p.name} = {p.model}") for p in w.policies]
+    handles = [Patch(fc=colors[p.name], ec="#222222", label=f"{p.name} = {p.label().strip(chr(34))}"
+                     + (" (frozen base)" if p.name in w.frozen_bases else "")) for p in w.policies]
     if handles:
         ax.legend(handles=handles, loc="upper right", fontsize=7, title="policies", title_fontsize=7, frameon=False)
     ax.text(left + X_GAP * 0.05, 1.15, w.name, fontsize=11, ha="left", va="top", weight="bold")
     return fig
 
 
-def to_png(w: Workflow, dpi: int = 110) -> bytes:
-    """The routing graph as PNG bytes."""
+def to_png(w: Workflow, dpi: int = 110, usage: Usage | None = None) -> bytes:
+    """The routing graph as PNG bytes (with what one episode did, given its ``usage``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = _figure(w)
+    fig = _figure(w, usage)
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
 
 
-def to_svg(w: Workflow) -> str:
-    """The routing graph as an SVG document (deterministic: no date, fixed ids)."""
+def to_svg(w: Workflow, usage: Usage | None = None) -> str:
+    """The routing graph as an SVG document (deterministic: no date, fixed ids); with what one
+    episode did when ``usage`` is given (nodes and arcs carry ids ``agent:NAME``,
+    ``transition:NAME``, ``arc:FROM->TO:K``)."""
     import matplotlib
     from matplotlib.backends.backend_svg import FigureCanvasSVG
 
-    fig = _figure(w)
+    fig = _figure(w, usage)
     FigureCanvasSVG(fig)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "srpo-graph", "svg.fonttype": "none"}):

@@ -24,6 +24,15 @@ def policy_colors(w: Workflow) -> dict[str, str]:
     return {p.name: PALETTE[i % len(PALETTE)] for i, p in enumerate(w.policies)}
 
 
+def policy_caption(w: Workflow, name: str) -> str:
+    """What an agent box says about its policy: ``p``, ``solver: lora r=16 on base`` (an
+    adapter it trains on a shared base) or ``base (frozen)`` (the base itself, not trained)."""
+    pol = w.policy_by_name.get(name)
+    if pol is not None and pol.adapter is not None:
+        return f"{name}: lora r={pol.adapter.r} on {pol.adapter.base}"
+    return f"{name} (frozen)" if name in w.frozen_bases else name
+
+
 def sizes_label(sizes: tuple[int, ...]) -> str:
     """``|S|=1`` or ``|S|=1..3``.
 
@@ -55,7 +64,7 @@ def to_dot(w: Workflow) -> str:
            f'  {_q(END)} [shape=doublecircle, label="", style=filled, fillcolor=black, width=0.15];']
     for a in w.agents:
         out.append(f"  {_q(a.name)} [shape=box, style=\"rounded,filled\", fillcolor={_q(colors.get(a.policy, '#cccccc'))},"
-                   f" label={_q(a.name + chr(10) + a.policy)}];")
+                   f" label={_q(a.name + chr(10) + policy_caption(w, a.policy))}];")
     for t in w.transitions:
         label = f"{t.name}\\n{sizes_label(t.set_sizes)}" + (f"\\nmax_rounds {t.max_rounds}" if t.max_rounds else "")
         out.append(f'  {_q(t.name)} [shape=box, style=filled, fillcolor="#333333", fontcolor=white, height=0.25,'
@@ -82,7 +91,7 @@ def to_mermaid(w: Workflow) -> str:
     ident = {n: f"n{i}" for i, n in enumerate(["start", END] + [a.name for a in w.agents] + [t.name for t in w.transitions])}
     out = ["flowchart TD", f"  {ident['start']}((start))", f"  {ident[END]}(((end)))"]
     for a in w.agents:
-        out.append(f'  {ident[a.name]}("{a.name}<br/><small>{a.policy}</small>")')
+        out.append(f'  {ident[a.name]}("{a.name}<br/><small>{policy_caption(w, a.policy)}</small>")')
     for t in w.transitions:
         out.append(f'  {ident[t.name]}[["{t.name} {sizes_label(t.set_sizes)}"]]')
     for u, v, data in w.graph().edges(data=True):

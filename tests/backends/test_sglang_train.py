@@ -1,4 +1,4 @@
-"""Training on REAL SGLang servers that `train` launches itself (rollout.sglang_launch=cpu): the
+"""Training on REAL SGLang servers that `train` launches itself (rollout.sglang.launch=cpu): the
 reward rises, two policies get two servers each synced after every update, a server killed by
 its PID mid-run stops the run with a clear message and `--resume` continues, and no server is
 left running after any of it. Opt-in outside CI, required in CI (see sglang_servers.py)."""
@@ -62,7 +62,7 @@ def _config(run_dir: Path, steps: int, *extra: str):
     from srpo_graph.train.config import load_config
 
     return load_config(None, [f"steps={steps}", f"run_dir={json.dumps(str(run_dir))}", "rollout.backend=sglang",
-                              "rollout.sglang_launch=cpu", f"rollout.sglang_port={_free_port(30040, 30090)}",
+                              "rollout.sglang.launch=cpu", f"rollout.sglang.port={_free_port(30040, 30090)}",
                               "eval.every=0", "logging.tensorboard=false", "logging.progress=false",
                               "logging.plots=false", *extra])
 
@@ -144,7 +144,7 @@ def test_a_server_killed_mid_run_stops_it_clearly_and_resume_continues(tmp_path,
 
     require_sglang()
     run = tmp_path / "run"
-    cfg = _config(run, 5, "checkpoint.every=1", "rollout.sglang_retries=1")
+    cfg = _config(run, 5, "checkpoint.every=1", "rollout.sglang.retries=1")
     killed = {}
     before = _servers()
 

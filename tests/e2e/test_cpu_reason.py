@@ -123,6 +123,23 @@ def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     assert out.read_text().count("<!-- study:smoke -->") == 1
 
 
+def test_bench_objectives_writes_only_its_own_section(tmp_path):
+    """``benchmarks/bench_objectives.py`` replaces its marked section of the results page and keeps the
+    study's and every other section (it used to rewrite the whole page)."""
+    spec = importlib.util.spec_from_file_location("bench_objectives", ROOT / "benchmarks" / "bench_objectives.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "results.md"
+    page = ("# Results\n\n<!-- study:learn -->\nstudy text\n<!-- end study:learn -->\n\n"
+            f"{bench.BEGIN}\nold table\n{bench.END}\n\n<!-- lora -->\nlora text\n<!-- end lora -->\n")
+    out.write_text(page)
+    bench.write_section(out, "new table")
+    assert out.read_text() == page.replace("old table", "new table")
+    fresh = tmp_path / "fresh.md"
+    bench.write_section(fresh, "t")
+    assert fresh.read_text() == f"{bench.BEGIN}\nt\n{bench.END}\n"
+
+
 @pytest.mark.parametrize("name", ["math_routed_qwen3", "search_k5_qwen25"])
 def test_paper_scale_workflows_and_configs_check(name):
     """docs/gpu.md's paper-scale runs: the .wf checks (with its set sizes) and the TOML validates."""

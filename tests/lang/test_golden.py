@@ -63,6 +63,10 @@ EXPECTED_CODES = {
     "unclosed_long_string": "bad-string",
     "sample_out_of_range": "bad-value",
     "typo_follow_on": "unknown-name",
+    # issue 13: LoRA adapter policies
+    "lora_unknown_base": "unknown-name",
+    "lora_bad_args": "bad-value",
+    "lora_unknown_module": "unknown-module",
 }
 
 

@@ -13,13 +13,25 @@ from click.testing import CliRunner
 
 from srpo_graph.cli import app
 from srpo_graph.lang import load_workflow
-from srpo_graph.runtime.episode_view import OFF, ON, episode_svg
+from srpo_graph.runtime.episode_view import episode_svg
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import read_traces
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = {"s": "http://www.w3.org/2000/svg"}
+OFF, UNUSED_BOX = "#d0d7de", "#f6f8fa"  # viz/render.py's greys for what the episode did not use
+
+
+def _groups(root, prefix: str) -> dict[str, dict[str, str]]:
+    """id -> the style of the first path of each renderer group ``prefix:...`` (agent:, transition:, arc:)."""
+    out = {}
+    for g in root.iter(f"{{{NS['s']}}}g"):
+        gid = g.get("id") or ""
+        path = g.find("s:path", NS)
+        if gid.startswith(prefix) and path is not None:
+            out[gid[len(prefix):]] = dict(kv.split(": ", 1) for kv in path.get("style", "").split("; ") if ": " in kv)
+    return out
 
 
 def _routed_episodes(tiny_backend):
@@ -33,16 +45,16 @@ def test_the_chosen_specialist_and_its_arcs_are_highlighted(tiny_backend):
     chosen_seen = set()
     for ep in episodes:
         root = ET.fromstring(episode_svg(wf, ep))
-        boxes = {r.find("s:title", NS).text: r.get("fill") for r in root.iter(f"{{{NS['s']}}}rect")
-                 if r.find("s:title", NS) is not None}
+        boxes = {name: style["fill"] for name, style in _groups(root, "agent:").items()}
         ran = {o.agent for o in ep.outputs}
-        assert {a for a, fill in boxes.items() if fill == ON} == ran
-        assert {a for a, fill in boxes.items() if fill != ON} == {a.name for a in wf.agents} - ran
+        assert set(boxes) == {a.name for a in wf.agents}
+        assert {a for a, fill in boxes.items() if fill != UNUSED_BOX} == ran
         route = next(t for t in ep.transitions if t.name == "dispatch")
         chosen_seen.update(route.activated)
         # one thick black arc per used (from, to) pair of the graph, the others grey
-        used = sum(1 for p in root.iter(f"{{{NS['s']}}}path") if p.get("stroke") == "#111")
-        grey = sum(1 for p in root.iter(f"{{{NS['s']}}}path") if p.get("stroke") == OFF)
+        arcs = _groups(root, "arc:")
+        used = sum(1 for style in arcs.values() if style.get("stroke") == "#111111")
+        grey = sum(1 for style in arcs.values() if style.get("stroke") == OFF)
         expected = 1 + 1 + len(route.activated)  # start->r, r->dispatch, dispatch->chosen
         expected += sum(len(t.consumed) + len(t.activated) for t in ep.transitions if t.name != "dispatch")
         assert used == expected and used + grey == wf.graph().number_of_edges()

@@ -20,7 +20,7 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.train import distributed, fsdp
 from srpo_graph.train.distributed import init_distributed, shutdown
-from srpo_graph.train.update import recompute_old_logprobs, update_policies
+from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
 
 
 def main(out: Path, strategy: str = "ddp") -> None:
@@ -46,7 +46,7 @@ def main(out: Path, strategy: str = "ddp") -> None:
     batch = compile(eps, CompileConfig(micro_batch_tokens=64, policies=("p0", "p1")))
     batch, _ = recompute_old_logprobs(models, batch)
     opts = [torch.optim.AdamW(m.parameters(), lr=5e-3) for m in models]
-    res = update_policies(models, opts, [None, None], batch, LossConfig(), epochs=2, mini_batches=2,
+    res = update_policies([UpdatePolicy(m, o) for m, o in zip(models, opts)], batch, LossConfig(), epochs=2, mini_batches=2,
                           grad_clip=1.0, seed=7, dist=dist, strategy=strategy)
     states = [fsdp.full_state_dict(m) for m in models]  # a collective under fsdp
     if dist.is_main:

@@ -15,7 +15,7 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.errors import ConfigError
 from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.train.config import TrainConfig, load_config
-from srpo_graph.train.update import recompute_old_logprobs, update_policies
+from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
 
 
 def _setup(dtype):
@@ -28,7 +28,7 @@ def _setup(dtype):
 
 def _update(model, opt, batch, sched=None, mini_batches=1):
     batch, _ = recompute_old_logprobs([model], batch)
-    return update_policies([model], [opt], [sched], batch, LossConfig(), epochs=1, mini_batches=mini_batches,
+    return update_policies([UpdatePolicy(model, opt, sched)], batch, LossConfig(), epochs=1, mini_batches=mini_batches,
                            grad_clip=1.0, seed=1)
 
 
@@ -98,5 +98,5 @@ def test_without_rollback_a_non_finite_step_stops_instead_of_keeping_nan_weights
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     b, _ = recompute_old_logprobs([model], batch)
     with pytest.raises(FloatingPointError, match="rollback_nonfinite"):
-        update_policies([model], [opt], [None], b, LossConfig(), epochs=1, mini_batches=1, grad_clip=1.0, seed=1,
+        update_policies([UpdatePolicy(model, opt)], b, LossConfig(), epochs=1, mini_batches=1, grad_clip=1.0, seed=1,
                         rollback_nonfinite=False)

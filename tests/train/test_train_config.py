@@ -91,3 +91,20 @@ def test_unknown_field_without_a_near_name_gets_no_guess():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["zzzzzz=1"])
     assert "did you mean" not in str(err.value) and "unknown field `zzzzzz`" in str(err.value)
+
+
+def test_backend_options_are_sections_and_old_flat_names_still_load(tmp_path):
+    """`rollout.<backend>.<field>` (generated from backends.BACKENDS); a config.toml written before the
+    sections (`sglang_url = ...`, `weight_dir`) still loads, so an older run resumes."""
+    cfg = load_config(None, ["rollout.backend=sglang", "rollout.sglang.url=http://h:1", "rollout.sglang.retries=0"])
+    assert cfg.rollout.sglang.url == "http://h:1" and cfg.rollout.sglang.retries == 0
+    old = tmp_path / "config.toml"
+    old.write_text('[rollout]\nbackend = "sglang"\nsglang_url = "http://old:2"\nsglang_launch = "cpu"\n'
+                   'weight_dir = "/w"\nsamples = 4\n', encoding="utf-8")
+    cfg = load_config(old)
+    assert (cfg.rollout.sglang.url, cfg.rollout.sglang.launch, str(cfg.rollout.sglang.weight_dir)) == ("http://old:2", "cpu", "/w")
+    assert cfg.rollout.samples == 4
+    with pytest.raises(ConfigError, match=r"(?s)unknown field `rollout.sglang.urll`.*did you mean `rollout.sglang.url`"):
+        load_config(None, ["rollout.sglang.urll=x"])
+    with pytest.raises(ConfigError, match="unknown backend 'vllm'; known: transformers, sglang"):
+        load_config(None, ["rollout.backend=vllm"])

@@ -16,7 +16,7 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.diagnostics import LossDiagnostics
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
-from srpo_graph.train.update import recompute_old_logprobs, update_policies
+from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
 
 
 def _new(b, seed=0):
@@ -68,7 +68,7 @@ def _train(model_dir, batch, loss_cfg):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     b, _ = recompute_old_logprobs([model], batch)
-    res = update_policies([model], [opt], [None], b, loss_cfg, epochs=3, mini_batches=2, grad_clip=0.0, seed=1)
+    res = update_policies([UpdatePolicy(model, opt)], b, loss_cfg, epochs=3, mini_batches=2, grad_clip=0.0, seed=1)
     return res, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 

@@ -1,0 +1,198 @@
+"""SGLang for LoRA adapter policies: ONE server per shared base, one adapter per policy on it.
+
+Backends stage. Consumes the trained policies (``backends.TrainedPolicy``) whose models are
+adapter views (they carry ``lora_name``: the adapter, or None for the frozen base, and
+``shared_base``: the object identifying their base) and the ``rollout.sglang`` options;
+produces one :class:`SGLangAdapterBackend` per policy, all of one base talking to one server:
+
+* the server starts with SGLang's LoRA support: ``--enable-lora --max-lora-rank R
+  --lora-target-modules ...`` (the union over the base's adapters) ``--max-loras-per-batch``;
+  on CPU also ``--lora-backend torch_native`` and a ``sitecustomize`` that makes host-memory
+  pinning a no-op (SGLang 0.5.23's LoRA layers call ``pin_memory`` unconditionally, which a
+  CPU-only torch refuses: docs/sglang.md);
+* every request of an adapter policy names its adapter (``lora_path`` in ``/generate``); the
+  frozen base's requests name none;
+* ``sync_weights`` after an update saves the adapter (peft format) as
+  ``weight_dir/<policy>/v<version>``, loads it under a new name ``<policy>@v<version>`` with
+  ``/load_lora_adapter``, switches the policy's requests to it and unloads the previous name
+  with ``/unload_lora_adapter``, so no request ever names a half-replaced adapter. The base's
+  weights never change, so its ``sync_weights`` only records the version.
+
+Completions are tagged with the backend's own weight version: the server's ``weight_version``
+stays ``default`` (its base never changes).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from srpo_graph.backends.sglang import SGLangBackend
+from srpo_graph.errors import BackendError
+
+# Written next to a CPU server's log and put first on its PYTHONPATH (Note in docs/sglang.md).
+CPU_PIN_SHIM = '''\
+"""srpo-graph: SGLang's LoRA path pins host memory unconditionally; a CPU-only torch refuses
+(RuntimeError: pin_memory=True requires a CUDA or other accelerator backend). Pinning only
+speeds up host-to-GPU copies, so on CPU it is made a no-op in this server process."""
+import functools
+
+import torch
+
+torch.Tensor.pin_memory = lambda self, *a, **k: self
+
+
+def _unpinned(fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        kwargs.pop("pin_memory", None)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+for _name in ("tensor", "empty", "zeros", "ones", "full", "arange", "empty_like", "zeros_like", "ones_like"):
+    setattr(torch, _name, _unpinned(getattr(torch, _name)))
+'''
+
+
+def is_adapter_policy(policy: Any) -> bool:
+    """Whether a ``TrainedPolicy``'s model is a view of a shared LoRA base (``train/lora.py``)."""
+    return hasattr(getattr(policy, "model", None), "shared_base")
+
+
+def lora_flags(models: Sequence[Any], cpu: bool) -> list[str]:
+    """The server flags that serve the adapters of ``models`` (views of one base).
+
+    >>> class M:  # a stand-in for train.lora.AdapterModel
+    ...     def __init__(self, name, r, targets): self.lora_name, self.lora_rank, self.lora_targets = name, r, targets
+    >>> lora_flags([M(None, 0, ()), M("a", 8, ("q_proj",)), M("b", 4, ("v_proj", "q_proj"))], cpu=False)
+    ['--enable-lora', '--max-lora-rank', '8', '--lora-target-modules', 'q_proj', 'v_proj', '--max-loras-per-batch', '4']
+    """
+    adapters = [m for m in models if m.lora_name is not None]
+    targets = sorted({t for m in adapters for t in m.lora_targets})
+    # a policy briefly has two names loaded (the new version, then the old one unloaded)
+    flags = ["--enable-lora", "--max-lora-rank", str(max(m.lora_rank for m in adapters)),
+             "--lora-target-modules", *targets, "--max-loras-per-batch", str(2 * len(adapters))]
+    return flags + (["--lora-backend", "torch_native"] if cpu else [])
+
+
+class SGLangAdapterBackend(SGLangBackend):
+    """An :class:`SGLangBackend` whose requests name one LoRA adapter of the server (or none).
+
+    Args:
+        url, tokenizer, kw: as :class:`SGLangBackend`.
+        adapter: the policy's name (the adapter's name prefix), or None for the frozen base.
+    """
+
+    def __init__(self, url: str, tokenizer: Any, *, adapter: str | None, **kw: Any):
+        super().__init__(url, tokenizer, **kw)
+        self.adapter = adapter
+        self.lora_name: str | None = None  # the name the server knows the current adapter by
+        self.reports_weight_versions = False  # the server's version is its base's: "default"
+
+    def payload(self, req) -> dict[str, Any]:
+        body = super().payload(req)
+        if self.adapter is not None:
+            if self.lora_name is None:
+                raise BackendError.at("sglang", f"adapter {self.adapter!r} was never loaded into the server",
+                                      fix="call sync_weights(model, version) once before sampling")
+            body["lora_path"] = self.lora_name
+        return body
+
+    def _version_of(self, meta: dict[str, Any]) -> int:
+        return self.weight_version
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Load ``model``'s adapter (a ``save_pretrained``-able view, or a peft folder) as the
+        policy's adapter from now on, tagged ``version``; the frozen base only records it.
+
+        Raises:
+            BackendError: the server refuses to load the adapter.
+        """
+        version = int(version)
+        if self.adapter is None:
+            self.weight_version = version
+            return
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+        else:
+            path = self.weight_dir / f"v{version}"
+            shutil.rmtree(path, ignore_errors=True)
+            model.save_pretrained(path)
+        name, old = f"{self.adapter}@v{version}", self.lora_name
+        if name == old:  # the same version again (a resume): replace it under its name
+            self._lora_call("/unload_lora_adapter", {"lora_name": name})
+            old = None
+        self._lora_call("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        self.lora_name, self.weight_version = name, version
+        if old is not None:
+            self._lora_call("/unload_lora_adapter", {"lora_name": old})
+            if not isinstance(model, (str, Path)):
+                previous = self.weight_dir / f"v{old.rsplit('@v', 1)[1]}"
+                shutil.rmtree(previous, ignore_errors=True)
+
+    def _lora_call(self, route: str, body: dict[str, Any]) -> None:
+        for worker in self.worker_urls:
+            answer = self._post(worker, route, body)
+            if not isinstance(answer, dict) or not answer.get("success", False):
+                msg = answer.get("error_message") or answer.get("message") if isinstance(answer, dict) else answer
+                raise BackendError(f"sglang: {worker} refused {route} {body.get('lora_name')!r}: {msg}")
+
+
+def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict[str, Any]:
+    """One backend per policy; the policies of one shared base share one server.
+
+    Launched servers (``options.launch``) get ports ``options.port + i`` for base i; otherwise
+    the base's server is ``options.urls[<base policy>]`` or ``options.url``. Every adapter is
+    loaded once here (its initial weights), so sampling can start.
+
+    Raises:
+        ConfigError: full policies mixed with adapters (serve those on their own servers).
+        BackendError: a server that cannot start or refuses an adapter.
+    """
+    from transformers import AutoConfig
+
+    from srpo_graph.backends.sglang_server import SGLangServer, launch_command
+    from srpo_graph.errors import ConfigError
+
+    full = [p.name for p in policies if not is_adapter_policy(p)]
+    if full:
+        raise ConfigError.at("field `rollout.backend`", f"policies {full} are full models and the others LoRA adapters; "
+                             "the SGLang backend serves a workflow of adapters on shared bases only",
+                             fix="declare every policy as lora(...) on a base, or use rollout.backend=transformers")
+    groups: dict[int, list[Any]] = {}
+    for p in policies:
+        groups.setdefault(id(p.model.shared_base), []).append(p)
+    weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
+    plan = []  # (policies of one base, its server or URL): every server starts before any is waited for
+    for i, group in enumerate(groups.values()):
+        base = next((p for p in group if p.model.lora_name is None), group[0])
+        if options.launch is None:
+            plan.append((group, options.urls.get(base.name, options.url)))
+            continue
+        cpu = options.launch == "cpu"
+        argv = launch_command(options.launch, group[0].model_path, options.port + i) + lora_flags(
+            [p.model for p in group], cpu)
+        env = None
+        if cpu:
+            shim = run_dir / "sglang" / "cpu-lora-shim"
+            shim.mkdir(parents=True, exist_ok=True)
+            (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
+            env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(shim)}
+        plan.append((group, SGLangServer(argv, options.port + i, log_path=run_dir / "sglang" / f"{base.name}.log",
+                                         env=env).start()))
+    backends: dict[str, Any] = {}
+    for group, where in plan:
+        url = where if isinstance(where, str) else where.wait_healthy(options.health_timeout).url
+        try:
+            vocab = AutoConfig.from_pretrained(group[0].model_path).vocab_size
+        except (OSError, ValueError):
+            vocab = None
+        for p in group:
+            b = SGLangAdapterBackend(url, p.tokenizer, adapter=p.model.lora_name, timeout=options.timeout,
+                                     max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab)
+            b.sync_weights(p.model, 0)  # the adapter as initialised (a resumed run syncs its own version next)
+            backends[p.name] = b
+    return backends
