@@ -48,13 +48,13 @@ import math
 import os
 import random
 import re
-import shutil
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from srpo_graph.backends.tiny import build_atomically
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 ROLE_TOKENS = ("<q>", "<s>", "<e>", "<p>", "<v>", "<a>", "<b>", "<g>", "<r>", "<k>", "<d>")
@@ -443,9 +443,8 @@ def ensure_recipe_model(name: str, path: str | os.PathLike | None = None,
     target = Path(path) if path is not None else default_dir(name)
     if is_recipe_dir(target, name):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         model, tok, info = pretrain(r, log)
         model.generation_config.do_sample = True
         model.generation_config.top_k = 0
@@ -454,19 +453,8 @@ def ensure_recipe_model(name: str, path: str | os.PathLike | None = None,
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(info), encoding="utf-8")
-        if target.exists() and not is_recipe_dir(target, name):
-            stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
-            os.replace(target, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not is_recipe_dir(target, name):
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_atomically(target, write, lambda d: is_recipe_dir(d, name))
 
 
 def recipe_info(path: str | os.PathLike) -> dict:

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 ROLE_TOKENS = ("<a>", "<b>", "<c>", "<d>", "<e>", "<r>", "<s>", "<v>", "<q>", "<sep>")
@@ -139,19 +140,28 @@ def ensure_tiny_model(path: str | os.PathLike | None = None) -> Path:
     target = Path(path) if path is not None else default_dir()
     if is_tiny_dir(target):
         return target
+    return build_atomically(target, _write_model, is_tiny_dir)
+
+
+def build_atomically(target: Path, write: Callable[[Path], None], is_good: Callable[[Path], bool]) -> Path:
+    """Build a model folder with ``write(tmp)`` in a temporary sibling, then rename it to ``target``.
+
+    An outdated or broken ``target`` (``is_good`` false) is moved aside first (rename is atomic);
+    losing the race against another process's good build is fine; the temporary folder never stays.
+    Used by the tiny model and the recipe models (``recipes.py``).
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
-        _write_model(tmp)
-        if target.exists() and not is_tiny_dir(target):
-            # an outdated or broken build: move it aside first (rename is atomic)
+        write(tmp)
+        if target.exists() and not is_good(target):
             stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
             os.replace(target, stale / "old")
             shutil.rmtree(stale, ignore_errors=True)
         try:
             os.rename(tmp, target)
         except OSError:
-            if not is_tiny_dir(target):  # lost a race against a good build: fine; else re-raise
+            if not is_good(target):  # lost a race against a good build: fine; else re-raise
                 raise
     finally:
         if tmp.exists():
