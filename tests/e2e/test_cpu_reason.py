@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -90,12 +91,57 @@ def test_study_statistics():
     study = _study()
     m, ci = study.mean_ci([0.1, 0.2, 0.3])
     assert abs(m - 0.2) < 1e-12 and abs(ci - 4.303 * 0.1 / math.sqrt(3)) < 1e-9
-    d, lo, hi, p = study.paired_bootstrap([0.3, 0.2, 0.4, 0.3], [0.3, 0.25, 0.35, 0.3])
+    d, lo, hi, p = study.paired_comparison([0.3, 0.2, 0.4, 0.3], [0.3, 0.25, 0.35, 0.3])
     assert lo <= d <= hi and p > 0.5  # no difference
-    d, lo, hi, p = study.paired_bootstrap([0.8, 0.7, 0.9, 0.75, 0.8], [0.2, 0.3, 0.25, 0.2, 0.3])
-    assert lo > 0.4 and p < 0.01
-    assert study.PLANS["quick"].key() != study.PLANS["full"].key()
-    assert set(study.PLANS["full"].objectives) >= {"srpo", "srpo_sum", "srpo_mean", "independent", "grpo", "gspo", "dr_mas"}
+    better = [0.8, 0.7, 0.9, 0.75, 0.8, 0.85, 0.7, 0.9]
+    d, lo, hi, p = study.paired_comparison(better, [0.2, 0.3, 0.25, 0.2, 0.3, 0.25, 0.2, 0.3])
+    assert lo > 0.4 and p == 2 / 2 ** 8  # every one of 8 seeds better: only all-signs-kept and all-flipped as extreme
+    # the exact sign-flip p against brute force over every sign assignment
+    import itertools
+    diffs = [0.1, -0.05, 0.2, 0.03, -0.01, 0.07]
+    obs = abs(sum(diffs))
+    brute = sum(abs(sum(s * x for s, x in zip(signs, diffs))) >= obs - 1e-12
+                for signs in itertools.product((1, -1), repeat=len(diffs))) / 2 ** len(diffs)
+    assert study.sign_flip_p(diffs) == brute
+    assert study.PLANS["quick"].key() != study.PLANS["math"].key()
+    every = {"srpo", "srpo_sum", "srpo_mean", "independent", "grpo", "gspo", "dr_mas"}
+    assert all(set(study.PLANS[name].objectives) >= every and study.PLANS[name].seeds >= 5 for name in study.FULL)
+    assert {wf for name in study.FULL for wf in study.PLANS[name].workflows} >= {
+        "tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "coord_par2", "coord_par3", "coord_par4", "coord_par5"}
+
+
+def test_study_skips_only_objectives_that_are_one_loss_at_k1():
+    """A workflow is in ``K1_WORKFLOWS`` exactly when every transition consumes one output (no set of
+    several members can arise), and only there are ``SAME_AT_K1`` left out (they equal ``srpo``:
+    tests/srpo/test_k1_identities.py)."""
+    study = _study()
+    for wf_file in sorted((ROOT / "workflows").glob("*.wf")):
+        if wf_file.stem not in study.ALL_WORKFLOWS + study.COORD:
+            continue
+        wf = load_workflow(wf_file)
+        every_set_one = all(len(t.consume) == 1 for t in wf.transitions)
+        assert (wf_file.stem in study.K1_WORKFLOWS) == every_set_one, wf_file.stem
+    for plan in (study.PLANS[name] for name in study.FULL):
+        for wf in plan.workflows:
+            cells = plan.cells(wf)
+            assert "srpo" in cells and {"grpo", "gspo", "dr_mas"} <= set(cells)
+            assert (set(cells) == set(plan.objectives)) == (wf not in study.K1_WORKFLOWS)
+
+
+def test_study_runs_in_parallel_as_it_runs_alone(tmp_path):
+    """``--jobs 2`` (spawned workers) saves the same records as one process: same seeds, same numbers."""
+    study = _study()
+    plan = study.Plan("par", ("coord_par2",), ("srpo", "grpo"), seeds=2, steps=2, coord_steps=3, eval_every=3,
+                      eval_tasks=4, tasks_per_step=4)
+    one = study.run_study(plan, tmp_path / "one", jobs=1, log=lambda *_: None)
+    two = study.run_study(plan, tmp_path / "two", jobs=2, log=lambda *_: None)
+    assert one["start"] == two["start"]
+    for a, b in zip(one["runs"], two["runs"], strict=True):
+        differ = sorted(k for k in a.keys() | b.keys() if k != "seconds" and a.get(k) != b.get(k))
+        assert not differ, (a["objective"], a["seed"], differ, [(a.get(k), b.get(k)) for k in differ][:2])
+    assert sorted(p.relative_to(tmp_path / "two").as_posix() for p in (tmp_path / "two").rglob("seed*.json")) == [
+        "coord_par2/grpo/seed0.json", "coord_par2/grpo/seed1.json", "coord_par2/srpo/seed0.json",
+        "coord_par2/srpo/seed1.json"]
 
 
 @pytest.mark.slow
@@ -115,7 +161,7 @@ def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     assert all(k.startswith("loss/") and k.rsplit("/k", 1)[1].isdigit() for k in rec["diagnostics"])
     text = out.read_text()
     assert text.startswith("# Results\n\nkept text\n") and "<!-- study:smoke -->" in text
-    assert "| tinymath_mixed | `grpo` |" in text and "p=" in text
+    assert "| tinymath_mixed | `grpo` |" in text and re.search(r", p[=<]\d", text)
     assert (tmp_path / "docs" / "img" / "study_smoke_curves.png").is_file()
     stamps = [p.stat().st_mtime_ns for p in records]
     assert study.main(["--smoke", "--runs-dir", str(runs), "--out", str(out)]) == 0  # resumes: nothing reruns
