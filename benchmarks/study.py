@@ -102,8 +102,8 @@ PLANS = {
     # the math workflows that learn, x 7 objectives x 5 seeds (~85 min with --jobs 2 on this 2-core machine).
     # Search is left out: the pre-trained searcher starts at 0 (docs/results.md), so no objective gets a signal.
     "math": Plan("math", ("tinymath_mixed", "tinymath_pipeline", "tinymath_routed"), ALL_OBJECTIVES, seeds=5, steps=40),
-    # the parallel coordination tasks at K = 2..5 on the (untrained) tiny model, x 7 objectives x 5 seeds
-    # (~15 min with --jobs 2): one set of K members per episode, one-token members
+    # the parallel coordination tasks at K = 2..5 on the (untrained) tiny model, x 7 objectives x 10 seeds
+    # (cheap: 10-12 s a run, ~26 min with --jobs 2): one set of K members per episode, one-token members
     "coord": Plan("coord", COORD, ALL_OBJECTIVES, seeds=10, steps=40, coord_steps=100, eval_samples=8),
     # the objectives on the mixed workflow alone (set sizes 2 and 1, where alpha matters)
     "mixed": Plan("mixed", ("tinymath_mixed",), ALL_OBJECTIVES, seeds=5, steps=40),
@@ -122,7 +122,7 @@ PLANS = {
 }
 
 # the full study (no flag): these plans in turn, each writing its own section of docs/results.md and
-# saving its runs under runs/study-<plan>/ (rerun to resume; ~100 min in all with --jobs 2 here)
+# saving its runs under runs/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle 2-core machine)
 FULL = ("math", "coord")
 
 # Note [One learning rate]. One budget for every objective and math workflow: lr 1e-4, 8 tasks x
@@ -134,8 +134,9 @@ FULL = ("math", "coord")
 # arithmetic steps from 65% to 33% right: Adam's lr-sized steps on a 648k-parameter model with a
 # noisy 32-episode gradient walk it off its pre-trained arithmetic. At 5e-5 and 1e-4 with G = 8 it
 # learned (train 0.31 -> 0.45, held-out 0.39 / 0.43 at step 100), and so did the pipeline (held-out
-# 0.28 -> 0.41-0.44 by step 60-80). At 1e-3 (the trainer's default) it lost accuracy within 10 steps.
-# The coordination tasks keep the trainer's default, 1e-3, on their random-weight tiny model.
+# 0.28 -> 0.41-0.44 by step 60-80). At 1e-3 (the trainer's default) the pipeline lost accuracy
+# within 10 steps (0.28 -> 0.12, an earlier probe). The coordination tasks keep the trainer's
+# default, 1e-3, on their random-weight tiny model.
 
 # two-sided 95% t critical values, df = 1..30 (df > 30: 1.96)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
