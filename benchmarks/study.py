@@ -5,8 +5,8 @@ Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [
 
 A results benchmark, not a test (``.ci/run`` runs ``--quick``; the test suite runs ``--smoke`` on a
 shrunken model). Every run trains one CPU workflow of
-``workflows/tinymath_*.wf`` / ``tinysearch.wf`` (policy ``tiny-reason``, pre-trained locally by
-``srpo-graph init-model --recipe tiny-reason``) under one objective (a row of
+``workflows/tinymath_*.wf`` (policy ``tiny-reason``) / ``tinysearch.wf`` (policy ``tiny-search``), models
+pre-trained locally (``srpo-graph init-model --recipe NAME``), under one objective (a row of
 ``srpo_graph.srpo.objectives.OBJECTIVES``, selected with the trainer's ``objective=NAME``; nothing
 else differs: same steps, batch, lr, clip, seeds) and records:
 
@@ -15,7 +15,8 @@ else differs: same steps, batch, lr, clip, seeds) and records:
   model, measured once per workflow and seed) and every ``eval_every`` steps;
 * the train reward per step, and diagnostics by set size from the loss (clip fraction upper/lower,
   log-ratio mean and |max|), the grad-norm coefficient of variation over the run, and on the
-  routed workflow the share of episodes the router sends to each specialist or skips.
+  routed workflows the share of episodes the router sends to each specialist (or subset, or end)
+  and, where a ``choices`` router picks the set, that set's mean size per step.
 
 Each run's record is one JSON file under ``--runs-dir`` (``<workflow>/<objective>/seed<k>.json``),
 written when the run ends: an interrupted study resumes where it stopped (``--fresh`` reruns).
@@ -68,14 +69,15 @@ class Plan:
     coord_lr: float = 1e-3
     coord_samples: int = 8
 
-    def key(self) -> str:
-        """What a saved run must match to be reused (everything but the lists of cells)."""
+    def key(self, workflow: str) -> str:
+        """What a saved run of ``workflow`` must match to be reused: everything but the lists of cells,
+        and the version of each pre-trained model the workflow runs (a rebuilt model invalidates its records)."""
         from srpo_graph.backends.recipes import RECIPES
 
         d = asdict(self)
         for k in ("name", "workflows", "objectives", "seeds"):
             d.pop(k)
-        d["model"] = f"{MODEL}-v{RECIPES[MODEL].version}"  # a rebuilt (other-version) model invalidates every record
+        d["model"] = "+".join(f"{m}-v{RECIPES[m].version}" for m in recipes_of(workflow) or (MODEL,))
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def budget(self, workflow: str) -> tuple[int, float, int]:
@@ -92,16 +94,18 @@ class Plan:
         return self.objectives
 
 
-ALL_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinysearch")
+ALL_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch")
 ALL_OBJECTIVES = ("srpo", "srpo_sum", "srpo_mean", "independent", "grpo", "gspo", "dr_mas")
 COORD = ("coord_par2", "coord_par3", "coord_par4", "coord_par5")
 # every active set has one member: srpo = srpo_sum = srpo_mean = independent there, bit for bit
 K1_WORKFLOWS = frozenset({"tinymath_pipeline", "tinymath_routed", "tinysearch"})
 SAME_AT_K1 = ("srpo_sum", "srpo_mean", "independent")
 PLANS = {
-    # the math workflows that learn, x 7 objectives x 5 seeds (~85 min with --jobs 2 on this 2-core machine).
-    # Search is left out: the pre-trained searcher starts at 0 (docs/results.md), so no objective gets a signal.
-    "math": Plan("math", ("tinymath_mixed", "tinymath_pipeline", "tinymath_routed"), ALL_OBJECTIVES, seeds=5, steps=40),
+    # the CPU math workflows x 7 objectives x 5 seeds (the select workflow's router picks its sets' sizes)
+    "math": Plan("math", ("tinymath_mixed", "tinymath_pipeline", "tinymath_routed", "tinymath_select"),
+                 ALL_OBJECTIVES, seeds=5, steps=40),
+    # multi-turn search on the word-level searcher (`tiny-search`), the same budget (a run: ~4 min here)
+    "search": Plan("search", ("tinysearch",), ALL_OBJECTIVES, seeds=5, steps=40),
     # the parallel coordination tasks at K = 2..5 on the (untrained) tiny model, x 7 objectives x 10 seeds
     # (cheap: 10-12 s a run, ~26 min with --jobs 2): one set of K members per episode, one-token members
     "coord": Plan("coord", COORD, ALL_OBJECTIVES, seeds=10, steps=40, coord_steps=100, eval_samples=8),
@@ -123,7 +127,7 @@ PLANS = {
 
 # the full study (no flag): these plans in turn, each writing its own section of docs/results.md and
 # saving its runs under runs/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle 2-core machine)
-FULL = ("math", "coord")
+FULL = ("math", "coord", "search")
 
 # Note [One learning rate]. One budget for every objective and math workflow: lr 1e-4, 8 tasks x
 # G = 8 samples per step, 2 epochs. It replaced lr 3e-4 with G = 4 (the first study's), under which
@@ -199,6 +203,33 @@ def paired_comparison(a: list[float], b: list[float], n: int = 10_000, seed: int
     return d, lo, hi, sign_flip_p(diffs)
 
 
+# --------------------------------------------------------------------------- the workflows
+
+
+def _workflow(workflow: str):
+    from srpo_graph.lang import load_workflow
+
+    return load_workflow(ROOT / "workflows" / f"{workflow}.wf")
+
+
+def recipes_of(workflow: str) -> tuple[str, ...]:
+    """The pre-trained recipe models (``backends.recipes.RECIPES``) the workflow's policies name."""
+    from srpo_graph.backends.recipes import RECIPES
+
+    return tuple(sorted({p.model for p in _workflow(workflow).policies if p.model in RECIPES}))
+
+
+def routers_of(workflow: str) -> tuple[tuple[str, ...], ...]:
+    """What the workflow routes on, as paths: ``("router",)`` for ``activate: route router``,
+    ``("searcher", "action")`` for ``activate: route searcher.action``."""
+    return tuple(tuple(t.activate.on.path) for t in _workflow(workflow).transitions if t.activate.kind == "route")
+
+
+def variable_sets_of(workflow: str) -> tuple[str, ...]:
+    """The transitions whose active-set size varies from episode to episode (a ``choices`` router's subsets)."""
+    return tuple(t.name for t in _workflow(workflow).transitions if len(t.set_sizes) > 1)
+
+
 # --------------------------------------------------------------------------- one run
 
 
@@ -227,15 +258,21 @@ def held_out_accuracy(workflow: str, plan: Plan, seed: int) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(by.items())}
 
 
-def _route_shares(run_dir: Path) -> dict[str, dict[str, float]]:
-    """Per saved trace step: the share of episodes whose router chose each label."""
+def _route_shares(run_dir: Path, route: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Per saved trace step: the share of episodes whose first output of the routing agent chose each
+    label (``route``: the agent, then the output's field if the route reads one; a ``choices`` router's
+    subset is one label, ``careful+quick``)."""
+    agent, fields = route[0], route[1:]
     out = {}
     for f in sorted((run_dir / "traces").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])):
         c: Counter = Counter()
         for line in f.read_text(encoding="utf-8").splitlines():
             ep = json.loads(line)
-            picks = [o.get("value") for o in ep["outputs"] if o["agent"] == "router"]
-            c[str(picks[0]) if picks else "none"] += 1
+            picks = [o.get("value") for o in ep["outputs"] if o["agent"] == agent]
+            pick = picks[0] if picks else "none"
+            for name in fields:
+                pick = pick.get(name, "none") if isinstance(pick, dict) else "none"
+            c["+".join(pick) if isinstance(pick, list) else str(pick)] += 1
         n = sum(c.values())
         out[f.stem.split("_")[1]] = {k: v / n for k, v in sorted(c.items())}
     return out
@@ -248,6 +285,7 @@ def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path
     from srpo_graph.train.trainer import train
 
     steps, lr, samples = plan.budget(workflow)
+    routers, variable = routers_of(workflow), variable_sets_of(workflow)
     with tempfile.TemporaryDirectory(prefix="study-", dir=runs_dir) as tmp:
         cfg = load_config(None, [
             f"objective={objective}", f"steps={steps}", f"seed={seed}", f"run_dir={tmp}/run", "overwrite=true",
@@ -256,13 +294,13 @@ def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path
             f"eval.every={plan.eval_every}", "eval.mode=sampled", f"eval.samples={plan.eval_samples}",
             f"eval.num_tasks={plan.eval_tasks}", "checkpoint.every=0", "logging.progress=false",
             "logging.tensorboard=false", "logging.plots=false",
-            f"logging.traces_every={plan.eval_every if workflow.endswith('routed') else 0}",
+            f"logging.traces_every={plan.eval_every if routers else 0}",
         ])
         t0 = time.perf_counter()
         summary = train(ROOT / "workflows" / f"{workflow}.wf", cfg)
         seconds = time.perf_counter() - t0
         rows = read_metrics(Path(summary.run_dir) / "metrics.jsonl")
-        routes = _route_shares(Path(summary.run_dir)) if workflow.endswith("routed") else {}
+        routes = _route_shares(Path(summary.run_dir), routers[0]) if routers else {}
     diag_keys = sorted({k for r in rows for k in r if k.startswith("loss/") and re.search(r"/k\d+$", k)})
     # grad_norm is logged per policy (flattened to grad_norm/<policy>); steps without an update have none
     grad = [float(v) for r in rows for k, v in r.items() if k.startswith("grad_norm/") and isinstance(v, (int, float))]
@@ -277,6 +315,8 @@ def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path
         # mean active-set size per step (members / events): what a multi-choice router's choices do to the sets
         "set_size": [r["compile/members"] / r["compile/events"] for r in rows if r.get("compile/events")],
         "routes": routes,
+        # per step, the mean set size of each transition whose size a router chooses (trainer's set_size/<name>)
+        "router_set_size": {t: [r[f"set_size/{t}"] for r in rows if f"set_size/{t}" in r] for t in variable},
     }
 
 
@@ -290,12 +330,12 @@ def _save(path: Path, data: dict) -> None:
     tmp.replace(path)  # atomic: a killed study leaves whole records only
 
 
-def _load(path: Path, plan: Plan) -> dict | None:
+def _load(path: Path, key: str) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if data.get("plan") == plan.key() else None
+    return data if data.get("plan") == key else None
 
 
 def _start_cell(wf: str, plan: Plan, seed: int, path: Path, key: str) -> dict:
@@ -351,7 +391,7 @@ def _each(jobs: int, calls: list[tuple], log) -> list:
 
 
 def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1, log=print) -> dict:
-    """Run (or resume) every cell of ``plan`` on ``jobs`` processes; returns {"start": ..., "runs": [...], "model": ...}.
+    """Run (or resume) every cell of ``plan`` on ``jobs`` processes; returns {"start": ..., "runs": [...], "models": {recipe: its build info}}.
 
     Every record is saved as it finishes, so a killed study resumes where it stopped.
     """
@@ -361,20 +401,21 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
 
     torch.set_num_threads(1)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    # built once, before any worker needs it (the coordination tasks' tiny model builds in a second)
-    model_dir = str(ensure_recipe_model(MODEL, log=log)) if any(not wf.startswith("coord") for wf in plan.workflows) else None
+    # built once, before any worker needs them (the coordination tasks' tiny model builds in a second);
+    # the parent decides what a saved record must match (keys), whatever a worker's own imports say
+    models = {m: recipe_info(ensure_recipe_model(m, log=log)) for m in sorted({m for wf in plan.workflows for m in recipes_of(wf)})}
+    keys = {wf: plan.key(wf) for wf in plan.workflows}
     start: dict = {}
     todo = []
     for wf in plan.workflows:
         for seed in range(plan.seeds):
             path = runs_dir / wf / f"start-seed{seed}.json"
-            rec = None if fresh else _load(path, plan)
+            rec = None if fresh else _load(path, keys[wf])
             if rec is None:
                 todo.append((wf, seed, path))
             else:
                 start[(wf, seed)] = rec["accuracy"]
-    key = plan.key()
-    done = _each(jobs, [(_start_cell, wf, plan, seed, path, key) for wf, seed, path in todo], lambda i, r: None)
+    done = _each(jobs, [(_start_cell, wf, plan, seed, path, keys[wf]) for wf, seed, path in todo], lambda i, r: None)
     for (wf, seed, _), rec in zip(todo, done):
         start[(wf, seed)] = rec["accuracy"]
     for wf in plan.workflows:
@@ -383,7 +424,7 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     cells = [(wf, obj, seed) for seed in range(plan.seeds) for wf in plan.workflows for obj in plan.cells(wf)]
     saved: dict = {}
     for wf, obj, seed in cells:
-        rec = None if fresh else _load(runs_dir / wf / obj / f"seed{seed}.json", plan)
+        rec = None if fresh else _load(runs_dir / wf / obj / f"seed{seed}.json", keys[wf])
         if rec is not None:
             saved[(wf, obj, seed)] = rec
     todo_cells = [c for c in cells if c not in saved]
@@ -395,12 +436,11 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
         log(f"seed {seed} {wf:18s} {obj:12s} held-out {start[(wf, seed)]['all']:.3f} -> "
             f"{rec['eval'][-1][1]:.3f}  ({rec['seconds']:.0f} s)")
 
-    fresh_recs = _each(jobs, [(_run_cell, wf, obj, seed, plan, runs_dir, runs_dir / wf / obj / f"seed{seed}.json", key)
+    fresh_recs = _each(jobs, [(_run_cell, wf, obj, seed, plan, runs_dir, runs_dir / wf / obj / f"seed{seed}.json", keys[wf])
                               for wf, obj, seed in todo_cells], report)
     saved.update(zip(todo_cells, fresh_recs))
     runs = [saved[c] for c in cells]
-    return {"start": {f"{wf}/{s}": v for (wf, s), v in start.items()}, "runs": runs,
-            "model": recipe_info(model_dir) if model_dir else None}
+    return {"start": {f"{wf}/{s}": v for (wf, s), v in start.items()}, "runs": runs, "models": models}
 
 
 def final_accuracy(rec: dict) -> float:
@@ -547,19 +587,50 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _router_lines(plan: Plan, runs: list[dict]) -> list[str]:
+    """The routed workflows' router choices (share of episodes per label or subset, first and last saved step)
+    and, where a ``choices`` router picks the set, its mean set size over training (the paper's 1.64)."""
+    lines: list[str] = []
+    for wf in plan.workflows:
+        rs_wf = [r for r in runs if r["workflow"] == wf and r.get("routes")]
+        if not rs_wf:
+            continue
+        labels = sorted({k for r in rs_wf for step in r["routes"].values() for k in step})
+        route = ".".join(routers_of(wf)[0])
+        lines += ["", f"{wf}: share of episodes per choice of `{route}` (its first output in the episode; first -> "
+                  "last saved step, mean over seeds):", ""]
+        for obj in plan.cells(wf):
+            rs = [r for r in rs_wf if r["objective"] == obj]
+            if rs:
+                first = {k: statistics.mean(r["routes"][min(r["routes"], key=int)].get(k, 0) for r in rs) for k in labels}
+                last = {k: statistics.mean(r["routes"][max(r["routes"], key=int)].get(k, 0) for r in rs) for k in labels}
+                lines.append(f"- `{obj}`: " + ", ".join(f"{k} {first[k]:.2f} -> {last[k]:.2f}" for k in labels))
+        sized = [r for r in rs_wf if any(r.get("router_set_size", {}).values())]
+        for t in sorted({t for r in sized for t in r["router_set_size"]}):
+            lines += ["", f"{wf}: mean size of `{t}`'s active set, the subset the router picked (steps 1-5 -> "
+                      f"last 5, mean over seeds; the paper reports a learned router settling at 1.64):", ""]
+            for obj in plan.cells(wf):
+                xs = [r["router_set_size"][t] for r in sized if r["objective"] == obj and r["router_set_size"].get(t)]
+                if xs:
+                    a, b = statistics.mean(statistics.mean(x[:5]) for x in xs), statistics.mean(statistics.mean(x[-5:]) for x in xs)
+                    lines.append(f"- `{obj}`: {a:.2f} -> {b:.2f}")
+    return lines
+
+
 def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out: Path, total_s: float,
               command: str, jobs: int = 1) -> None:
     """The study's section of docs/results.md (everything between the study markers is replaced)."""
-    model = data["model"]
     math_wfs = [wf for wf in plan.workflows if not wf.startswith("coord")]
     coord_wfs = [wf for wf in plan.workflows if wf.startswith("coord")]
     about = []
+    for name, model in data["models"].items():
+        users = [wf for wf in math_wfs if name in recipes_of(wf)]
+        about.append(f"Model `{name}` ({', '.join(users)}): {model['parameters']:,} parameters, pre-trained locally in "
+                     f"{model['build_seconds']} s ({model['steps']} SFT steps, final loss {model['final_loss']:.3f}).")
     if math_wfs:
         steps, lr, samples = plan.budget(math_wfs[0])
-        about.append(f"Model `{MODEL}`: {model['parameters']:,} parameters, pre-trained locally in {model['build_seconds']} s "
-                     f"({model['steps']} SFT steps, final loss {model['final_loss']:.3f}). Budget on the math workflows, "
-                     f"the same for every objective: {steps} steps of {plan.tasks_per_step} tasks x {samples} samples, "
-                     f"{plan.epochs} epochs, AdamW lr {lr}.")
+        about.append(f"Budget on these workflows, the same for every objective: {steps} steps of {plan.tasks_per_step} "
+                     f"tasks x {samples} samples, {plan.epochs} epochs, AdamW lr {lr}.")
     if coord_wfs:
         steps, lr, samples = plan.budget(coord_wfs[0])
         about.append(f"The coordination tasks run on the tiny model (134k parameters, random weights from a seed): "
@@ -622,15 +693,7 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
         lines.append(f"| {r['workflow']} | `{r['objective']}` | {pair('clip_upper')} | {pair('clip_lower')} | "
                      f"{pair('log_ratio_mean')} | {pair('log_ratio_absmax')} | {r['events_per_episode']:.2f} | "
                      f"{_fmt(sz[0], 2) + ' -> ' + _fmt(sz[1], 2) if sz else '-'} |")
-    routed = [r for r in data["runs"] if r["routes"]]
-    if routed:
-        lines += ["", "Routed workflow, share of episodes per router choice (first and last saved step, mean over seeds):", ""]
-        for obj in plan.objectives:
-            rs = [r for r in routed if r["objective"] == obj]
-            if rs:
-                first = {k: statistics.mean(r["routes"][min(r["routes"], key=int)].get(k, 0) for r in rs) for k in ("quick", "careful", "skip")}
-                last = {k: statistics.mean(r["routes"][max(r["routes"], key=int)].get(k, 0) for r in rs) for k in ("quick", "careful", "skip")}
-                lines.append(f"- `{obj}`: " + ", ".join(f"{k} {first[k]:.2f} -> {last[k]:.2f}" for k in first))
+    lines += _router_lines(plan, data["runs"])
     lines += ["", "Held-out accuracy before RL by task family (mean over seeds):", ""]
     for wf in plan.workflows:
         fams = data["start"][f"{wf}/0"].keys()
@@ -674,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"{' + '.join(FULL)})")
     ap.add_argument("--seeds", type=int, help="override the plan's number of seeds")
     ap.add_argument("--steps", type=int, help="override the plan's steps per run (coord_steps on the coordination tasks)")
+    ap.add_argument("--workflows", nargs="+", metavar="NAME", help="run only these of the plan's workflows (their "
+                    "records are the plan's: a later run of the whole plan reuses them)")
     ap.add_argument("--runs-dir", type=Path, help="where per-run records go (default runs/study-<plan>; for the full "
                     "study, DIR/study-<plan>)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md", help="the results page to update")
@@ -684,12 +749,21 @@ def main(argv: list[str] | None = None) -> int:
     one = args.plan or ("quick" if args.quick else "smoke" if args.smoke else None)
     flags = (f" --seeds {args.seeds}" if args.seeds else "") + (f" --steps {args.steps}" if args.steps else "") + (
         f" --jobs {args.jobs}" if args.jobs > 1 else "")
+    if args.workflows:
+        known = {w for name in ((one,) if one else FULL) for w in PLANS[name].workflows}
+        if unknown := sorted(set(args.workflows) - known):
+            ap.error(f"--workflows: {', '.join(unknown)} not in the plan (its workflows: {', '.join(sorted(known))})")
+        flags += " --workflows " + " ".join(args.workflows)
     for name in (one,) if one else FULL:
         plan = PLANS[name]
         if args.seeds:
             plan = replace(plan, seeds=args.seeds)
         if args.steps:
             plan = replace(plan, steps=args.steps, coord_steps=args.steps)
+        if args.workflows:
+            plan = replace(plan, workflows=tuple(w for w in plan.workflows if w in args.workflows))
+            if not plan.workflows:
+                continue
         if one:
             runs_dir = args.runs_dir or ROOT / "runs" / f"study-{name}"
             command = "python benchmarks/study.py" + {"quick": " --quick", "smoke": " --smoke"}.get(name, f" --plan {name}")

@@ -86,37 +86,10 @@ def math(rng: random.Random) -> tuple[list[dict], list[dict]]:
 
 # --------------------------------------------------------------------------- corpus + search
 
-SYL = ["ka", "lo", "mi", "ra", "te", "vu", "no", "si", "da", "pe", "zu", "ha", "ri", "to", "be", "gal", "mor", "tan"]
-CROPS = ["rice", "barley", "olives", "grapes", "tea", "wheat", "maize", "dates", "figs", "millet"]
-COLORS = ["red", "blue", "green", "gold", "white", "black", "purple", "orange"]
-
-
-def _name(rng: random.Random, used: set[str], parts: int = 2) -> str:
-    while True:
-        n = "".join(rng.choice(SYL) for _ in range(parts))
-        if n not in used:
-            used.add(n)
-            return n
-
-
 def corpus_and_search(rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
-    used: set[str] = set()
-    docs, questions = [], []
-    for _ in range(70):
-        land, capital, river = _name(rng, used), _name(rng, used), _name(rng, used)
-        crop, color, founder = rng.choice(CROPS), rng.choice(COLORS), _name(rng, used, 3)
-        year = rng.randint(1100, 1990)
-        docs.append({"title": land, "text": f"{land} is a small country. its capital is {capital} and its main river is the {river}."})
-        docs.append({"title": capital, "text": f"{capital} is the capital of {land}. it was founded by {founder} in {year}."})
-        docs.append({"title": f"{river} river", "text": f"the {river} flows through {land}. farmers along the {river} grow {crop}."})
-        docs.append({"title": f"flag of {land}", "text": f"the flag of {land} is mostly {color}."})
-        questions += [
-            (f"what is the capital of {land}?", capital),
-            (f"who founded {capital}?", founder),
-            (f"in which year was {capital} founded?", str(year)),
-            (f"what do farmers along the main river of {land} grow?", crop),
-            (f"what is the main colour of the flag of {land}?", color),
-        ]
+    from srpo_graph.backends.recipes import world
+
+    docs, questions = world(rng, 70)
     rng.shuffle(docs)
     rng.shuffle(questions)
     rows = [{"question": q, "answer": a} for q, a in questions[:160]]

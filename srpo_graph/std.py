@@ -284,11 +284,8 @@ DEFAULT_CORPUS = Path(__file__).parent / "data" / "corpus.jsonl"
 
 @lru_cache(maxsize=8)
 def _bm25_index(path: str):
-    from rank_bm25 import BM25Okapi
-
     docs = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    tokenized = [_norm(d["title"] + " " + d["text"]).split() for d in docs]
-    return BM25Okapi(tokenized), docs
+    return _bm25(docs), docs
 
 
 def retrieve(query: str, k: int = 2, corpus: str = "") -> str:
@@ -300,6 +297,19 @@ def retrieve(query: str, k: int = 2, corpus: str = "") -> str:
     if query is None or not str(query).strip():
         return ""
     index, docs = _bm25_index(str(Path(corpus) if corpus else DEFAULT_CORPUS))
+    return _bm25_top(index, docs, str(query), k)
+
+
+def _bm25(docs: list[dict]):
+    """A BM25 index over ``{"title", "text"}`` passages, as :func:`retrieve` builds one (private: not a
+    ``.wf`` function; ``backends.recipes`` retrieves from its renamed worlds with it)."""
+    from rank_bm25 import BM25Okapi
+
+    return BM25Okapi([_norm(d["title"] + " " + d["text"]).split() for d in docs])
+
+
+def _bm25_top(index, docs: list[dict], query: str, k: int) -> str:
+    """The top ``k`` of ``docs`` for ``query``, one ``title: text`` line each (what :func:`retrieve` returns)."""
     scores = index.get_scores(_norm(query).split())
     top = sorted(range(len(docs)), key=lambda i: -scores[i])[:k]
     return "\n".join(f"{docs[i]['title']}: {docs[i]['text']}" for i in top)

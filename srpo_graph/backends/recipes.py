@@ -1,14 +1,20 @@
-"""Small pretrained models built locally (``policy p = "tiny-reason"``): ``RECIPES``, one table.
+"""Small pretrained models built locally (``policy p = "tiny-reason"``, ``"tiny-search"``): ``RECIPES``, one table.
 
 Backends stage. Consumes nothing but code and the shipped corpus (``srpo_graph/data``); produces a
-model directory that loads like any Hugging Face causal LM (``LlamaConfig`` + a char-level
-``PreTrainedTokenizerFast``, both written with ``save_pretrained``). Unlike the untrained ``tiny``
+model directory that loads like any Hugging Face causal LM (``LlamaConfig`` + a character- or
+word-level ``PreTrainedTokenizerFast``, both written with ``save_pretrained``). Unlike the untrained ``tiny``
 model, a recipe model is *pre-trained* here, by supervised learning on synthetic data generated
 in code, so that RL starts where the paper's does: from a model that half-knows the task.
 
-The one recipe, ``tiny-reason`` (648k parameters, 3 layers; ~7 min to build on one thread), writes multi-token outputs (10-60 tokens) in
-a format that can be broken, for these roles (the prompts are the ``.wf`` templates of
-``workflows/tiny_*.wf``; each is one of the constants below, filled from a task's question):
+Two recipes (``RECIPES``):
+
+* ``tiny-reason`` (648k parameters, 3 layers, characters; ~7 min to build on one thread) writes
+  multi-token outputs (10-60 tokens) in a format that can be broken, for the math roles below;
+* ``tiny-search`` (~0.9M parameters, 4 layers, words: one token per corpus word, space or
+  punctuation mark; Note [Synthetic worlds]) is the searcher of ``workflows/tinysearch.wf``.
+
+The roles (the prompts are the ``.wf`` templates of ``workflows/tiny*.wf``; each is one of the
+constants below, filled from a task's question):
 
 ==========  =====================================  ==========================================
 role        prompt                                 completion
@@ -27,7 +33,7 @@ solution that ends without its ``#answer`` (a broken format: the extractor finds
 verifier/aggregator that copies a proposal instead of checking it, a searcher that answers
 before searching, searches with a useless query, or picks the wrong word of a passage. The
 model learns that mixture, so its sampled accuracy starts well below 100% (28-32% on the pipeline
-and mixed workflows, 14% routed, ~0 on search; docs/results.md) while the
+and mixed workflows, 14% routed; docs/results.md) while the
 correct behaviour is already in its distribution: the regime where RL's credit assignment is
 what decides how fast it improves. The rates are the recipe's, never tuned per objective.
 
@@ -198,11 +204,10 @@ class SearchQuestion:
     queries: tuple[str, ...]
 
 
-def search_questions(corpus: Path = CORPUS) -> list[SearchQuestion]:
-    """Every question the shipped corpus answers (5 per country, as ``scripts/make_data.py`` asks them)."""
+def _facts(texts: list[str]) -> dict[str, dict[str, str]]:
+    """country -> its capital, river, founder, year, crop and colour, read from a corpus's passages."""
     facts: dict[str, dict[str, str]] = {}
-    for line in corpus.read_text(encoding="utf-8").splitlines():
-        text = json.loads(line)["text"]
+    for text in texts:
         if m := _LAND.fullmatch(text):
             facts.setdefault(m[1], {}).update(capital=m[2], river=m[3])
         elif m := _CAPITAL.fullmatch(text):
@@ -211,6 +216,12 @@ def search_questions(corpus: Path = CORPUS) -> list[SearchQuestion]:
             facts.setdefault(m[2], {}).update(crop=m[3])
         elif m := _FLAG.fullmatch(text):
             facts.setdefault(m[1], {}).update(color=m[2])
+    return facts
+
+
+def questions_from(texts: list[str]) -> list[SearchQuestion]:
+    """Every question a corpus's passages answer (5 per country, as ``scripts/make_data.py`` asks them)."""
+    facts = _facts(texts)
     out = []
     for land in sorted(facts):
         f = facts[land]
@@ -226,9 +237,88 @@ def search_questions(corpus: Path = CORPUS) -> list[SearchQuestion]:
     return out
 
 
-def _search_examples(q: SearchQuestion, rng: random.Random, names: list[str]) -> list[tuple[str, str]]:
-    """(prompt, completion) pairs of one imperfect-teacher search episode over ``q``."""
-    from srpo_graph.std import retrieve
+def corpus_docs(corpus: Path = CORPUS) -> list[dict]:
+    """The shipped corpus's passages (``{"title", "text"}``)."""
+    return [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def search_questions(corpus: Path = CORPUS) -> list[SearchQuestion]:
+    """Every question the shipped corpus answers."""
+    return questions_from([d["text"] for d in corpus_docs(corpus)])
+
+
+# the syllables of the shipped corpus's names (scripts/make_data.py writes it with ``world``)
+CORPUS_SYLLABLES = ("ka", "lo", "mi", "ra", "te", "vu", "no", "si", "da", "pe", "zu", "ha", "ri", "to", "be",
+                    "gal", "mor", "tan")
+CROPS = ("rice", "barley", "olives", "grapes", "tea", "wheat", "maize", "dates", "figs", "millet")
+COLORS = ("red", "blue", "green", "gold", "white", "black", "purple", "orange")
+
+
+def world(rng: random.Random, lands: int, syllables: tuple[str, ...] = CORPUS_SYLLABLES
+          ) -> tuple[list[dict], list[tuple[str, str]]]:
+    """A made-up world of ``lands`` countries: its passages (``{"title", "text"}``, 4 per country)
+    and its (question, answer) pairs (5 per country). ``scripts/make_data.py`` writes the shipped
+    corpus with it."""
+    used: set[str] = set()
+
+    def name(parts: int = 2) -> str:
+        while True:
+            n = "".join(rng.choice(syllables) for _ in range(parts))
+            if n not in used:
+                used.add(n)
+                return n
+
+    docs, questions = [], []
+    for _ in range(lands):
+        land, capital, river = name(), name(), name()
+        crop, color, founder = rng.choice(CROPS), rng.choice(COLORS), name(3)
+        year = rng.randint(1100, 1990)
+        docs += _passages(land, capital, river, founder, str(year), crop, color)
+        questions += [
+            (f"what is the capital of {land}?", capital),
+            (f"who founded {capital}?", founder),
+            (f"in which year was {capital} founded?", str(year)),
+            (f"what do farmers along the main river of {land} grow?", crop),
+            (f"what is the main colour of the flag of {land}?", color),
+        ]
+    return docs, questions
+
+
+def _passages(land: str, capital: str, river: str, founder: str, year: str, crop: str, color: str) -> list[dict]:
+    """A country's four passages, as the shipped corpus writes them (what ``_facts`` reads back)."""
+    return [
+        {"title": land, "text": f"{land} is a small country. its capital is {capital} and its main river is the {river}."},
+        {"title": capital, "text": f"{capital} is the capital of {land}. it was founded by {founder} in {year}."},
+        {"title": f"{river} river", "text": f"the {river} flows through {land}. farmers along the {river} grow {crop}."},
+        {"title": f"flag of {land}", "text": f"the flag of {land} is mostly {color}."},
+    ]
+
+
+def renamed_world(rng: random.Random, corpus: Path = CORPUS) -> list[dict]:
+    """The shipped corpus with its names dealt out again (Note [Synthetic worlds]): every country, capital,
+    river and founder name and every year goes to a random slot, crops and colours are drawn afresh. The
+    same words, other facts: a model can only answer by reading, not by remembering the shipped world."""
+    facts = _facts([d["text"] for d in corpus_docs(corpus)])
+    names = sorted({f[k] for land, f in facts.items() for k in ("capital", "river", "founder")} | set(facts))
+    years = sorted(f["year"] for f in facts.values())
+    rng.shuffle(names)
+    rng.shuffle(years)
+    docs: list[dict] = []
+    for i in range(len(facts)):
+        land, capital, river, founder = names[4 * i: 4 * i + 4]
+        docs += _passages(land, capital, river, founder, years[i], rng.choice(CROPS), rng.choice(COLORS))
+    return docs
+
+
+def _search_examples(q: SearchQuestion, rng: random.Random, names: list[str],
+                     retrieve: Callable[[str], str] | None = None) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs of one imperfect-teacher search episode over ``q``; ``retrieve``
+    (a query -> the top 2 passages) defaults to ``std.retrieve`` over the shipped corpus."""
+    if retrieve is None:
+        from srpo_graph.std import retrieve as shipped
+
+        def retrieve(query: str) -> str:
+            return shipped(query, k=2)
 
     pairs, docs = [], ""
     for hop, good in enumerate(q.queries):
@@ -238,14 +328,69 @@ def _search_examples(q: SearchQuestion, rng: random.Random, names: list[str]) ->
             u = rng.random()
         query = good if u < 0.75 else rng.choice((q.question.split()[-1].strip("?"), rng.choice(names)))
         pairs.append((SEARCH.format(question=q.question, docs=docs), f"search: {query}"))
-        docs = retrieve(query, k=2)
+        docs = retrieve(query)
         if query != good:  # a useless query: the teacher searches again, properly
             pairs.append((SEARCH.format(question=q.question, docs=docs), f"search: {good}"))
-            docs = retrieve(good, k=2)
+            docs = retrieve(good)
     words = [w for w in re.findall(r"[a-z0-9]+", docs) if w != q.answer and len(w) > 3]
     wrong = rng.random() < 0.25 and words
     pairs.append((SEARCH.format(question=q.question, docs=docs), f"answer: {rng.choice(words) if wrong else q.answer}"))
     return pairs
+
+
+# Note [Synthetic worlds]. A searcher must copy a name from the question into its query and a word
+# from a passage into its answer. ``tiny-reason`` (char-level, 3 layers, search ~1/6 of its SFT pairs)
+# learns the format but not the copy: greedy, 0 of 40 held-out first queries were right
+# (``search: flag of tora`` for the flag of teda), and a char-level 4-layer searcher pre-trained on
+# search alone still got 2% after 900 steps (loss 0.56). ``tiny-search`` therefore reads words (its
+# tokenizer: one token per corpus word, space or punctuation mark, ``word_vocabulary``), so a copy is
+# one token, and half of its episodes are over *renamed worlds* (``renamed_world``: the shipped names
+# dealt out to other slots, retrieved with the same BM25), so that copying, not remembering the
+# shipped facts, is what lowers the loss.
+P_WORLD = 0.5
+WORLD_EPISODES = 40  # episodes drawn from one renamed world before the next is dealt
+
+
+def search_sft_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
+    """``num`` search (prompt, completion) pairs: shipped-corpus questions (none held out) and renamed
+    worlds (Note [Synthetic worlds]), by the same imperfect teacher (Note [An imperfect teacher])."""
+    from srpo_graph.std import _bm25, _bm25_top
+
+    qs = [q for q in search_questions() if not is_held_out(q.question)]
+    names = sorted({q.answer for q in qs if not q.answer.isdigit()})
+    out: list[tuple[str, str]] = []
+    left = 0
+    while len(out) < num:
+        if rng.random() >= P_WORLD:
+            out += _search_examples(rng.choice(qs), rng, names)
+            continue
+        if left == 0:
+            docs = renamed_world(rng)
+            index = _bm25(docs)
+            w_qs = [q for q in questions_from([d["text"] for d in docs]) if not is_held_out(q.question)]
+            left = WORLD_EPISODES
+        left -= 1
+
+        def look(query: str) -> str:  # the world's top 2 passages, as std.retrieve gives the shipped corpus's
+            return _bm25_top(index, docs, query, 2)
+
+        out += _search_examples(rng.choice(w_qs), rng, names, look)
+    return out[:num]
+
+
+WORD_PATTERN = r"[a-z0-9]+|[\s\S]"  # a word, else one character (a space, a punctuation mark)
+
+
+def word_vocabulary() -> tuple[str, ...]:
+    """``tiny-search``'s tokens: ``VOCAB`` (special, role, characters) and every word of the shipped corpus
+    and of its questions and actions. A word outside it is one ``<unk>``."""
+    texts = [f"{d['title']} {d['text']}" for d in corpus_docs()] + [q.question for q in search_questions()]
+    words = {w for t in texts + ["search: answer:"] for w in re.findall(r"[a-z0-9]+", t.lower())}
+    return VOCAB + tuple(sorted(words - set(VOCAB)))
+
+
+def char_vocabulary() -> tuple[str, ...]:
+    return VOCAB
 
 
 # --------------------------------------------------------------------------- the SFT data
@@ -303,6 +448,8 @@ class Recipe:
     lr: float
     seed: int
     version: int  # bump when anything above changes: old caches are rebuilt
+    vocabulary: Callable[[], tuple[str, ...]] = char_vocabulary
+    pattern: str = r"[\s\S]"  # how the tokenizer splits text into vocabulary pieces (default: characters)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -310,22 +457,27 @@ RECIPES: dict[str, Recipe] = {
         Recipe("tiny-reason", "digit chains, verifier/aggregator/router roles and multi-turn search (~0.65M params)",
                hidden=128, layers=3, heads=4, intermediate=384, examples=sft_examples, num_examples=40_000,
                steps=1200, batch_size=32, lr=4e-3, seed=1234, version=3),
+        Recipe("tiny-search", "a word-level searcher: queries and answers over the local corpus (Note [Synthetic worlds])",
+               hidden=128, layers=4, heads=4, intermediate=384, examples=search_sft_examples, num_examples=96_000,
+               steps=3000, batch_size=32, lr=1e-3, seed=1234, version=1, vocabulary=word_vocabulary,
+               pattern=WORD_PATTERN),
     )
 }
 
 
-def build_tokenizer():
-    """The recipe models' char-level tokenizer (``VOCAB``), as a ``PreTrainedTokenizerFast``: the tiny
-    model's construction (``tiny.build_tokenizer``) with this module's vocabulary and role tokens."""
-    from srpo_graph.backends.tiny import build_tokenizer as char_tokenizer
+def build_tokenizer(r: Recipe | None = None):
+    """A recipe's tokenizer (default ``tiny-reason``'s: characters, ``VOCAB``), as a ``PreTrainedTokenizerFast``:
+    the tiny model's construction (``tiny.build_tokenizer``) with the recipe's vocabulary and split pattern."""
+    from srpo_graph.backends.tiny import build_tokenizer as piece_tokenizer
 
-    return char_tokenizer(VOCAB, SPECIAL_TOKENS, ROLE_TOKENS, model_max_length=1024)
+    r = r or RECIPES["tiny-reason"]
+    return piece_tokenizer(r.vocabulary(), SPECIAL_TOKENS, ROLE_TOKENS, model_max_length=1024, pattern=r.pattern)
 
 
 def build_config(r: Recipe):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(VOCAB), hidden_size=r.hidden, intermediate_size=r.intermediate,
+    return LlamaConfig(vocab_size=len(r.vocabulary()), hidden_size=r.hidden, intermediate_size=r.intermediate,
                        num_hidden_layers=r.layers, num_attention_heads=r.heads, num_key_value_heads=r.heads,
                        max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=VOCAB.index("<pad>"),
                        bos_token_id=VOCAB.index("<bos>"), eos_token_id=VOCAB.index("<eos>"))
@@ -378,7 +530,7 @@ def pretrain(r: Recipe, log: Callable[[str], None] | None = None):
     import torch
     from transformers import LlamaForCausalLM
 
-    tok = build_tokenizer()
+    tok = build_tokenizer(r)
     rng = random.Random(r.seed)
     pairs = r.examples(rng, r.num_examples)
     eos = tok.eos_token_id

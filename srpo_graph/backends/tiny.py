@@ -57,11 +57,15 @@ def is_tiny_dir(path: str | os.PathLike) -> bool:
         return False
 
 
-def build_tokenizer(vocabulary=None, special_tokens=None, role_tokens=None, model_max_length: int = 2048):
-    """The char-level tokenizer as a ``PreTrainedTokenizerFast`` (not yet saved).
+def build_tokenizer(vocabulary=None, special_tokens=None, role_tokens=None, model_max_length: int = 2048,
+                    pattern: str = r"[\s\S]"):
+    r"""The char-level tokenizer as a ``PreTrainedTokenizerFast`` (not yet saved).
 
     The defaults are the tiny model's ``VOCAB``, ``SPECIAL_TOKENS`` and ``ROLE_TOKENS``; the
     recipe models (``recipes.py``) pass their own (the same construction, a larger vocabulary).
+    ``pattern`` splits the text into its pieces (default: every character); each piece is one
+    token of ``vocabulary`` or ``<unk>``, and decoding joins the pieces back, so the text is kept
+    exactly when every piece is known (a word-level vocabulary splits on ``[a-z0-9]+|[\s\S]``).
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -72,8 +76,8 @@ def build_tokenizer(vocabulary=None, special_tokens=None, role_tokens=None, mode
     vocab = {tok: i for i, tok in enumerate(vocabulary)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
-    # every character is its own word ([\s\S] also matches newlines, which become <unk>)
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # by default every character is its own word ([\s\S] also matches newlines, which become <unk>)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in role_tokens])

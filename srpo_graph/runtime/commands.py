@@ -236,7 +236,7 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
 @click.option("--show-vocab", is_flag=True, default=False,
               help="Print the tiny model's vocabulary (id, token) with its special and role tokens.")
 @click.option("--recipe", "recipe", default=None, metavar="NAME",
-              help="Build a small model pre-trained locally instead (e.g. tiny-reason; a few minutes on 1 thread), "
+              help="Build a small model pre-trained locally instead (tiny-reason, tiny-search; minutes on 1 thread), "
                    "cached like the tiny model; policies name it as `policy m = \"NAME\"`.")
 def init_model_cmd(directory, show_vocab, recipe):
     """Build the tiny default model into DIRECTORY (default: the cache used for policy "tiny")."""
@@ -244,7 +244,6 @@ def init_model_cmd(directory, show_vocab, recipe):
 
     if recipe is not None:
         from srpo_graph.backends.recipes import RECIPES, ensure_recipe_model, recipe_info
-        from srpo_graph.backends.recipes import VOCAB as RECIPE_VOCAB
 
         if recipe not in RECIPES:
             raise click.BadParameter(f"unknown recipe {recipe!r} (known: {', '.join(RECIPES)})", param_hint="--recipe")
@@ -254,7 +253,7 @@ def init_model_cmd(directory, show_vocab, recipe):
         click.echo(f"{recipe} ready at {path}: {info['parameters']:,} parameters, final SFT loss "
                    f"{info['final_loss']:.3f}, built in {info['build_seconds']} s")
         if show_vocab:
-            for i, tok in enumerate(RECIPE_VOCAB):
+            for i, tok in enumerate(RECIPES[recipe].vocabulary()):
                 click.echo(f"  {i:3d}  {tok!r}")
         return
     path = ensure_tiny_model(directory)

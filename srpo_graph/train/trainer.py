@@ -430,6 +430,20 @@ class StepResult:
     episodes: list[Episode]
 
 
+def transition_set_sizes(episodes: list[Episode]) -> dict[str, float]:
+    """Mean active-set size (outputs consumed per firing) of each transition that fired in ``episodes``:
+    over training, what a ``choices[...]`` router's subsets do to the sets (before the compiler drops any).
+
+    >>> transition_set_sizes([])
+    {}
+    """
+    sizes: dict[str, list[int]] = {}
+    for ep in episodes:
+        for t in ep.transitions:
+            sizes.setdefault(t.name, []).append(len(t.consumed))
+    return {name: sum(v) / len(v) for name, v in sorted(sizes.items())}
+
+
 def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist) -> StepResult:
     r = config.rollout
     timings: dict[str, float] = {}
@@ -453,6 +467,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record.update(rollout_metrics(stats))
     gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
     record["events"] = batch.num_sets
+    record["set_size"] = transition_set_sizes(episodes)
     record["tokens"] = batch.num_tokens
     record["advantage"] = summarize(batch.set_advantage.tolist())
     for k, v in batch.stats.to_dict().items():

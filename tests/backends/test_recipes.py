@@ -110,7 +110,7 @@ def test_a_stale_or_other_version_is_rebuilt(tmp_path, small_recipe):
 def test_unknown_recipe_is_a_clear_error():
     from srpo_graph.errors import BackendError
 
-    with pytest.raises(BackendError, match="unknown model recipe 'nope' \\(known: tiny-reason\\)"):
+    with pytest.raises(BackendError, match="unknown model recipe .nope. \\(known: tiny-reason, tiny-search\\)"):
         R.ensure_recipe_model("nope")
 
 
@@ -129,3 +129,75 @@ def test_init_model_recipe_cli_and_resolve_model(tmp_path, small_recipe, monkeyp
     monkeypatch.setenv("SRPO_GRAPH_HOME", str(tmp_path / "home"))
     assert resolve_model("tiny-reason") == str(tmp_path / "home" / "tiny-reason")
     assert R.is_recipe_dir(tmp_path / "home" / "tiny-reason", "tiny-reason")
+
+
+# --------------------------------------------------------------------------- tiny-search
+
+
+def _search_pairs(seed: int = 0, num: int = 1500):
+    return R.search_sft_examples(random.Random(seed), num)
+
+
+def test_word_tokenizer_keeps_every_corpus_text_and_makes_a_word_one_token():
+    """``tiny-search`` reads words: every passage, question and action of the corpus round-trips exactly,
+    and a name is one token (so copying it is one step, Note [Synthetic worlds])."""
+    import re
+
+    tok = R.build_tokenizer(R.RECIPES["tiny-search"])
+    texts = [f"{d['title']}: {d['text']}" for d in R.corpus_docs()] + [q.question for q in R.search_questions()]
+    texts += [f"search: {q.queries[0]}" for q in R.search_questions()] + [f"answer: {q.answer}" for q in R.search_questions()]
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.unk_token_id not in ids and tok.decode(ids) == text, text
+        assert len(ids) == len(re.findall(R.WORD_PATTERN, text))
+    assert len(tok("search: flag of teda", add_special_tokens=False)["input_ids"]) == 8
+    unknown = tok("peru", add_special_tokens=False)["input_ids"]
+    assert unknown == [tok.unk_token_id]  # a word outside the corpus is one <unk>, not its characters
+    # tiny-reason's tokenizer is unchanged: characters
+    assert len(R.build_tokenizer()("teda", add_special_tokens=False)["input_ids"]) == 4
+
+
+def test_renamed_worlds_keep_the_words_and_deal_the_facts_again():
+    shipped = R.corpus_docs()
+    vocab = set(R.word_vocabulary())
+    a, b = R.renamed_world(random.Random(1)), R.renamed_world(random.Random(1))
+    assert a == b and a != R.renamed_world(random.Random(2)) and len(a) == len(shipped)
+    qs = R.questions_from([d["text"] for d in a])
+    assert len(qs) == 350 and len({q.question.split()[-1] for q in qs if q.kind == "capital"}) == 70
+    words = {w for d in a for w in __import__("re").findall(r"[a-z0-9]+", d["title"] + " " + d["text"])}
+    assert words <= vocab
+    same = {(q.question, q.answer) for q in qs} & {(q.question, q.answer) for q in R.search_questions()}
+    assert len(same) < 0.1 * len(qs)  # the facts are others: remembering the shipped world does not answer
+
+
+def test_search_sft_data_is_deterministic_never_held_out_and_reads_renamed_worlds():
+    a = _search_pairs()
+    assert a == _search_pairs() and a != _search_pairs(seed=1) and len(a) == 1500
+    assert all(p.startswith("<k>") and p.endswith("<s>") for p, _ in a)
+    assert all(c.startswith(("search: ", "answer: ")) for _, c in a)
+    for prompt, _ in a:
+        assert not R.is_held_out(prompt[3:].split("<d>", 1)[0]), prompt
+    shipped = {d["text"] for d in R.corpus_docs()}
+    read = [p.split("<d>", 1)[1].removesuffix("<s>") for p, _ in a if "<d><s>" not in p]
+    passages = [line.split(": ", 1)[1] for docs in read for line in docs.split("\n")]
+    renamed = sum(t not in shipped for t in passages) / len(passages)
+    assert 0.3 < renamed < 0.7  # P_WORLD of the episodes are over renamed worlds
+    # the imperfect teacher: the gold answer most of the time, not always
+    gold = {q.question: q.answer for q in R.search_questions()}
+    final = [(p, c) for p, c in a if c.startswith("answer: ") and "<d><s>" not in p and p[3:].split("<d>")[0] in gold]
+    right = sum(c == f"answer: {gold[p[3:].split('<d>')[0]]}" for p, c in final) / len(final)
+    assert 0.5 < right < 0.95
+
+
+def test_tiny_search_builds_and_loads_like_any_model(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    small = replace(R.RECIPES["tiny-search"], hidden=32, intermediate=64, layers=1, heads=2, num_examples=200,
+                    steps=4, batch_size=8)
+    monkeypatch.setitem(R.RECIPES, "tiny-search", small)
+    path = R.ensure_recipe_model("tiny-search", tmp_path / "s")
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.vocab_size == len(R.word_vocabulary()) == len(tok)
+    text = "<k>what is the capital of rira?<d><s>"
+    assert tok.decode(tok(text)["input_ids"], skip_special_tokens=False) == "<bos>" + text
+    assert R.recipe_info(path)["recipe"] == "tiny-search"

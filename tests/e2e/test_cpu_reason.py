@@ -24,34 +24,38 @@ from srpo_graph.train.metrics import read_metrics
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinysearch")
+CPU_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch")
 
 
 @pytest.fixture(scope="module")
 def reason_model(tmp_path_factory):
-    """The recipe's code and architecture, shrunk (fewer, narrower layers, a short pre-training) and
+    """The recipes' code and architecture, shrunk (fewer, narrower layers, a short pre-training) and
     built into a temporary home: these tests check the workflows' and the study's mechanics, and a
-    fresh machine (CI) must not spend the real build's minutes here. The real model's numbers come
-    from ``srpo-graph init-model --recipe tiny-reason`` and ``benchmarks/study.py`` (docs/results.md)."""
+    fresh machine (CI) must not spend the real builds' minutes here. The real models' numbers come
+    from ``srpo-graph init-model --recipe NAME`` and ``benchmarks/study.py`` (docs/results.md).
+    Yields {recipe: its directory}."""
     from dataclasses import replace
 
     from srpo_graph.backends import recipes
 
     with pytest.MonkeyPatch.context() as mp:
-        small = replace(recipes.RECIPES["tiny-reason"], hidden=32, intermediate=64, layers=1, heads=2,
-                        num_examples=400, steps=20, batch_size=8, version=10_002)
-        mp.setitem(recipes.RECIPES, "tiny-reason", small)
         mp.setenv("SRPO_GRAPH_HOME", str(tmp_path_factory.mktemp("home")))
-        yield recipes.ensure_recipe_model("tiny-reason")
+        for name in ("tiny-reason", "tiny-search"):
+            small = replace(recipes.RECIPES[name], hidden=32, intermediate=64, layers=1, heads=2,
+                            num_examples=400, steps=20, batch_size=8, version=10_002)
+            mp.setitem(recipes.RECIPES, name, small)
+        yield {name: recipes.ensure_recipe_model(name) for name in ("tiny-reason", "tiny-search")}
 
 
 @pytest.mark.parametrize("name", CPU_WORKFLOWS)
 def test_cpu_workflows_check_with_their_set_sizes(name):
     wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
-    assert [p.model for p in wf.policies] == ["tiny-reason"]
+    assert [p.model for p in wf.policies] == ["tiny-search" if name == "tinysearch" else "tiny-reason"]
+    sizes = {t.name: t.set_sizes for t in wf.transitions}
     if name == "tinymath_mixed":
-        sizes = {t.name: len(t.consume) for t in wf.transitions}
-        assert sizes == {"gather": 2, "decide": 1}
+        assert sizes == {"gather": (2,), "decide": (1,)}
+    if name == "tinymath_select":  # the router picks the set: one solver or both
+        assert sizes == {"dispatch": (1,), "gather": (1, 2), "decide": (1,)}
 
 
 @pytest.mark.slow
@@ -67,13 +71,21 @@ def test_cpu_workflow_trains_one_step_on_the_pretrained_model(name, reason_model
     ])
     summary = train(ROOT / "workflows" / f"{name}.wf", cfg)
     (row,) = read_metrics(Path(summary.run_dir) / "metrics.jsonl")
+    # the mean set size of every transition that fired (the trainer's set_size/<transition>)
+    wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
+    logged = {k.split("/", 1)[1]: v for k, v in row.items() if k.startswith("set_size/")}
+    assert logged and set(logged) <= {t.name for t in wf.transitions}
+    for t in wf.transitions:
+        if t.name in logged:
+            assert min(t.set_sizes) <= logged[t.name] <= max(t.set_sizes), (t.name, logged[t.name])
     assert row["episodes"] == 6 and row["episodes_failed"] == 0, row
     assert row["events"] > 0 and math.isfinite(row["loss"]) and row["skipped_updates"] == 0
     assert 0.0 <= row["eval/reward"] <= 1.0
     # multi-token members: the solvers and searchers wrote more than one token each
     assert row["tokens"] > 2 * row["events"] * 3
     after = load_file(str(Path(summary.run_dir) / "checkpoints" / "step_1" / "policies" / "m" / "model.safetensors"))
-    before = load_file(str(reason_model / "model.safetensors"))
+    model = reason_model["tiny-search" if name == "tinysearch" else "tiny-reason"]
+    before = load_file(str(model / "model.safetensors"))
     changed = any(not torch.equal(before[k], after[k]) for k in before if k in after)
     # a group whose rewards all agree has advantage 0 and must not move the weights; any signal must
     assert changed == (row["advantage/max"] - row["advantage/min"] > 0), (row["advantage/min"], row["advantage/max"])
@@ -103,11 +115,16 @@ def test_study_statistics():
     brute = sum(abs(sum(s * x for s, x in zip(signs, diffs))) >= obs - 1e-12
                 for signs in itertools.product((1, -1), repeat=len(diffs))) / 2 ** len(diffs)
     assert study.sign_flip_p(diffs) == brute
-    assert study.PLANS["quick"].key() != study.PLANS["math"].key()
+    assert study.PLANS["quick"].key("tinymath_mixed") != study.PLANS["math"].key("tinymath_mixed")
+    # a record is tied to the versions of the models its workflow runs, and only to those
+    plan = study.PLANS["math"]
+    assert study.recipes_of("tinysearch") == ("tiny-search",) and study.recipes_of("coord_par2") == ()
+    assert plan.key("tinysearch") != plan.key("tinymath_mixed") == plan.key("tinymath_routed")
     every = {"srpo", "srpo_sum", "srpo_mean", "independent", "grpo", "gspo", "dr_mas"}
     assert all(set(study.PLANS[name].objectives) >= every and study.PLANS[name].seeds >= 5 for name in study.FULL)
     assert {wf for name in study.FULL for wf in study.PLANS[name].workflows} >= {
-        "tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "coord_par2", "coord_par3", "coord_par4", "coord_par5"}
+        "tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch",
+        "coord_par2", "coord_par3", "coord_par4", "coord_par5"}
 
 
 def test_study_skips_only_objectives_that_are_one_loss_at_k1():
@@ -167,6 +184,13 @@ def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     assert study.main(["--smoke", "--runs-dir", str(runs), "--out", str(out)]) == 0  # resumes: nothing reruns
     assert [p.stat().st_mtime_ns for p in records] == stamps
     assert out.read_text().count("<!-- study:smoke -->") == 1
+
+
+def test_study_workflows_flag_names_the_plans_workflows(capsys):
+    study = _study()
+    with pytest.raises(SystemExit) as e:
+        study.main(["--plan", "math", "--workflows", "tinymath_select", "nope"])
+    assert e.value.code == 2 and "--workflows: nope not in the plan" in capsys.readouterr().err
 
 
 def test_bench_objectives_writes_only_its_own_section(tmp_path):
