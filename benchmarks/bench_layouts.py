@@ -18,6 +18,11 @@ round (CPU time, ``process_time``: the cores are shared), and the min-max over r
 per-round ratio. One thread. Writes its section of
 docs/performance.md.
 
+A third table is the study's (docs/results.md): one step of each CPU study workflow (8 tasks x G = 8,
+sampled by its pre-trained model, ``tiny-reason`` / ``tiny-search``), its rollout with and without the
+shared prefill (``TransformersBackend(share_prefill=...)``) and its update forward+backward padded vs
+prefix (members with one prompt share its forward through the KV cache).
+
 A second table runs synthetic traces of very different lengths through the padded layout at several
 bucket overheads (the default ``BUCKET_OVERHEAD_TOKENS`` should be the fastest), one bucket, and
 packed rows.
@@ -94,6 +99,19 @@ def update_step(model, batch, layout: str, overhead: int | None):
     return run
 
 
+def _alternated(fns: dict, rounds: int) -> dict[str, list[float]]:
+    """CPU time of each callable per round, after one warm-up call each; the callables alternate within a round."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            t0 = time.process_time()
+            fn()
+            times[key].append(time.process_time() - t0)
+    return times
+
+
 def varied_lengths(model, rounds: int) -> list[str]:
     """The bucket overhead on members of very different lengths (synthetic traces): markdown lines."""
     from srpo_graph.compiler.compile import CompileConfig, compile
@@ -108,14 +126,7 @@ def varied_lengths(model, rounds: int) -> list[str]:
                 update_step(model, batch, "padded", o) for o in (0, 32, BUCKET_OVERHEAD_TOKENS, 512)}
     variants["padded, one bucket"] = update_step(model, batch, "padded", 10**9)
     variants["packed, micro_batch_tokens 512"] = update_step(model, batch.with_micro_batch_tokens(512), "packed", None)
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():
-        fn()
-    for _ in range(max(1, rounds // 3)):
-        for key, fn in variants.items():
-            t0 = time.process_time()
-            fn()
-            times[key].append(time.process_time() - t0)
+    times = _alternated(variants, max(1, rounds // 3))
     slow = f"packed, micro_batch_tokens {batch.micro_batch_tokens} (one round)"
     t0 = time.process_time()
     update_step(model, batch, "packed", None)()
@@ -127,6 +138,56 @@ def varied_lengths(model, rounds: int) -> list[str]:
              "(`BUCKET_OVERHEAD_TOKENS`, the cost of one more forward in token slots) against a bucket per length, "
              "one bucket, and packed rows.", "", "| layout | fwd+bwd time | vs fastest |", "|---|---|---|"]
     lines += [f"| {k} | {1000 * v:.1f} ms | {v / ref:.2f}x |" for k, v in best.items()]
+    return lines
+
+
+STUDY_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_select", "tinysearch")
+
+
+def study_workloads(rounds: int) -> list[str]:
+    """One step of each CPU study workflow: rollout with / without the shared prefill, update
+    forward+backward padded vs prefix. Markdown lines."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from srpo_graph.backends.recipes import ensure_recipe_model
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.compiler.compile import CompileConfig, compile
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.runtime.tasks import load_tasks
+    from srpo_graph.srpo.logprobs import _shared_prefixes
+
+    lines = ["", "The study's workflows (docs/results.md): one step of 8 tasks x G = 8 samples of each, sampled at "
+             "temperature 1 by its pre-trained model. *Rollout*: the executor's whole step, each distinct prompt "
+             "prefilled once (the default) vs one prefill row per request. *Update*: the objective's micro-batch "
+             "loop (as above) in the `padded` and `prefix` layouts; *prompt share* is the part of the step's "
+             "tokens in prompts, *shared* the part the prefix layout does not recompute. Best CPU time of "
+             f"{max(1, rounds // 3)} alternated rounds.", "",
+             "| workflow | tokens | prompt share | shared | rollout: shared / per-row prefill | update: prefix / padded | "
+             "update: prefix, padded |", "|---|---|---|---|---|---|---|"]
+    for name in STUDY_WORKFLOWS:
+        wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
+        path = ensure_recipe_model(wf.policies[0].model)
+        model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        tok = AutoTokenizer.from_pretrained(str(path))
+        tasks = load_tasks(ROOT / "workflows" / "tasks" / f"{name.split('_')[0]}.jsonl", wf)[:8]
+        backends = {share: {p.name: TransformersBackend(model, tok, share_prefill=share) for p in wf.policies}
+                    for share in (True, False)}
+        batch = compile(run(wf, tasks, backends[True], samples=8, seed=3).episodes, CompileConfig())
+        members = torch.arange(batch.num_members)
+        groups, _ = _shared_prefixes(batch, members)
+        lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
+        prompt = int(lengths.sum()) - int(batch.loss_mask.sum())
+        saved = sum((len(ms) - 1) * p for p, ms in groups)
+        fns = {"rollout_shared": lambda b=backends[True]: run(wf, tasks, b, samples=8, seed=3),
+               "rollout_rows": lambda b=backends[False]: run(wf, tasks, b, samples=8, seed=3),
+               "padded": update_step(model, batch, "padded", None), "prefix": update_step(model, batch, "prefix", None)}
+        best = {k: min(v) for k, v in _alternated(fns, max(1, rounds // 3)).items()}
+        print(name, {k: round(v, 3) for k, v in best.items()})
+        lines.append(f"| {name} | {batch.num_tokens:,} | {prompt / batch.num_tokens:.0%} | {saved / batch.num_tokens:.0%} | "
+                     f"{best['rollout_shared'] / best['rollout_rows']:.2f}x ({1000 * best['rollout_shared']:.0f} vs "
+                     f"{1000 * best['rollout_rows']:.0f} ms) | **{best['prefix'] / best['padded']:.2f}x** | "
+                     f"{1000 * best['prefix']:.0f}, {1000 * best['padded']:.0f} ms |")
     return lines
 
 
@@ -151,17 +212,12 @@ def main(argv: list[str] | None = None) -> None:
         "padded": (f"padded, length buckets (overhead {BUCKET_OVERHEAD_TOKENS})", update_step(model, batch, "padded", None)),
         "padded_each": ("padded, a bucket per distinct length", update_step(model, batch, "padded", 0)),
         "padded_one": ("padded, one bucket", update_step(model, batch, "padded", 10**9)),
+        "prefix": (f"prefix: shared prompts once, the rest padded (overhead {BUCKET_OVERHEAD_TOKENS})",
+                   update_step(model, batch, "prefix", None)),
         "packed": (f"packed, micro_batch_tokens {batch.micro_batch_tokens}", update_step(model, batch, "packed", None)),
         "packed_256": ("packed, micro_batch_tokens 256", update_step(model, batch.with_micro_batch_tokens(256), "packed", None)),
     }
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in (v[1] for v in variants.values()):
-        fn()  # warm-up
-    for _ in range(args.rounds):
-        for key, (_, fn) in variants.items():
-            t0 = time.process_time()
-            fn()
-            times[key].append(time.process_time() - t0)
+    times = _alternated({k: fn for k, (_, fn) in variants.items()}, args.rounds)
     best = {k: min(v) for k, v in times.items()}
     for k, v in best.items():
         print(f"{k:12s} {1000 * v:8.1f} ms")
@@ -186,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", f"P5 (default layout `{auto}` vs raw): **{best['raw'] / best[auto]:.2f}x** (target >= 0.85x); "
               f"packed at the default budget is {best['packed'] / best[auto]:.1f}x the default layout's time."]
     lines += varied_lengths(model, args.rounds)
+    lines += study_workloads(args.rounds)
     print("\n".join(lines))
     p5 = [r / t for r, t in zip(times["raw"], times[auto])]
     if not args.no_doc:

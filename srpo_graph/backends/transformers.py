@@ -8,7 +8,10 @@ The sampling loop is our own (not ``model.generate``) so that the log-probs of r
 exactly those of the distribution sampled (see Note [Log-probs of record] in
 ``srpo_graph.backends.sampling``) and every request draws from its own seeded generator.
 Requests are sorted by prompt length and cut into chunks of ``max_batch_size``; each chunk is
-left-padded, prefilled once and decoded step by step until every row stopped.
+left-padded, prefilled once and decoded step by step until every row stopped. Rows with the same
+prompt (the G samples of a task) share one prefill: its KV cache row and last logits are
+repeated to each (``batch_select_indices``), so a group of G costs one prompt forward; the
+prefill keeps the last position's logits only (``logits_to_keep=1``).
 """
 
 from __future__ import annotations
@@ -37,13 +40,17 @@ class TransformersBackend:
         tokenizer: its tokenizer.
         device: where the model runs.
         max_batch_size: most rows decoded together.
+        share_prefill: rows with the same prompt share one prefill (the same samples either way,
+            up to float rounding; off: one prefill row per request, a baseline for benchmarks).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, device: str = "cpu", max_batch_size: int = 256):
+    def __init__(self, model: Any, tokenizer: Any, *, device: str = "cpu", max_batch_size: int = 256,
+                 share_prefill: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.share_prefill = share_prefill
         self.weight_version = 0
         self.model.to(self.device)
         self.model.eval()
@@ -58,6 +65,7 @@ class TransformersBackend:
         # transformers 5.x renamed ``past_key_values`` to ``cache``; accept both
         params = inspect.signature(type(model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, device: str = "cpu", dtype: Any = None, **kw: Any) -> "TransformersBackend":
@@ -127,12 +135,21 @@ class TransformersBackend:
 
     def _generate_chunk(self, reqs: Sequence[GenerationRequest]) -> list[Completion]:
         n = len(reqs)
-        width = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for row, r in enumerate(reqs):  # left padding: every prompt ends at the last column
-            ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[row, width - len(r.prompt_ids) :] = 1
+        rows_of: dict[tuple[int, ...], int] = {}  # each distinct prompt -> its row in the prefill
+        prompts: list[tuple[int, ...]] = []  # the prefill's rows
+        row_of = []
+        for r in reqs:
+            key = tuple(r.prompt_ids) if self.share_prefill else (len(prompts), *r.prompt_ids)
+            if key not in rows_of:
+                rows_of[key] = len(prompts)
+                prompts.append(tuple(r.prompt_ids))
+            row_of.append(rows_of[key])
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at the last column
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         params = self._row_params(reqs)
@@ -142,9 +159,14 @@ class TransformersBackend:
         logprobs: list[list[float]] = [[] for _ in reqs]
         finish: list[str | None] = [None] * n
 
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **self._last_logits_only)
         past, step = _cache_of(out), 0
         logits = out.logits[:, -1, :]
+        if len(prompts) < n:  # one prefill per distinct prompt, repeated to its rows
+            rows = torch.tensor(row_of, device=self.device)
+            past.batch_select_indices(rows)
+            logits, mask, positions = logits.index_select(0, rows), mask.index_select(0, rows), positions.index_select(0, rows)
         next_pos = positions[:, -1] + 1
         while True:
             tok, lp = sample(logits, params)

@@ -18,8 +18,19 @@ How the members of one policy are laid out for the forward is a choice of this m
   token only ever attends to earlier real tokens of its own row, so the padding is never
   seen. This is the fast layout where no varlen kernel exists (sdpa or eager on CPU build a
   dense [n, n] float mask and attend over all n packed tokens).
-* ``auto`` (the default) -- packed for flash/flex attention, padded otherwise
-  (:func:`choose_layout`).
+* ``prefix`` -- padded, except that members of one policy whose prompts start alike share ONE
+  forward of that prefix: the G samples of a task (one prompt), a later turn and the earlier
+  turns whose context it extends, an aggregator's prompt and its question
+  (:func:`_shared_prefixes` picks the groups). Each group's prefix runs once, right-padded, with
+  the KV cache on; the cache is repeated to its members (a differentiable gather, so the
+  prefix's gradient is the sum of its members') and only the rest of each member (prompt tail
+  and completion) runs per member, attending to the cached keys through a 2-D mask that hides
+  the prefix padding. Prompts are most of the tokens (72-89% on the CPU study workflows;
+  benchmarks/bench_layouts.py has what sharing saves). Members that share nothing take the
+  padded path. Needs a model whose forward takes ``attention_mask`` and a KV cache
+  (``past_key_values`` or ``cache``); others get ``padded``.
+* ``auto`` (the default) -- packed for flash/flex attention, otherwise prefix where the model
+  takes a cache, else padded (:func:`choose_layout`).
 
 Each member's distribution is the sampler's: ``log_softmax(logits / T)``, renormalized over
 its allowed tokens when the output was constrained.
@@ -119,7 +130,7 @@ class _SelectedLogSoftmax(torch.autograd.Function):
         return grad, None
 
 
-Layout = Literal["auto", "packed", "padded"]
+Layout = Literal["auto", "packed", "padded", "prefix"]
 
 # attention implementations (``config._attn_implementation``) that run packed rows with a
 # variable-length kernel, so packing costs nothing in attention: flash-attention's varlen
@@ -143,20 +154,37 @@ def attention_implementation(model: torch.nn.Module) -> str:
     return ""
 
 
-def choose_layout(model: torch.nn.Module, layout: Layout = "auto") -> Literal["packed", "padded"]:
+def _cache_kwarg(model: torch.nn.Module) -> str | None:
+    """The name under which ``model.forward`` takes a KV cache (``past_key_values``, or ``cache``
+    for the role adapters' wrapper), or None when it takes no cache or no ``attention_mask``, or
+    runs with gradient checkpointing (transformers then turns the cache off in training)."""
+    params = inspect.signature(model.forward).parameters
+    if "attention_mask" not in params:
+        return None
+    if any(getattr(m, "is_gradient_checkpointing", False) for m in model.modules()):
+        return None
+    return next((k for k in ("past_key_values", "cache") if k in params), None)
+
+
+def choose_layout(model: torch.nn.Module, layout: Layout = "auto") -> Literal["packed", "padded", "prefix"]:
     """The micro-batch layout for ``model``: ``layout`` itself unless it is ``auto``, which
     picks ``packed`` for a varlen attention kernel (``VARLEN_ATTENTION`` or a kernels-hub
-    flash kernel) and ``padded`` otherwise (Note [Layouts]).
+    flash kernel), ``prefix`` for a model that takes a KV cache and ``padded`` otherwise
+    (Note [Layouts]). ``prefix`` asked of a model without a cache is ``padded``.
 
     Raises:
-        ValueError: ``layout`` is not one of auto, packed, padded.
+        ValueError: ``layout`` is not one of auto, packed, padded, prefix.
     """
+    if layout == "prefix":
+        return "prefix" if _cache_kwarg(model) else "padded"
     if layout in ("packed", "padded"):
         return layout
     if layout != "auto":
-        raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
+        raise ValueError(f"layout must be 'auto', 'packed', 'padded' or 'prefix', got {layout!r}")
     impl = attention_implementation(model)
-    return "packed" if impl in VARLEN_ATTENTION or "flash" in impl else "padded"
+    if impl in VARLEN_ATTENTION or "flash" in impl:
+        return "packed"
+    return "prefix" if _cache_kwarg(model) else "padded"
 
 
 def length_buckets(lengths: Sequence[int], overhead: int = BUCKET_OVERHEAD_TOKENS) -> list[list[int]]:
@@ -253,9 +281,13 @@ def _packed_forward(model: torch.nn.Module, b: SetBatch, policy: int) -> list[_S
     return [(logits, idx.index_select(0, target), mem.index_select(0, target))]
 
 
-def _padded_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int) -> list[_Scored]:
-    """The members of ``policy`` in length buckets, one right-padded [rows, L] forward each."""
-    members = (b.member_policy == policy).nonzero().squeeze(1)
+def _padded_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int,
+                    members: torch.Tensor | None = None) -> list[_Scored]:
+    """The members of ``policy`` (or ``members``) in length buckets, one right-padded [rows, L] forward each."""
+    if members is None:
+        members = (b.member_policy == policy).nonzero().squeeze(1)
+    if not members.numel():
+        return []
     lengths = (b.member_offsets[1:] - b.member_offsets[:-1]).index_select(0, members)
     device = members.device
     out = []
@@ -278,6 +310,165 @@ def _padded_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: 
             logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[keep]
         out.append((logits, where, mem.unsqueeze(1).expand_as(grid)[is_target]))
     return out
+
+
+def _logits_at(model: torch.nn.Module, keep: torch.Tensor, **inputs) -> tuple[torch.Tensor, object]:
+    """One forward of ``inputs``; the logits at the True cells of ``keep`` [B, L] (row-major), and the output."""
+    if _keeps_logits_by_mask(model):
+        out = model(**inputs, logits_to_keep=keep)
+        return out.logits, out
+    out = model(**inputs)
+    return out.logits[keep], out
+
+
+# A shared prefix is worth a group only when it saves more than this many token slots: a group
+# costs a row of the prefix forward and a cache row per member (benchmarks/bench_layouts.py).
+MIN_SHARED_TOKENS = 8
+
+
+def _common(a: bytes, b: bytes) -> int:
+    """The length, in tokens (8 bytes each), of the longest common prefix of two token strings."""
+    n = min(len(a), len(b)) // 8
+    lo, hi = 0, n  # binary search on bytes comparisons: C speed, O(log n) slices
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[: 8 * mid] == b[: 8 * mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _shared_prefixes(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SHARED_TOKENS
+                     ) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """Group ``members`` (of one policy) by a prefix of their prompts (the tokens before each one's
+    first completion token) so that each group's prefix runs once.
+
+    The prompts are sorted; a group is a run of neighbours and its prefix their longest common
+    prefix, so the G samples of a task share their whole prompt, a later turn shares its earlier
+    turns' context, and a dynamic program over the runs keeps the grouping that skips the most
+    prefix tokens (``(size - 1) * prefix`` per group, less ``min_saved``): one group per task
+    beats one group per template when the questions are longer than the template. A prefix
+    shorter than ``min_saved`` tokens is not shared.
+
+    Returns:
+        (groups, alone): ``(prefix length, members)`` of each group, and the members in none
+        (no prefix worth sharing, or no completion token).
+    """
+    off = b.member_offsets.tolist()
+    ids = b.input_ids.cpu().numpy().astype(">i8")  # big-endian: the bytes sort as the token ids do
+    comp = b.loss_mask.nonzero().squeeze(1).cpu()
+    first = torch.full((b.num_members,), -1, dtype=torch.int64)
+    if comp.numel():  # each member's first completion token: a segment minimum
+        owner = torch.searchsorted(b.member_offsets[1:].cpu(), comp, right=True)
+        first = first.scatter_reduce(0, owner, comp, reduce="amin", include_self=False)
+    alone: list[int] = []
+    prompts: list[tuple[bytes, int]] = []
+    for m in members.tolist():
+        s, f = off[m], int(first[m])
+        if f <= s:  # no completion token: nothing to score
+            alone.append(m)
+        else:
+            prompts.append((ids[s:f].tobytes(), m))
+    prompts.sort()
+    n = len(prompts)
+    lcp = [_common(prompts[i][0], prompts[i + 1][0]) for i in range(n - 1)]  # of neighbours i, i + 1
+    best = [0] * (n + 1)  # best[j]: the most tokens saved on the first j prompts
+    cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (start of the last group, its prefix; 0 = alone)
+    for j in range(1, n + 1):
+        best[j], cut[j] = best[j - 1], (j - 1, 0)
+        common = 1 << 62
+        for i in range(j - 2, -1, -1):  # the group prompts[i..j-1]
+            common = min(common, lcp[i])
+            if common < min_saved:
+                break  # a prefix shorter than min_saved is not shared (and they only get shorter)
+            gain = best[i] + common * (j - 1 - i) - min_saved
+            if gain > best[j]:
+                best[j], cut[j] = gain, (i, common)
+    groups = []
+    j = n
+    while j > 0:
+        i, common = cut[j]
+        if common:
+            groups.append((common, [prompts[k][1] for k in range(i, j)]))
+        else:
+            alone.extend(prompts[k][1] for k in range(i, j))
+        j = i
+    return groups[::-1], sorted(alone)
+
+
+def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int) -> list[_Scored]:
+    """The ``prefix`` layout (Note [Layouts]): each group's shared prefix runs once, the rest of its
+    members attends to the repeated KV cache; the members that share nothing go the padded way."""
+    cache_kw = _cache_kwarg(model)
+    assert cache_kw is not None  # choose_layout only picks prefix for a model that takes a cache
+    members = (b.member_policy == policy).nonzero().squeeze(1)
+    device = members.device
+    groups, alone = _shared_prefixes(b, members)
+    out = _padded_forward(model, b, policy, overhead, torch.tensor(alone, dtype=torch.int64, device=device))
+    if not groups:
+        return out
+    for bucket in length_buckets([p for p, _ in groups], overhead):
+        plen = torch.tensor([groups[g][0] for g in bucket], device=device)  # [G] prefix lengths
+        first = torch.tensor([groups[g][1][0] for g in bucket], device=device)  # a member of each group
+        mem = torch.tensor([m for g in bucket for m in groups[g][1]], device=device)  # [M] the groups' members
+        gidx = torch.repeat_interleave(torch.arange(len(bucket), device=device),
+                                       torch.tensor([len(groups[g][1]) for g in bucket], device=device))  # [M]
+        # 1. the shared prefixes, right-padded (plain causal attention: a real token never sees the padding)
+        col = torch.arange(int(plen.max()), device=device)
+        pvalid = col.unsqueeze(0) < plen.unsqueeze(1)  # [G, P]
+        grid = (b.member_offsets.index_select(0, first).unsqueeze(1) + col).masked_fill(~pvalid, 0)
+        last = torch.zeros_like(pvalid)
+        last[torch.arange(len(bucket), device=device), plen - 1] = True  # scores the token after each prefix
+        first_logits, pout = _logits_at(model, last, input_ids=b.input_ids[grid].masked_fill(~pvalid, 0),
+                                        position_ids=col.expand_as(grid), use_cache=True)
+        starts = b.member_offsets.index_select(0, mem) + plen.index_select(0, gidx)  # [M] each member's first token after it
+        scored = b.loss_mask.index_select(0, starts).nonzero().squeeze(1)  # members whose prompt IS the prefix
+        if scored.numel():  # the prefix's last logits score their first completion token
+            out.append((first_logits.index_select(0, gidx.index_select(0, scored)), starts.index_select(0, scored),
+                        mem.index_select(0, scored)))
+        # 2. the rest of each member (prompt tail and completion but the last token, whose logits
+        # score nothing), in length buckets of their own, each attending to its rows of the prefix cache
+        rest = b.member_offsets.index_select(0, mem + 1) - starts - 1  # [M]
+        todo = (rest > 0).nonzero().squeeze(1)  # a one-token completion right after the prefix: scored above
+        cache = _cache_of(pout)
+        sub_buckets = length_buckets(rest.index_select(0, todo).tolist(), overhead) if _can_repeat(cache) else [
+            list(range(todo.numel()))] if todo.numel() else []
+        for sub in sub_buckets:
+            rows = todo.index_select(0, torch.tensor(sub, dtype=torch.int64, device=device))  # into mem
+            r_len, r_start, r_group = rest.index_select(0, rows), starts.index_select(0, rows), gidx.index_select(0, rows)
+            scol = torch.arange(int(r_len.max()), device=device)
+            svalid = scol.unsqueeze(0) < r_len.unsqueeze(1)  # [R, S]
+            sgrid = (r_start.unsqueeze(1) + scol).masked_fill(~svalid, 0)  # [R, S] stream index
+            target = b.loss_mask[sgrid + 1] & svalid  # the token after each cell is a completion token
+            mask = torch.cat([pvalid.index_select(0, r_group), torch.ones_like(svalid)], dim=1).long()  # hide prompt padding
+            logits, _ = _logits_at(model, target, input_ids=b.input_ids[sgrid].masked_fill(~svalid, 0),
+                                   position_ids=plen.index_select(0, r_group).unsqueeze(1) + scol, attention_mask=mask,
+                                   use_cache=True, **{cache_kw: _repeat_cache(cache, r_group)})
+            out.append((logits, (sgrid + 1)[target], mem.index_select(0, rows).unsqueeze(1).expand_as(sgrid)[target]))
+    return out
+
+
+def _can_repeat(cache) -> bool:
+    """Whether :func:`_repeat_cache` can select rows of ``cache`` more than once (transformers >= 4.56
+    caches keep their tensors in ``layers``); older ones are selected once, in place."""
+    return all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in getattr(cache, "layers", [None]))
+
+
+def _repeat_cache(cache, rows: torch.Tensor):
+    """A KV cache whose row r is ``cache``'s row ``rows[r]`` (a gather: gradients flow back to ``cache``).
+    ``cache`` itself is left as it was where :func:`_can_repeat`; otherwise it is that new cache."""
+    if not _can_repeat(cache):
+        cache.batch_select_indices(rows)
+        return cache
+    return type(cache)(ddp_cache_data=[(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
+                                       for layer in cache.layers])
+
+
+def _cache_of(out) -> object:
+    """The KV cache of a forward's output (``cache`` for the role adapters' wrapper, else ``past_key_values``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layout: Layout = "auto",
@@ -316,8 +507,11 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layou
     allow = None
     for p in used:
         model = models[p]
-        if choose_layout(model, layout) == "packed":
+        chosen = choose_layout(model, layout)
+        if chosen == "packed":
             scored = _packed_forward(model, b, p)
+        elif chosen == "prefix":
+            scored = _prefix_forward(model, b, p, bucket_overhead)
         else:
             scored = _padded_forward(model, b, p, bucket_overhead)
         for logits, where, tmem in scored:

@@ -136,12 +136,14 @@ class OptimConfig(_Section):
         True, description="Undo an optimizer step that makes a weight non-finite (counted as skipped). Keeps a copy "
         "of the stepped policies' weights and Adam state during each step: turn off for policies too large for "
         "that copy (a non-finite step then stops the run; resume from the last checkpoint).")
-    layout: Literal["auto", "packed", "padded"] = Field(
+    layout: Literal["auto", "packed", "padded", "prefix"] = Field(
         "auto", description="How the log-prob forward batches each micro-batch's members (results are the same, "
         "only speed differs): `packed` = one row per policy with positions restarting per member (fast with a "
         "varlen attention kernel: flash-attention, FlexAttention), `padded` = length-bucketed right-padded rows "
-        "(fast with sdpa/eager, e.g. on CPU, where a packed row costs a dense [n, n] mask), `auto` = packed for "
-        "flash/flex attention, padded otherwise. See docs/performance.md (P5).")
+        "(fast with sdpa/eager, e.g. on CPU, where a packed row costs a dense [n, n] mask), `prefix` = padded, but "
+        "members with the same prompt (the G samples of a task) share one prompt forward through the KV cache, "
+        "`auto` = packed for flash/flex attention, else prefix for a model that takes a KV cache, else padded. "
+        "See docs/performance.md (P5).")
 
     @field_validator("betas")
     @classmethod

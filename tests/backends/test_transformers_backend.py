@@ -76,6 +76,34 @@ def test_seeds_reproduce_independently_of_the_batch(tiny_backend):
     assert [c.completion_ids for c in other_seed] != [c.completion_ids for c in together]
 
 
+def test_rows_with_one_prompt_share_a_prefill_and_sample_as_if_alone(tiny_backend):
+    """The G samples of a task share one prefill (its cache row repeated): each row's tokens are what it
+    samples alone, its log-probs those of a separate forward pass, and one prefill row per distinct prompt."""
+    prompts = [enc(tiny_backend, "<q>what is 4+5?"), enc(tiny_backend, "<a>3"), enc(tiny_backend, "<b>12<sep>hi")]
+    reqs = [GenerationRequest(prompts[i % 3], max_new_tokens=6, temperature=1.3, seed=7 + i, top_k=4 if i == 4 else 0)
+            for i in range(9)]  # three rows per prompt, interleaved, different lengths
+    rows = []
+    hook = tiny_backend.model.register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        together = tiny_backend.generate(reqs)
+    finally:
+        hook.remove()
+    assert rows[0] == (3, max(len(p) for p in prompts))  # the prefill: one row per distinct prompt
+    assert all(shape[0] == 9 and shape[1] == 1 for shape in rows[1:])  # then every row decodes
+    alone = [tiny_backend.generate([r])[0] for r in reqs]
+    assert [c.completion_ids for c in together] == [c.completion_ids for c in alone]
+    from srpo_graph.backends.transformers import TransformersBackend
+
+    unshared = TransformersBackend(tiny_backend.model, tiny_backend.tokenizer, share_prefill=False).generate(reqs)
+    assert [c.completion_ids for c in unshared] == [c.completion_ids for c in together]
+    assert len({c.completion_ids for c in together}) > 3  # rows of one prompt drew their own samples
+    for req, comp in zip(reqs, together):
+        ref = reference_logprobs(tiny_backend.model, req.prompt_ids, comp.completion_ids, 1.3)
+        if req.top_k == 0:
+            assert max(abs(a - b) for a, b in zip(ref, comp.logprobs)) < 1e-5
+
+
 def test_stop_tokens_and_length(tiny_backend):
     tok = tiny_backend.tokenizer
     p = enc(tiny_backend, "<a>1")

@@ -127,10 +127,12 @@ def test_study_statistics():
         "coord_par2", "coord_par3", "coord_par4", "coord_par5"}
 
 
-def test_study_skips_only_objectives_that_are_one_loss_at_k1():
+def test_study_skips_only_objectives_that_are_another_ones_run():
     """A workflow is in ``K1_WORKFLOWS`` exactly when every transition consumes one output (no set of
-    several members can arise), and only there are ``SAME_AT_K1`` left out (they equal ``srpo``:
-    tests/srpo/test_k1_identities.py)."""
+    several members can arise); a plan's cells are its objectives less those ``same_as`` names, and
+    those are only the identities it states: ``SAME_AT_K1`` at K = 1 (tests/srpo/test_k1_identities.py),
+    ``dr_mas`` where every agent fires once, ``independent`` on one event of one-token members
+    (both checked on real rollouts below)."""
     study = _study()
     for wf_file in sorted((ROOT / "workflows").glob("*.wf")):
         if wf_file.stem not in study.ALL_WORKFLOWS + study.COORD:
@@ -138,11 +140,82 @@ def test_study_skips_only_objectives_that_are_one_loss_at_k1():
         wf = load_workflow(wf_file)
         every_set_one = all(len(t.consume) == 1 for t in wf.transitions)
         assert (wf_file.stem in study.K1_WORKFLOWS) == every_set_one, wf_file.stem
+    # the rules, by what each workflow declares: a route, a multi-choice router or a loop means an
+    # agent can fire zero times or twice; only the coordination tasks are one event of one-token members
+    once = {"tinymath_pipeline", "tinymath_mixed", *study.COORD}
+    assert {w for w in study.ALL_WORKFLOWS + study.COORD if study.fires_once(w)} == once
+    assert {w for w in study.ALL_WORKFLOWS + study.COORD if study.one_token_one_event(w)} == set(study.COORD)
     for plan in (study.PLANS[name] for name in study.FULL):
         for wf in plan.workflows:
             cells = plan.cells(wf)
-            assert "srpo" in cells and {"grpo", "gspo", "dr_mas"} <= set(cells)
-            assert (set(cells) == set(plan.objectives)) == (wf not in study.K1_WORKFLOWS)
+            assert {"srpo", "grpo", "gspo"} <= set(cells)
+            skipped = {o: study.same_as(wf, o, plan.objectives) for o in plan.objectives if o not in cells}
+            assert all(src in cells for src in skipped.values())
+            want = {**({o: "srpo" for o in study.SAME_AT_K1} if wf in study.K1_WORKFLOWS else {}),
+                    **({"dr_mas": "grpo"} if wf in once else {}),
+                    **({"independent": "grpo"} if wf in study.COORD else {})}
+            assert skipped == want, wf
+
+
+def _rollout(workflow: str, reason_model, samples: int = 4):
+    """Real episodes of ``workflow``: 4 tasks x ``samples``, sampled by its models (the shrunk recipes)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.runtime.tasks import load_tasks
+
+    wf = load_workflow(ROOT / "workflows" / f"{workflow}.wf")
+    backends = {}
+    for p in wf.policies:
+        path = str(reason_model.get(p.model) or ensure_tiny_model())
+        backends[p.name] = TransformersBackend(AutoModelForCausalLM.from_pretrained(path).eval(),
+                                               AutoTokenizer.from_pretrained(path))
+    tasks = load_tasks(ROOT / "workflows" / "tasks" / f"{workflow.split('_')[0]}.jsonl", wf)[:4]
+    return run(wf, tasks, backends, samples=samples, seed=5).episodes
+
+
+@pytest.mark.parametrize("workflow", ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select",
+                                      "tinysearch", "coord_par2", "coord_par4"))
+def test_the_studys_identities_hold_on_real_rollouts(workflow, reason_model):
+    """Where the study says an objective is another one's run, the two compile to the same advantages and
+    give the same loss and gradient on a real rollout (so training is the same, bit for bit); the
+    workflows the rule leaves out really differ, or could (an agent that fires twice or not at all)."""
+    import torch
+
+    from srpo_graph.compiler.compile import compile
+    from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+    from srpo_graph.srpo.objectives import get_objective
+
+    study = _study()
+    # the shrunk models rarely earn a reward: the rollouts' structure is real, their rewards are made to vary
+    episodes = [e.model_copy(update={"reward": float((7 * i) % 5) / 4}) for i, e in enumerate(_rollout(workflow, reason_model))]
+    assert all(e.status == "ok" for e in episodes)
+
+    def loss_and_grad(name):
+        obj = get_objective(name)
+        b = compile(episodes, obj.compile_config())
+        new = (b.old_logprobs.double() + 0.3 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(1),
+                                                           dtype=torch.float64)).requires_grad_()
+        cfg = obj.loss_config()
+        loss, _ = srpo_loss(new, b, cfg, denominator=loss_denominator(b, cfg))
+        (grad,) = torch.autograd.grad(loss, new)
+        return b, loss.detach(), grad
+
+    grpo, loss_g, grad_g = loss_and_grad("grpo")
+    assert grpo.member_advantage.abs().sum() > 0  # some group has reward variance: the check can fail
+    for name in ("dr_mas", "independent"):
+        b, loss, grad = loss_and_grad(name)
+        if study.same_as(workflow, name, study.ALL_OBJECTIVES) == "grpo":
+            assert torch.equal(b.member_advantage, grpo.member_advantage), name
+            torch.testing.assert_close(loss, loss_g, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(grad, grad_g, rtol=1e-12, atol=1e-12)
+        elif name == "dr_mas":
+            agents = [[o.agent for o in e.outputs] for e in episodes]
+            once = all(len(a) == len(set(a)) for a in agents) and len({frozenset(a) for a in agents}) == 1
+            if not once:  # this rollout has an agent twice in an episode, or not in every one: they differ
+                assert not torch.equal(b.member_advantage, grpo.member_advantage), name
 
 
 def test_study_runs_in_parallel_as_it_runs_alone(tmp_path):

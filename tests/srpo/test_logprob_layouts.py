@@ -1,6 +1,8 @@
-"""The micro-batch layout of the log-prob forward (packed row vs length-bucketed padded rows)
-changes nothing but speed: same log-probs, entropies, losses and gradients to ~1e-6, checked
-against a slow one-member-at-a-time reference, and the bucketing is the optimum it claims.
+"""The micro-batch layout of the log-prob forward (packed row, length-bucketed padded rows, shared
+prompts through the KV cache) changes nothing but speed: same log-probs, entropies, losses and
+gradients to ~1e-6, checked against a slow one-member-at-a-time reference, on members with
+distinct prompts and on members that share them (the G samples of a task), and the bucketing is
+the optimum it claims.
 
 Models: the built-in tiny model and a smaller LlamaConfig model made here (two policies).
 """
@@ -20,7 +22,8 @@ from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
 
 # the layouts under test: (layout, bucket_overhead); overhead 0 = a bucket per distinct
 # length, a huge overhead = one padded bucket per policy
-LAYOUTS = [("packed", 0), ("padded", 0), ("padded", 16), ("padded", 128), ("padded", 10**9)]
+LAYOUTS = [("packed", 0), ("padded", 0), ("padded", 16), ("padded", 128), ("padded", 10**9),
+           ("prefix", 0), ("prefix", 128), ("prefix", 10**9)]
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +40,53 @@ def models():
     return [tiny, small]
 
 
-@pytest.fixture(scope="module")
-def batch(models):
-    """Two policies, constrained and temperature-scaled members, lengths 3..30, micro-batches."""
+def _share_prompts(eps):
+    """Episodes whose prompts start alike: the outputs of one task and position share a prompt (the G
+    samples of a task; the members of a parallel set too where ``j`` is even), every prompt of a task
+    starts with the task's 10 tokens and a step-0 prompt is just those (a later turn extends it), two
+    tasks have the same prompts, and one member's prompt is its own."""
+    out = []
+    for e in eps:
+        task = int(e.task_id[4:]) % 2  # task0 and task2 get the same prompts: groups across tasks
+        base = [(13 * task + 3 * i) % 50 + 1 for i in range(10)]
+        outputs = []
+        for o in e.outputs:
+            step, j = (int(x) for x in o.id[1:].split("_"))
+            if step == 2 and e.sample == 0:  # a member whose prompt nobody shares: the padded path
+                outputs.append(o)
+                continue
+            tail = [(31 * step + 17 * (j // 2) + 7 * i) % 50 + 1 for i in range((5 * step + 3 * (j // 2)) % 9)]
+            outputs.append(o.model_copy(update={"prompt_ids": base + tail}))
+        out.append(e.model_copy(update={"outputs": outputs}))
+    return out
+
+
+@pytest.fixture(scope="module", params=["distinct prompts", "shared prompts"])
+def batch(models, request):
+    """Two policies, constrained and temperature-scaled members, lengths 3..30, micro-batches; members'
+    prompts all distinct, or shared by the samples of a task and the members of a set."""
     eps = synthetic_episodes(3, 3, seed=7, vocab=models[0].config.vocab_size, policies=("tiny", "small"),
                              prompt_len=(2, 18), completion_len=(1, 12))
+    if request.param == "shared prompts":
+        eps = _share_prompts(eps)
     b = compile(eps, CompileConfig(micro_batch_tokens=120))
     lengths = (b.member_offsets[1:] - b.member_offsets[:-1]).tolist()
     assert b.num_micro_batches > 1 and len(set(lengths)) > 5
     assert (b.member_allowed >= 0).any() and (b.member_temperature != 1).any() and len(set(b.member_policy.tolist())) == 2
+    if request.param == "shared prompts":  # shared prompts of both policies, one-token completions, lone members
+        from srpo_graph.srpo.logprobs import _shared_prefixes
+
+        shared = [bool(_shared_prefixes(m, torch.arange(m.num_members))[0]) for m in b.micro_batches()]
+        assert sum(shared) >= len(shared) / 2, shared
+        for pol in (0, 1):
+            assert _shared_prefixes(b, (b.member_policy == pol).nonzero().squeeze(1))[0], pol
+        groups, alone = _shared_prefixes(b, torch.arange(b.num_members))
+        assert alone and max(len(ms) for _, ms in groups) >= 4
+        prompt_len = {m: int(b.loss_mask[int(b.member_offsets[m]):].nonzero()[0]) for _, ms in groups for m in ms}
+        assert any(prompt_len[m] == p for p, ms in groups for m in ms)  # a whole prompt shared
+        assert any(prompt_len[m] > p for p, ms in groups for m in ms)  # a prefix shared, the prompt's tail per member
+        completion = [int(b.loss_mask[int(b.member_offsets[m]):int(b.member_offsets[m + 1])].sum()) for m in range(b.num_members)]
+        assert 1 in completion and max(completion) > 5
     return b
 
 
@@ -156,21 +197,71 @@ def test_padded_layout_without_logits_to_keep(models, batch):
     assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_auto_picks_packed_only_for_varlen_attention(models):
+class _NoCache(torch.nn.Module):
+    """A causal LM wrapper whose forward takes no KV cache (like the fsdp ordering wrapper)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, position_ids=None, use_cache=False, logits_to_keep=0):
+        return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, logits_to_keep=logits_to_keep)
+
+
+def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
     tiny = models[0]
     assert tiny.config._attn_implementation == "sdpa"
-    assert choose_layout(tiny) == "padded" and choose_layout(_NoKeep(tiny)) == "padded"
-    assert choose_layout(tiny, "packed") == "packed"
+    assert choose_layout(tiny) == "prefix"
+    assert choose_layout(_NoKeep(tiny)) == "padded" and choose_layout(_NoCache(tiny)) == "padded"
+    assert choose_layout(_NoCache(tiny), "prefix") == "padded"  # asked of a model without a cache
+    assert choose_layout(tiny, "packed") == "packed" and choose_layout(tiny, "padded") == "padded"
+    tiny.gradient_checkpointing_enable()  # transformers turns the KV cache off under it, in training
+    try:
+        assert choose_layout(tiny) == "padded" and choose_layout(tiny, "prefix") == "padded"
+    finally:
+        tiny.gradient_checkpointing_disable()
+    assert choose_layout(tiny) == "prefix"
     saved = tiny.config._attn_implementation
     try:
         for impl, want in [("flash_attention_2", "packed"), ("flex_attention", "packed"),
-                           ("kernels-community/flash-attn3", "packed"), ("eager", "padded")]:
+                           ("kernels-community/flash-attn3", "packed"), ("eager", "prefix")]:
             tiny.config._attn_implementation = impl
-            assert choose_layout(tiny) == want and choose_layout(_NoKeep(tiny)) == want, impl
+            assert choose_layout(tiny) == want, impl
+            assert choose_layout(_NoCache(tiny)) == ("packed" if want == "packed" else "padded"), impl
     finally:
         tiny.config._attn_implementation = saved
     with pytest.raises(ValueError, match="layout must be"):
         choose_layout(tiny, "ragged")
+
+
+def test_prefix_layout_runs_each_shared_prompt_once(models, batch):
+    """The prefix layout's forwards hold fewer token cells than the padded layout's wherever prompts
+    start alike: each prefix that members of one policy share is the start of one row of its forwards."""
+    from srpo_graph.srpo.logprobs import _shared_prefixes
+
+    cells, rows = {}, []
+    for layout in ("padded", "prefix"):
+        seen = []
+        hooks = [m.register_forward_pre_hook(lambda mod, a, kw, i=i: seen.append((i, kw["input_ids"])), with_kwargs=True)
+                 for i, m in enumerate(models)]
+        try:
+            with torch.no_grad():
+                packed_logprobs(models, batch, layout=layout, bucket_overhead=10**9)
+        finally:
+            for h in hooks:
+                h.remove()
+        cells[layout] = sum(x.numel() for _, x in seen)
+        rows = [(i, tuple(r.tolist())) for i, x in seen for r in x]
+    shared = [(pol, p, ms) for pol in (0, 1)
+              for p, ms in _shared_prefixes(batch, (batch.member_policy == pol).nonzero().squeeze(1))[0]]
+    if not shared:
+        assert cells["prefix"] == cells["padded"]
+        return
+    assert cells["prefix"] < cells["padded"]
+    for pol, p, ms in shared:
+        start = int(batch.member_offsets[ms[0]])
+        prompt = tuple(batch.input_ids[start:start + p].tolist())
+        assert sum(i == pol and r[:p] == prompt for i, r in rows) == 1, (pol, prompt)
 
 
 def _brute_force_cost(lengths: list[int], overhead: int) -> int:
@@ -198,3 +289,58 @@ def test_length_buckets_is_the_optimum_and_a_partition(seed):
     assert flat == sorted(flat)
     cost = sum(len(bk) * max(lengths[i] for i in bk) + overhead for bk in buckets)
     assert cost == _brute_force_cost(lengths, overhead)
+
+
+def _batch_of_prompts(prompts: list[list[int]]):
+    """A one-policy SetBatch whose members have these prompts and a 2-token completion each."""
+    from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
+
+    outputs = [Output(id=f"o{i}", agent="a", policy="p", policy_version=0, step=i, prompt_ids=p, completion_ids=[1, 2],
+                      logprobs=[-1.0, -1.0], temperature=1.0, allowed_token_ids=None, max_tokens=2, activated_by=None,
+                      text="", value=None) for i, p in enumerate(prompts)]
+    transitions = [TransitionRecord(id=f"t{i}", name=f"t{i}", step=i, consumed=[f"o{i}"], activated=["end"], reward=None)
+                   for i in range(len(prompts))]
+    ep = Episode(workflow=WorkflowRef(name="x", hash="0" * 64), task_id="t", group_id="t", sample=0, seed=0,
+                 outputs=outputs, transitions=transitions, reward=1.0, status="ok")
+    return compile([ep], CompileConfig())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shared_prefixes_is_the_best_grouping_of_sorted_runs(seed):
+    """The groups are runs of the sorted prompts whose common prefix each group shares, and they skip the
+    most tokens any such grouping does (brute force over every split), a prefix under the minimum unshared."""
+    from srpo_graph.srpo.logprobs import _shared_prefixes
+
+    rng = random.Random(seed)
+    alphabet = (1, 2, 300, 70_000)  # ids above 255: the groups follow the ids, not their low bytes
+    stems = [[rng.choice(alphabet) for _ in range(rng.randint(0, 12))] for _ in range(3)]
+    prompts = [rng.choice(stems) + [rng.choice(alphabet) for _ in range(rng.randint(1, 6))] for _ in range(rng.randint(2, 8))]
+    b = _batch_of_prompts(prompts)
+    min_saved = rng.choice([1, 4, 8])
+    groups, alone = _shared_prefixes(b, torch.arange(b.num_members), min_saved)
+    assert sorted([m for _, ms in groups for m in ms] + alone) == list(range(len(prompts)))
+    for p, ms in groups:
+        assert len(ms) >= 2 and p >= min_saved and all(len(prompts[m]) >= p for m in ms)
+        assert len({tuple(prompts[m][:p]) for m in ms}) == 1
+    got = sum((len(ms) - 1) * p - min_saved for p, ms in groups)
+
+    order = sorted(range(len(prompts)), key=lambda m: prompts[m])
+
+    def common(run):
+        xs = [prompts[m] for m in run]
+        n = 0
+        while all(len(x) > n for x in xs) and len({x[n] for x in xs}) == 1:
+            n += 1
+        return n
+
+    best = 0
+    for cuts in itertools.product([False, True], repeat=len(order) - 1):
+        total, start = 0, 0
+        for i, cut in enumerate(list(cuts) + [True]):
+            if cut:
+                run = order[start:i + 1]
+                c = common(run) if len(run) > 1 else 0
+                total += max(0, (len(run) - 1) * c - min_saved) if c >= min_saved else 0
+                start = i + 1
+        best = max(best, total)
+    assert got == best, (groups, prompts)
