@@ -154,14 +154,31 @@ def attention_implementation(model: torch.nn.Module) -> str:
     return ""
 
 
+def _sliding_window(model: torch.nn.Module) -> bool:
+    """Whether some attention layer of ``model`` attends over a sliding window (Mistral-style
+    ``sliding_window``, Qwen2's ``use_sliding_window``, or ``layer_types`` with sliding layers)."""
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is None or not hasattr(cfg, "to_dict"):
+            continue
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        if any("sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ()):
+            return True
+        return getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True)
+    return False
+
+
 def _cache_kwarg(model: torch.nn.Module) -> str | None:
     """The name under which ``model.forward`` takes a KV cache (``past_key_values``, or ``cache``
-    for the role adapters' wrapper), or None when it takes no cache or no ``attention_mask``, or
-    runs with gradient checkpointing (transformers then turns the cache off in training)."""
+    for the role adapters' wrapper), or None when it takes no cache or no ``attention_mask``, runs
+    with gradient checkpointing (transformers then turns the cache off in training) or attends
+    over a sliding window (the prefix layout is checked on full attention only)."""
     params = inspect.signature(model.forward).parameters
     if "attention_mask" not in params:
         return None
     if any(getattr(m, "is_gradient_checkpointing", False) for m in model.modules()):
+        return None
+    if _sliding_window(model):  # a window over the prefix: the repeated cache's masks are not checked for it
         return None
     return next((k for k in ("past_key_values", "cache") if k in params), None)
 
@@ -481,9 +498,9 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layou
         batch: the SetBatch (any device; moved to the models' device); usually one
             micro-batch.
         layout: how each policy's members are batched for the forward: ``packed``,
-            ``padded`` or ``auto`` (per model, :func:`choose_layout`); Note [Layouts]. The
-            results do not depend on it (up to float rounding).
-        bucket_overhead: the padded layout's cost of one more forward, in token slots
+            ``padded``, ``prefix`` or ``auto`` (per model, :func:`choose_layout`); Note
+            [Layouts]. The results do not depend on it (up to float rounding).
+        bucket_overhead: the padded and prefix layouts' cost of one more forward, in token slots
             (:func:`length_buckets`); 0 = a bucket per distinct length.
     Returns:
         (logprobs [T], entropy [T]) float32 on the models' device; 0 on prompt tokens.

@@ -28,15 +28,21 @@ LAYOUTS = [("packed", 0), ("padded", 0), ("padded", 16), ("padded", 128), ("padd
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    """The built-in tiny model (Llama) and a small Qwen2 (biased q/k/v projections, grouped kv heads)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from srpo_graph.backends.tiny import ensure_tiny_model
 
     tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
     torch.manual_seed(0)
-    small = LlamaForCausalLM(LlamaConfig(
+    small = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=tiny.config.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)).eval()
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+        use_sliding_window=False)).eval()
+    with torch.no_grad():  # transformers zero-initializes biases: make them count
+        for name, p in small.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
     return [tiny, small]
 
 
@@ -215,6 +221,12 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
     assert choose_layout(_NoKeep(tiny)) == "padded" and choose_layout(_NoCache(tiny)) == "padded"
     assert choose_layout(_NoCache(tiny), "prefix") == "padded"  # asked of a model without a cache
     assert choose_layout(tiny, "packed") == "packed" and choose_layout(tiny, "padded") == "padded"
+    assert choose_layout(models[1]) == "prefix"  # Qwen2 with its sliding window off
+    from transformers import MistralConfig, MistralForCausalLM
+
+    windowed = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, num_key_value_heads=1, sliding_window=4))
+    assert choose_layout(windowed) == "padded" and choose_layout(windowed, "prefix") == "padded"
     tiny.gradient_checkpointing_enable()  # transformers turns the KV cache off under it, in training
     try:
         assert choose_layout(tiny) == "padded" and choose_layout(tiny, "prefix") == "padded"
