@@ -36,10 +36,15 @@ Note [Constrained outputs on SGLang]
 
 Note [Weight sync that loses nothing]
     ``sync_weights`` saves the model with ``save_pretrained`` into ``weight_dir/v<version>``
-    and calls ``/update_weights_from_disk {model_path, weight_version, flush_cache}`` on every
-    worker. It does **not** call ``/pause_generation`` (whose default mode aborts requests in
-    flight): SGLang's update takes the model-update writer lock, which waits for running
-    ``/generate`` requests to finish, and the trainer syncs only between rollouts anyway.
+    and calls ``/update_weights_from_disk {model_path, weight_version}`` on every worker, then
+    ``/flush_cache?timeout=T`` (the radix cache holds KV of the old weights). It does **not**
+    call ``/pause_generation`` (whose default mode aborts requests in flight): SGLang's update
+    takes the model-update writer lock, which waits for running ``/generate`` requests to
+    finish, and the trainer syncs only between rollouts anyway. The flush is asked separately
+    because SGLang 0.5.23 refuses an update's own flush, failing the call although the weights
+    were loaded, when requests are still queued; ``/flush_cache`` with a timeout waits for the
+    server to be idle (a busy answer is retried until ``timeout``; a server without the route
+    has nothing to flush).
     Every answer's ``meta_info.weight_version`` (and ``weight_versions`` per token span) is
     read back: a completion spanning several versions reports the oldest. ``weight_dir`` keeps
     a manifest (``.srpo-graph-weights.json``) of the folders this backend wrote; only those are
@@ -383,11 +388,13 @@ class SGLangBackend:
         path = Path(model) if isinstance(model, (str, Path)) else self.save_weights(model, version)
         for worker in self.worker_urls:
             answer = self._post(worker, "/update_weights_from_disk", {
-                "model_path": str(path), "weight_version": str(int(version)), "flush_cache": True,
+                "model_path": str(path), "weight_version": str(int(version)), "flush_cache": False,
                 "abort_all_requests": False})
             if not isinstance(answer, dict) or not answer.get("success", False):
                 msg = answer.get("message") if isinstance(answer, dict) else answer
                 raise BackendError(f"sglang: {worker} refused the weight update to {path}: {msg}")
+        for worker in self.worker_urls:
+            self._flush_cache(worker)
         self.weight_version = int(version)
         if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
             keep = {f"v{int(version)}", f"v{int(version) - 1}"}
@@ -396,6 +403,27 @@ class SGLangBackend:
                 if name not in keep:
                     shutil.rmtree(self.weight_dir / name, ignore_errors=True)
             self._write_manifest([n for n in written if n in keep])
+
+    def _flush_cache(self, worker: str) -> None:
+        """Empty ``worker``'s prefix cache once it is idle (Note [Weight sync that loses nothing])."""
+        import httpx
+
+        deadline = time.monotonic() + self.timeout
+        url, attempt = f"{worker}/flush_cache", 0
+        while True:
+            wait = max(0.0, deadline - time.monotonic())
+            try:
+                status, body = self._read(f"{url}?timeout={wait:.1f}", {}, deadline + 5.0)
+            except httpx.HTTPError as exc:
+                raise BackendError(f"sglang: {url} failed after the weight update ({type(exc).__name__}: {exc}); "
+                                   "the new weights are loaded, its prefix cache may hold KV of the old ones") from None
+            if status < 300 or status == 404:  # flushed, or a server without the route (nothing to flush)
+                return
+            if status != 400 or time.monotonic() >= deadline:
+                raise BackendError(f"sglang: {url} answered HTTP {status} after the weight update: "
+                                   f"{body.decode('utf-8', errors='replace')[:300]} (still busy after {self.timeout:g}s?)")
+            time.sleep(min(self.backoff * 2**attempt, 2.0))  # busy (or another flush running): ask again
+            attempt += 1
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -133,6 +133,21 @@ class TransformersBackend:
             sampled_logprobs=torch.tensor([r.logprobs == "sampled" for r in reqs], dtype=torch.bool, device=self.device),
         )
 
+    def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One left-padded forward of ``prompts`` (every prompt ends at the last column): the KV cache,
+        the last logits, the attention mask and the positions."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **self._last_logits_only)
+        return _cache_of(out), out.logits[:, -1, :], mask, positions
+
     def _generate_chunk(self, reqs: Sequence[GenerationRequest]) -> list[Completion]:
         n = len(reqs)
         rows_of: dict[tuple[int, ...], int] = {}  # each distinct prompt -> its row in the prefill
@@ -144,14 +159,6 @@ class TransformersBackend:
                 rows_of[key] = len(prompts)
                 prompts.append(tuple(r.prompt_ids))
             row_of.append(rows_of[key])
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at the last column
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         params = self._row_params(reqs)
         stops = [set(r.stop_token_ids) | set(self.eos_ids) for r in reqs]
         limit = torch.tensor([r.max_new_tokens for r in reqs], device=self.device)
@@ -159,14 +166,15 @@ class TransformersBackend:
         logprobs: list[list[float]] = [[] for _ in reqs]
         finish: list[str | None] = [None] * n
 
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         **self._last_logits_only)
-        past, step = _cache_of(out), 0
-        logits = out.logits[:, -1, :]
+        past, logits, mask, positions = self._prefill(prompts)
+        step = 0
         if len(prompts) < n:  # one prefill per distinct prompt, repeated to its rows
             rows = torch.tensor(row_of, device=self.device)
-            past.batch_select_indices(rows)
-            logits, mask, positions = logits.index_select(0, rows), mask.index_select(0, rows), positions.index_select(0, rows)
+            if hasattr(past, "reorder_cache"):  # every layer kind (attention, linear-attention states), repeats allowed
+                past.reorder_cache(rows)
+                logits, mask, positions = logits.index_select(0, rows), mask.index_select(0, rows), positions.index_select(0, rows)
+            else:  # a cache that cannot repeat rows (legacy tuples): one prefill row per request after all
+                past, logits, mask, positions = self._prefill([tuple(r.prompt_ids) for r in reqs])
         next_pos = positions[:, -1] + 1
         while True:
             tok, lp = sample(logits, params)

@@ -154,31 +154,37 @@ def attention_implementation(model: torch.nn.Module) -> str:
     return ""
 
 
-def _sliding_window(model: torch.nn.Module) -> bool:
-    """Whether some attention layer of ``model`` attends over a sliding window (Mistral-style
-    ``sliding_window``, Qwen2's ``use_sliding_window``, or ``layer_types`` with sliding layers)."""
+def _full_attention_only(model: torch.nn.Module) -> bool:
+    """Whether every layer of ``model`` is plain full attention: no sliding window (Mistral-style
+    ``sliding_window``, Qwen2's ``use_sliding_window``), no chunked attention (Llama 4), no
+    linear-attention or other non-attention layers (``layer_types`` other than ``full_attention``,
+    e.g. Qwen3.5's hybrid), whose cache the prefix layout cannot repeat or whose state its
+    padding would enter."""
     for m in model.modules():
         cfg = getattr(m, "config", None)
         if cfg is None or not hasattr(cfg, "to_dict"):
             continue
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        if any("sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ()):
-            return True
-        return getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True)
-    return False
+        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
+            return False
+        if getattr(cfg, "attention_chunk_size", None) is not None:
+            return False
+        return getattr(cfg, "sliding_window", None) is None or not getattr(cfg, "use_sliding_window", True)
+    return True
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str | None:
     """The name under which ``model.forward`` takes a KV cache (``past_key_values``, or ``cache``
     for the role adapters' wrapper), or None when it takes no cache or no ``attention_mask``, runs
-    with gradient checkpointing (transformers then turns the cache off in training) or attends
-    over a sliding window (the prefix layout is checked on full attention only)."""
+    with gradient checkpointing (transformers then turns the cache off in training) or has a
+    layer that is not plain full attention (:func:`_full_attention_only`)."""
     params = inspect.signature(model.forward).parameters
     if "attention_mask" not in params:
         return None
-    if any(getattr(m, "is_gradient_checkpointing", False) for m in model.modules()):
+    # transformers' own test (``is_activation_checkpointing``): a module flagged ``gradient_checkpointing``
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
         return None
-    if _sliding_window(model):  # a window over the prefix: the repeated cache's masks are not checked for it
+    if not _full_attention_only(model):
         return None
     return next((k for k in ("past_key_values", "cache") if k in params), None)
 
@@ -341,6 +347,9 @@ def _logits_at(model: torch.nn.Module, keep: torch.Tensor, **inputs) -> tuple[to
 # A shared prefix is worth a group only when it saves more than this many token slots: a group
 # costs a row of the prefix forward and a cache row per member (benchmarks/bench_layouts.py).
 MIN_SHARED_TOKENS = 8
+# The most members one group holds: bounds the grouping's dynamic program to O(members x this) when
+# every prompt starts alike (a long system prompt), at the cost of one prefix row per this many.
+MAX_GROUP = 256
 
 
 def _common(a: bytes, b: bytes) -> int:
@@ -366,7 +375,8 @@ def _shared_prefixes(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SH
     turns' context, and a dynamic program over the runs keeps the grouping that skips the most
     prefix tokens (``(size - 1) * prefix`` per group, less ``min_saved``): one group per task
     beats one group per template when the questions are longer than the template. A prefix
-    shorter than ``min_saved`` tokens is not shared.
+    shorter than ``min_saved`` tokens is not shared, and a group holds at most ``MAX_GROUP``
+    members.
 
     Returns:
         (groups, alone): ``(prefix length, members)`` of each group, and the members in none
@@ -395,7 +405,7 @@ def _shared_prefixes(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SH
     for j in range(1, n + 1):
         best[j], cut[j] = best[j - 1], (j - 1, 0)
         common = 1 << 62
-        for i in range(j - 2, -1, -1):  # the group prompts[i..j-1]
+        for i in range(j - 2, max(-1, j - 1 - MAX_GROUP), -1):  # the group prompts[i..j-1]
             common = min(common, lcp[i])
             if common < min_saved:
                 break  # a prefix shorter than min_saved is not shared (and they only get shorter)
@@ -439,6 +449,10 @@ def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: 
         last[torch.arange(len(bucket), device=device), plen - 1] = True  # scores the token after each prefix
         first_logits, pout = _logits_at(model, last, input_ids=b.input_ids[grid].masked_fill(~pvalid, 0),
                                         position_ids=col.expand_as(grid), use_cache=True)
+        cache = _cache_of(pout)
+        if not _can_repeat(cache):  # a cache this layout cannot repeat: these members go the padded way
+            out += _padded_forward(model, b, policy, overhead, mem)
+            continue
         starts = b.member_offsets.index_select(0, mem) + plen.index_select(0, gidx)  # [M] each member's first token after it
         scored = b.loss_mask.index_select(0, starts).nonzero().squeeze(1)  # members whose prompt IS the prefix
         if scored.numel():  # the prefix's last logits score their first completion token
@@ -448,10 +462,7 @@ def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: 
         # score nothing), in length buckets of their own, each attending to its rows of the prefix cache
         rest = b.member_offsets.index_select(0, mem + 1) - starts - 1  # [M]
         todo = (rest > 0).nonzero().squeeze(1)  # a one-token completion right after the prefix: scored above
-        cache = _cache_of(pout)
-        sub_buckets = length_buckets(rest.index_select(0, todo).tolist(), overhead) if _can_repeat(cache) else [
-            list(range(todo.numel()))] if todo.numel() else []
-        for sub in sub_buckets:
+        for sub in length_buckets(rest.index_select(0, todo).tolist(), overhead):
             rows = todo.index_select(0, torch.tensor(sub, dtype=torch.int64, device=device))  # into mem
             r_len, r_start, r_group = rest.index_select(0, rows), starts.index_select(0, rows), gidx.index_select(0, rows)
             scol = torch.arange(int(r_len.max()), device=device)
@@ -467,17 +478,21 @@ def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: 
 
 
 def _can_repeat(cache) -> bool:
-    """Whether :func:`_repeat_cache` can select rows of ``cache`` more than once (transformers >= 4.56
-    caches keep their tensors in ``layers``); older ones are selected once, in place."""
-    return all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in getattr(cache, "layers", [None]))
+    """Whether :func:`_repeat_cache` can repeat ``cache``'s rows: a transformers ``DynamicCache`` of
+    plain key/value layers (>= 4.56). Others (legacy tuples, linear-attention or shared-KV layers,
+    indexed or offloaded caches) are not: the padded layout takes their members."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:  # transformers < 4.56: caches without layers
+        return False
+    layers = list(getattr(cache, "layers", None) or ())
+    return (type(cache) is DynamicCache and bool(layers)
+            and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers))
 
 
 def _repeat_cache(cache, rows: torch.Tensor):
-    """A KV cache whose row r is ``cache``'s row ``rows[r]`` (a gather: gradients flow back to ``cache``).
-    ``cache`` itself is left as it was where :func:`_can_repeat`; otherwise it is that new cache."""
-    if not _can_repeat(cache):
-        cache.batch_select_indices(rows)
-        return cache
+    """A new KV cache whose row r is ``cache``'s row ``rows[r]`` (a gather: gradients flow back to
+    ``cache``, which is left as it was). Only for a cache that :func:`_can_repeat`."""
     return type(cache)(ddp_cache_data=[(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
                                        for layer in cache.layers])
 

@@ -4,7 +4,7 @@ A real HTTP server (stdlib ``ThreadingHTTPServer`` on 127.0.0.1, a free port) th
 documented native API closely enough to test the client's side of the wire
 (shared/reference/sglang.md): ``POST /generate`` with ``input_ids`` and explicit
 ``sampling_params`` (unknown keys -> HTTP 400, as SGLang 0.5.23), ``GET /health``,
-``POST /update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``. Its
+``POST /update_weights_from_disk``, ``/flush_cache``, ``/pause_generation``, ``/continue_generation``. Its
 "model" is a deterministic toy: the next token is a hash of the sequence so far and its
 log-prob is a fixed function of the token, so tests can check the client returns exactly what
 the server sent. Knobs make it fail: answer 503 or drop the connection for the next N
@@ -48,6 +48,8 @@ class FakeSGLang:
         self.pause_routes = pause_routes
         self.retraction_key = retraction_key
         self.weight_version = "default"
+        self.flush_busy = 0  # answer /flush_cache 400 ("requests still running") this many times
+        self.flushes = 0
         self.lock = threading.Lock()
         double = self
 
@@ -98,12 +100,14 @@ class FakeSGLang:
                 if fail:
                     return self._send(503, {"error": "overloaded"})
                 time.sleep(double.delay)
-                route = {"/generate": double.generate, "/update_weights_from_disk": double.update}
+                route = {"/generate": double.generate, "/update_weights_from_disk": double.update,
+                         "/flush_cache": double.flush}
                 if double.pause_routes:
                     route.update({"/pause_generation": lambda b: (200, {}), "/continue_generation": lambda b: (200, {})})
-                if self.path not in route:
+                path = self.path.split("?")[0]
+                if path not in route:
                     return self._send(404, {"detail": "Not Found"})
-                self._send(*route[self.path](body))
+                self._send(*route[path](body))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -117,6 +121,14 @@ class FakeSGLang:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def flush(self, body: dict):
+        with self.lock:
+            if self.flush_busy > 0:
+                self.flush_busy -= 1
+                return 400, {"message": "Cache not flushed because there are pending requests."}
+            self.flushes += 1
+        return 200, {}
 
     def generate(self, body: dict):
         params = body.get("sampling_params", {})

@@ -173,11 +173,14 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
         b = backend(server, weight_dir=tmp_path / "w")
         (tmp_path / "w" / "venv").mkdir(parents=True)  # someone else's folder: never touched
         (tmp_path / "w" / "v99").mkdir()
+        server.flush_busy = 2  # requests still queued: the flush waits and is asked again
         b.sync_weights(model, 3)
-        paths = [p for p, _ in server.requests]
-        assert paths == ["/update_weights_from_disk"]  # no /pause_generation: its default mode aborts requests
+        paths = [p.split("?")[0] for p, _ in server.requests]
+        # no /pause_generation (its default mode aborts requests); the prefix cache flushed once idle
+        assert paths == ["/update_weights_from_disk", "/flush_cache", "/flush_cache", "/flush_cache"]
+        assert server.flushes == 1 and all("?timeout=" in p for p, _ in server.requests[1:])
         body = server.requests[0][1]
-        assert body == {"model_path": str(tmp_path / "w" / "v3"), "weight_version": "3", "flush_cache": True,
+        assert body == {"model_path": str(tmp_path / "w" / "v3"), "weight_version": "3", "flush_cache": False,
                         "abort_all_requests": False}
         assert (tmp_path / "w" / "v3" / "model.safetensors").exists()
         assert b.weight_version == 3
@@ -188,6 +191,11 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
         with pytest.raises(BackendError, match="v99 exists and was not written by srpo-graph"):
             b.sync_weights(model, 99)
         assert (tmp_path / "w" / "v99").is_dir()
+    with FakeSGLang() as server:  # a server that stays busy past the timeout: a clear error
+        b = backend(server, weight_dir=tmp_path / "w2", timeout=1.0)
+        server.flush_busy = 10**6
+        with pytest.raises(BackendError, match="flush_cache answered HTTP 400 after the weight update"):
+            b.sync_weights(model, 1)
 
 
 def test_load_backend_without_a_server_says_where_it_looked_and_how_to_fix_it():

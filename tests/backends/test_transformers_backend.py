@@ -104,6 +104,31 @@ def test_rows_with_one_prompt_share_a_prefill_and_sample_as_if_alone(tiny_backen
             assert max(abs(a - b) for a, b in zip(ref, comp.logprobs)) < 1e-5
 
 
+def test_shared_prefill_on_a_hybrid_linear_attention_model():
+    """A model whose cache holds linear-attention states besides keys and values (Qwen3.5's hybrid
+    layers): rows of one prompt share its prefill there too, and sample what they sample unshared."""
+    import types
+
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from srpo_graph.backends.transformers import TransformersBackend
+
+    torch.manual_seed(0)
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_key_head_dim=8,
+                            linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2,
+                            full_attention_interval=2, eos_token_id=63)
+    model = Qwen3_5ForCausalLM(cfg).eval()
+    tok = types.SimpleNamespace(eos_token_id=63, pad_token_id=0)
+    reqs = [GenerationRequest((1, 2, 3, 4), max_new_tokens=5, seed=s) for s in range(3)] + [
+        GenerationRequest((5, 6), max_new_tokens=5, seed=9), GenerationRequest((1, 2, 3, 4), max_new_tokens=5, seed=11)]
+    shared, unshared = (TransformersBackend(model, tok, share_prefill=x).generate(reqs) for x in (True, False))
+    assert [c.completion_ids for c in shared] == [c.completion_ids for c in unshared]
+    assert len({c.completion_ids for c in shared}) > 2
+    for a, b in zip(shared, unshared):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
 def test_stop_tokens_and_length(tiny_backend):
     tok = tiny_backend.tokenizer
     p = enc(tiny_backend, "<a>1")

@@ -227,11 +227,22 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
     windowed = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                                 num_attention_heads=2, num_key_value_heads=1, sliding_window=4))
     assert choose_layout(windowed) == "padded" and choose_layout(windowed, "prefix") == "padded"
-    tiny.gradient_checkpointing_enable()  # transformers turns the KV cache off under it, in training
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    hybrid = Qwen3_5ForCausalLM(Qwen3_5TextConfig(  # linear-attention layers: a state the prefix padding would enter
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=2, full_attention_interval=2))
+    assert choose_layout(hybrid) == "padded" and choose_layout(hybrid, "prefix") == "padded"
+    # transformers turns the KV cache off under activation (gradient) checkpointing, in training
+    enable, disable = (("activation_checkpointing_enable", "activation_checkpointing_disable")
+                       if hasattr(tiny, "activation_checkpointing_enable") else
+                       ("gradient_checkpointing_enable", "gradient_checkpointing_disable"))
+    getattr(tiny, enable)()
     try:
         assert choose_layout(tiny) == "padded" and choose_layout(tiny, "prefix") == "padded"
     finally:
-        tiny.gradient_checkpointing_disable()
+        getattr(tiny, disable)()
     assert choose_layout(tiny) == "prefix"
     saved = tiny.config._attn_implementation
     try:
@@ -356,3 +367,15 @@ def test_shared_prefixes_is_the_best_grouping_of_sorted_runs(seed):
                 start = i + 1
         best = max(best, total)
     assert got == best, (groups, prompts)
+
+
+def test_prefix_layout_falls_back_to_padded_where_a_cache_cannot_be_repeated(models, batch, monkeypatch):
+    """A cache the prefix layout cannot repeat (a legacy or non-key/value cache): the bucket's members
+    take the padded path, with the same log-probs."""
+    import srpo_graph.srpo.logprobs as lp_mod
+
+    with torch.no_grad():
+        want, _ = packed_logprobs(models, batch, layout="padded")
+        monkeypatch.setattr(lp_mod, "_can_repeat", lambda cache: False)
+        got, _ = packed_logprobs(models, batch, layout="prefix")
+    assert torch.allclose(got, want, atol=1e-6)
