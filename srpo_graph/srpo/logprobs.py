@@ -28,7 +28,9 @@ How the members of one policy are laid out for the forward is a choice of this m
   the prefix padding. Prompts are most of the tokens (72-89% on the CPU study workflows;
   benchmarks/bench_layouts.py has what sharing saves). Members that share nothing take the
   padded path. Needs a model whose forward takes ``attention_mask`` and a KV cache
-  (``past_key_values`` or ``cache``); others get ``padded``.
+  (``past_key_values`` or ``cache``), full attention in every layer (no sliding window, no
+  linear-attention layers) and no gradient checkpointing; others get ``padded``, and so does
+  a bucket whose cache is not plain key/value layers (:func:`_can_repeat`).
 * ``auto`` (the default) -- packed for flash/flex attention, otherwise prefix where the model
   takes a cache, else padded (:func:`choose_layout`).
 
