@@ -28,6 +28,7 @@ sampling and task order: bootstrap interval, exact sign-flip p), then writes ``d
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -205,7 +206,9 @@ def paired_comparison(a: list[float], b: list[float], n: int = 10_000, seed: int
 # --------------------------------------------------------------------------- the workflows
 
 
+@functools.lru_cache(maxsize=None)
 def _workflow(workflow: str):
+    """The parsed ``workflows/<workflow>.wf`` (parsed once: the plan's rules ask for it per cell)."""
     from srpo_graph.lang import load_workflow
 
     return load_workflow(ROOT / "workflows" / f"{workflow}.wf")

@@ -27,7 +27,8 @@ from srpo_graph.backends.sampling import RowParams, sample
 from srpo_graph.errors import BackendError
 
 
-def _cache_of(out: Any) -> Any:
+def cache_of(out: Any) -> Any:
+    """The KV cache of a forward's output: ``cache`` (the role adapters' wrapper), else ``past_key_values``."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
 
@@ -146,7 +147,7 @@ class TransformersBackend:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          **self._last_logits_only)
-        return _cache_of(out), out.logits[:, -1, :], mask, positions
+        return cache_of(out), out.logits[:, -1, :], mask, positions
 
     def _generate_chunk(self, reqs: Sequence[GenerationRequest]) -> list[Completion]:
         n = len(reqs)
@@ -199,7 +200,7 @@ class TransformersBackend:
                 use_cache=True,
                 **{self._cache_kw: past},
             )
-            past, logits, next_pos = _cache_of(out), out.logits[:, -1, :], next_pos + 1
+            past, logits, next_pos = cache_of(out), out.logits[:, -1, :], next_pos + 1
         return [
             Completion(tuple(t), tuple(lp), f or "length", self.weight_version)  # type: ignore[arg-type]
             for t, lp, f in zip(tokens, logprobs, finish)

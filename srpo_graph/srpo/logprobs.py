@@ -429,6 +429,8 @@ def _shared_prefixes(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SH
 def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int) -> list[_Scored]:
     """The ``prefix`` layout (Note [Layouts]): each group's shared prefix runs once, the rest of its
     members attends to the repeated KV cache; the members that share nothing go the padded way."""
+    from srpo_graph.backends.transformers import cache_of
+
     cache_kw = _cache_kwarg(model)
     assert cache_kw is not None  # choose_layout only picks prefix for a model that takes a cache
     members = (b.member_policy == policy).nonzero().squeeze(1)
@@ -451,7 +453,7 @@ def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: 
         last[torch.arange(len(bucket), device=device), plen - 1] = True  # scores the token after each prefix
         first_logits, pout = _logits_at(model, last, input_ids=b.input_ids[grid].masked_fill(~pvalid, 0),
                                         position_ids=col.expand_as(grid), use_cache=True)
-        cache = _cache_of(pout)
+        cache = cache_of(pout)
         if not _can_repeat(cache):  # a cache this layout cannot repeat: these members go the padded way
             out += _padded_forward(model, b, policy, overhead, mem)
             continue
@@ -497,12 +499,6 @@ def _repeat_cache(cache, rows: torch.Tensor):
     ``cache``, which is left as it was). Only for a cache that :func:`_can_repeat`."""
     return type(cache)(ddp_cache_data=[(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
                                        for layer in cache.layers])
-
-
-def _cache_of(out) -> object:
-    """The KV cache of a forward's output (``cache`` for the role adapters' wrapper, else ``past_key_values``)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
 
 
 def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layout: Layout = "auto",
