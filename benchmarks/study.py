@@ -104,7 +104,7 @@ PLANS = {
     "math": Plan("math", ("tinymath_mixed", "tinymath_pipeline", "tinymath_routed", "tinymath_select"),
                  ALL_OBJECTIVES, seeds=5, steps=40),
     # multi-turn search on the word-level searcher (`tiny-search`), the same budget (a run: ~2 min here with
-    # --jobs 2). At 80 steps (a probe, seed 0) train reward kept rising but held-out accuracy did not.
+    # --jobs 2)
     "search": Plan("search", ("tinysearch",), ALL_OBJECTIVES, seeds=5, steps=40),
     # the parallel coordination tasks at K = 2..5 on the (untrained) tiny model, x 7 objectives x 10 seeds
     # (cheap: 10-12 s a run, ~26 min with --jobs 2): one set of K members per episode, one-token members
@@ -290,9 +290,9 @@ def variable_sets_of(workflow: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- one run
 
 
-def _tasks_of(workflow: str) -> tuple[Path, Path]:
+def _tasks_of(workflow: str, root: Path = ROOT) -> tuple[Path, Path]:
     stem = workflow.split("_")[0]  # tinymath_*, tinysearch, coord_par* (the tiny model's toy tasks)
-    return ROOT / "workflows" / "tasks" / f"{stem}.jsonl", ROOT / "workflows" / "tasks" / f"{stem}_eval.jsonl"
+    return root / "workflows" / "tasks" / f"{stem}.jsonl", root / "workflows" / "tasks" / f"{stem}_eval.jsonl"
 
 
 def held_out_accuracy(workflow: str, plan: Plan, seed: int) -> dict[str, float]:
@@ -387,12 +387,23 @@ def _save(path: Path, data: dict) -> None:
     tmp.replace(path)  # atomic: a killed study leaves whole records only
 
 
+def inputs_digest(workflow: str, root: Path = ROOT) -> str:
+    """A digest of what a run of ``workflow`` reads besides the plan and the model: its ``.wf`` file and
+    its train and held-out task files. A saved record is reused only under the same digest, so an
+    edited workflow (a temperature, a prompt) or task file reruns its cells."""
+    h = hashlib.sha256()
+    for path in (root / "workflows" / f"{workflow}.wf", *_tasks_of(workflow, root)):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def _load(path: Path, key: str) -> dict | None:
+    """The record at ``path`` if it was made under ``key`` (``"plan|inputs"``, see :func:`run_study`)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if data.get("plan") == key else None
+    return data if f"{data.get('plan')}|{data.get('inputs')}" == key else None
 
 
 def _start_cell(wf: str, plan: Plan, seed: int, path: Path, key: str) -> dict:
@@ -403,7 +414,7 @@ def _start_cell(wf: str, plan: Plan, seed: int, path: Path, key: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    rec = {"plan": key, "accuracy": held_out_accuracy(wf, plan, seed)}
+    rec = {"plan": key.split("|")[0], "inputs": key.split("|")[1], "accuracy": held_out_accuracy(wf, plan, seed)}
     _save(path, rec)
     return rec
 
@@ -413,7 +424,7 @@ def _run_cell(wf: str, obj: str, seed: int, plan: Plan, runs_dir: Path, path: Pa
     import torch
 
     torch.set_num_threads(1)
-    rec = {**run_one(wf, obj, seed, plan, runs_dir), "plan": key}
+    rec = {**run_one(wf, obj, seed, plan, runs_dir), "plan": key.split("|")[0], "inputs": key.split("|")[1]}
     _save(path, rec)
     return rec
 
@@ -461,7 +472,7 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     # built once, before any worker needs them (the coordination tasks' tiny model builds in a second);
     # the parent decides what a saved record must match (keys), whatever a worker's own imports say
     models = {m: recipe_info(ensure_recipe_model(m, log=log)) for m in sorted({m for wf in plan.workflows for m in recipes_of(wf)})}
-    keys = {wf: plan.key(wf) for wf in plan.workflows}
+    keys = {wf: f"{plan.key(wf)}|{inputs_digest(wf)}" for wf in plan.workflows}
     start: dict = {}
     todo = []
     for wf in plan.workflows:
@@ -706,8 +717,12 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     about = []
     for name, model in data["models"].items():
         users = [wf for wf in math_wfs if name in recipes_of(wf)]
+        stages = model.get("stages") or [{"steps": model["steps"], "final_loss": model["final_loss"]}]
+        sft = " + ".join(f"{st['steps']}" for st in stages) + " SFT steps" + (
+            f" in {len(stages)} stages, final losses " if len(stages) > 1 else ", final loss ") + " / ".join(
+            f"{st['final_loss']:.3f}" for st in stages)
         about.append(f"Model `{name}` ({', '.join(users)}): {model['parameters']:,} parameters, pre-trained locally in "
-                     f"{model['build_seconds']} s ({model['steps']} SFT steps, final loss {model['final_loss']:.3f}).")
+                     f"{model['build_seconds']} s ({sft}).")
     if math_wfs:
         steps, lr, samples = plan.budget(math_wfs[0])
         about.append(f"Budget on these workflows, the same for every objective: {steps} steps of {plan.tasks_per_step} "

@@ -98,6 +98,37 @@ def test_build_is_deterministic_cached_and_loads_like_any_causal_lm(tmp_path, sm
     assert tok("a\nb", add_special_tokens=False)["input_ids"] == [R.VOCAB.index(c) for c in "a\nb"]
 
 
+def test_a_later_stage_continues_from_the_first_stages_weights(tmp_path, small_recipe, monkeypatch):
+    """A stage trains the previous stage's model: at lr 0 it leaves the weights bit for bit as the
+    one-stage build made them; at lr > 0 it moves them; ``info`` records every stage."""
+    import torch
+    from safetensors.torch import load_file
+
+    one = load_file(str(R.ensure_recipe_model("tiny-reason", tmp_path / "one") / "model.safetensors"))
+    weights = {}
+    for lr in (0.0, 1e-2):
+        staged = replace(small_recipe, stages=(R.Stage(R.search_reading_examples, 16, 3, lr),))
+        monkeypatch.setitem(R.RECIPES, "tiny-reason", staged)
+        path = R.ensure_recipe_model("tiny-reason", tmp_path / f"lr{lr}")
+        weights[lr] = load_file(str(path / "model.safetensors"))
+        info = R.recipe_info(path)
+        assert info["steps"] == small_recipe.steps + 3 and [s["steps"] for s in info["stages"]] == [6, 3]
+    assert all(torch.equal(one[k], weights[0.0][k]) for k in one)
+    assert any(not torch.equal(one[k], weights[1e-2][k]) for k in one)
+
+
+def test_reading_examples_are_answer_turns_over_renamed_worlds_only():
+    pairs = R.search_reading_examples(random.Random(0), 300)
+    assert len(pairs) == 300 and pairs == R.search_reading_examples(random.Random(0), 300)
+    shipped = {d["text"] for d in R.corpus_docs()}
+    passages = []
+    for prompt, completion in pairs:
+        assert completion.startswith("answer: ") and not prompt.endswith("<d><s>")
+        passages += [line.split(": ", 1)[1] for line in prompt.split("<d>", 1)[1].removesuffix("<s>").split("\n")]
+    # renamed worlds: reading, not remembering (a short passage, a flag's, can match a shipped one by chance)
+    assert sum(p in shipped for p in passages) < 0.05 * len(passages)
+
+
 def test_a_stale_or_other_version_is_rebuilt(tmp_path, small_recipe):
     target = tmp_path / "m"
     target.mkdir()
@@ -193,9 +224,11 @@ def test_tiny_search_builds_and_loads_like_any_model(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     small = replace(R.RECIPES["tiny-search"], hidden=32, intermediate=64, layers=1, heads=2, num_examples=200,
-                    steps=4, batch_size=8)
+                    steps=4, batch_size=8,
+                    stages=tuple(replace(s, num_examples=40, steps=2) for s in R.RECIPES["tiny-search"].stages))
     monkeypatch.setitem(R.RECIPES, "tiny-search", small)
     path = R.ensure_recipe_model("tiny-search", tmp_path / "s")
+    assert [s["steps"] for s in R.recipe_info(path)["stages"]] == [4, 2, 2]  # the read and the refresh stages
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
     assert model.config.vocab_size == len(R.word_vocabulary()) == len(tok)
     text = "<k>what is the capital of rira?<d><s>"

@@ -126,6 +126,33 @@ def test_unconstrained_and_constrained_requests_share_a_batch(sglang_url, tiny_d
     b.close()
 
 
+def test_samples_follow_the_policy_distribution_at_each_temperature(sglang_url, tiny_dir, tok, model):
+    """What the log-prob tests cannot see: that the server *samples* from the distribution it reports
+    (and the trainer recomputes). 1,000 one-token draws per (prompt, temperature) against the fp32
+    softmax over the allowed digits: total variation within sampling noise (expected ~0.04 at the
+    flattest row; 0.09 is ~5 of its standard deviations), and at T=0.25 far from the T=1 distribution
+    (a server that ignored the temperature would land there: TV 0.4-0.6 apart)."""
+    b = client(sglang_url, tiny_dir)
+    digits = tuple(tok.convert_tokens_to_ids(str(d)) for d in range(10))
+    n = 1000
+    for text in ("<a>7", "<b>3"):
+        prompt = tuple(tok(text)["input_ids"])
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt])).logits[0, -1, list(digits)].double()
+        for temperature in (1.0, 0.25):
+            comps = b.generate([GenerationRequest(prompt, 1, temperature=temperature, allowed_token_ids=digits)
+                                for _ in range(n)])
+            counts = torch.zeros(len(digits), dtype=torch.float64)
+            for c in comps:
+                counts[digits.index(c.completion_ids[0])] += 1
+            want = torch.softmax(logits / temperature, -1)
+            tv = 0.5 * (counts / n - want).abs().sum().item()
+            assert tv < 0.09, (text, temperature, tv, (counts / n).tolist(), want.tolist())
+            if temperature != 1.0:
+                assert 0.5 * (counts / n - torch.softmax(logits, -1)).abs().sum().item() > 0.2
+    b.close()
+
+
 def _perturbed(model_dir, out_dir, scale: float = 3.0, seed: int = 0):
     """A copy of the model with every weight perturbed: other outputs, same architecture."""
     from transformers import AutoModelForCausalLM

@@ -97,7 +97,12 @@ def _one_thread():
 
 
 def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_left):
-    """One command: servers launched, reward from chance (~0.1) to >= 0.6, servers stopped."""
+    """One command: servers launched, the reward rises well above chance (~0.1), servers stopped.
+
+    SGLang's CPU path does not honour seeds, so every run is a different draw: over 5 runs of these
+    60 steps the last 10 steps' mean reward was 0.48-0.96 (10 seeded runs on the embedded backend:
+    0.89-0.96), from 0.10-0.12 over the first 5. A run whose server never gets the new weights, or
+    samples off the policy, stays at chance; the bar (+0.25 over the first steps) sits between."""
     from srpo_graph.train.trainer import train
 
     require_sglang()
@@ -106,7 +111,7 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     no_servers_left()
     rows = _metrics(run)
     first = sum(r["reward"] for r in rows[:5]) / 5
-    assert first < 0.3 and summary.final_reward >= 0.6, (first, summary.final_reward)
+    assert first < 0.3 and summary.final_reward >= first + 0.25, (first, summary.final_reward)
     assert all(r["rollout/backend_failures"] == 0 and r["rollout/stale_outputs"] == 0 for r in rows)
     assert all(r["mismatch/a/max_abs"] < 0.05 and r["mismatch/b/max_abs"] < 0.05 for r in rows)  # bf16 vs fp32
     assert 'mismatch = "tis"' in (run / "config.toml").read_text()  # on by default for sglang

@@ -42,7 +42,8 @@ def reason_model(tmp_path_factory):
         mp.setenv("SRPO_GRAPH_HOME", str(tmp_path_factory.mktemp("home")))
         for name in ("tiny-reason", "tiny-search"):
             small = replace(recipes.RECIPES[name], hidden=32, intermediate=64, layers=1, heads=2,
-                            num_examples=400, steps=20, batch_size=8, version=10_002)
+                            num_examples=400, steps=20, batch_size=8, version=10_002,
+                            stages=tuple(replace(s, num_examples=40, steps=3) for s in recipes.RECIPES[name].stages))
             mp.setitem(recipes.RECIPES, name, small)
         yield {name: recipes.ensure_recipe_model(name) for name in ("tiny-reason", "tiny-search")}
 
@@ -125,6 +126,34 @@ def test_study_statistics():
     assert {wf for name in study.FULL for wf in study.PLANS[name].workflows} >= {
         "tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch",
         "coord_par2", "coord_par3", "coord_par4", "coord_par5"}
+
+
+def test_study_reuses_a_record_only_for_the_same_workflow_and_task_files(tmp_path):
+    """Editing a workflow (a temperature) or a task file reruns its cells: the record's inputs digest."""
+    import shutil
+
+    study = _study()
+    (tmp_path / "workflows" / "tasks").mkdir(parents=True)
+    shutil.copy(ROOT / "workflows" / "tinysearch.wf", tmp_path / "workflows")
+    for f in ("tinysearch.jsonl", "tinysearch_eval.jsonl"):
+        shutil.copy(ROOT / "workflows" / "tasks" / f, tmp_path / "workflows" / "tasks")
+    before = study.inputs_digest("tinysearch", tmp_path)
+    assert before == study.inputs_digest("tinysearch", ROOT) != study.inputs_digest("tinymath_mixed", ROOT)
+    key = f"{study.PLANS['search'].key('tinysearch')}|{before}"
+    rec = tmp_path / "seed0.json"
+    study._save(rec, {"plan": key.split("|")[0], "inputs": before, "reward": [0.1]})
+    assert study._load(rec, key)["reward"] == [0.1]
+    wf = tmp_path / "workflows" / "tinysearch.wf"
+    edited = re.sub(r"temperature: [0-9.]+", "temperature: 0.9", wf.read_text())
+    assert edited != wf.read_text()
+    wf.write_text(edited)
+    after = study.inputs_digest("tinysearch", tmp_path)
+    assert after != before and study._load(rec, f"{key.split('|')[0]}|{after}") is None
+    tasks = tmp_path / "workflows" / "tasks" / "tinysearch_eval.jsonl"
+    tasks.write_text(tasks.read_text().splitlines(keepends=True)[0])
+    assert study.inputs_digest("tinysearch", tmp_path) not in (before, after)
+    study._save(rec, {"plan": key.split("|")[0], "reward": [0.1]})  # a record from before digests: rerun
+    assert study._load(rec, key) is None
 
 
 def test_study_skips_only_objectives_that_are_another_ones_run():
