@@ -397,16 +397,16 @@ def inputs_digest(workflow: str, root: Path = ROOT) -> str:
     return h.hexdigest()[:12]
 
 
-def _load(path: Path, key: str) -> dict | None:
-    """The record at ``path`` if it was made under ``key`` (``"plan|inputs"``, see :func:`run_study`)."""
+def _load(path: Path, key: tuple[str, str]) -> dict | None:
+    """The record at ``path`` if it was made under ``key``: (the plan's key, the inputs' digest)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if f"{data.get('plan')}|{data.get('inputs')}" == key else None
+    return data if (data.get("plan"), data.get("inputs")) == key else None
 
 
-def _start_cell(wf: str, plan: Plan, seed: int, path: Path, key: str) -> dict:
+def _start_cell(wf: str, plan: Plan, seed: int, path: Path, key: tuple[str, str]) -> dict:
     """One (workflow, seed)'s held-out accuracy before RL, saved to ``path`` (a worker's job).
 
     ``key`` is the plan's key as the parent process computed it: the parent decides what a saved
@@ -414,17 +414,17 @@ def _start_cell(wf: str, plan: Plan, seed: int, path: Path, key: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    rec = {"plan": key.split("|")[0], "inputs": key.split("|")[1], "accuracy": held_out_accuracy(wf, plan, seed)}
+    rec = {"plan": key[0], "inputs": key[1], "accuracy": held_out_accuracy(wf, plan, seed)}
     _save(path, rec)
     return rec
 
 
-def _run_cell(wf: str, obj: str, seed: int, plan: Plan, runs_dir: Path, path: Path, key: str) -> dict:
+def _run_cell(wf: str, obj: str, seed: int, plan: Plan, runs_dir: Path, path: Path, key: tuple[str, str]) -> dict:
     """One cell's run, saved to ``path`` (a worker's job; ``key`` as in :func:`_start_cell`)."""
     import torch
 
     torch.set_num_threads(1)
-    rec = {**run_one(wf, obj, seed, plan, runs_dir), "plan": key.split("|")[0], "inputs": key.split("|")[1]}
+    rec = {**run_one(wf, obj, seed, plan, runs_dir), "plan": key[0], "inputs": key[1]}
     _save(path, rec)
     return rec
 
@@ -472,7 +472,7 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     # built once, before any worker needs them (the coordination tasks' tiny model builds in a second);
     # the parent decides what a saved record must match (keys), whatever a worker's own imports say
     models = {m: recipe_info(ensure_recipe_model(m, log=log)) for m in sorted({m for wf in plan.workflows for m in recipes_of(wf)})}
-    keys = {wf: f"{plan.key(wf)}|{inputs_digest(wf)}" for wf in plan.workflows}
+    keys = {wf: (plan.key(wf), inputs_digest(wf)) for wf in plan.workflows}
     start: dict = {}
     todo = []
     for wf in plan.workflows:

@@ -139,20 +139,20 @@ def test_study_reuses_a_record_only_for_the_same_workflow_and_task_files(tmp_pat
         shutil.copy(ROOT / "workflows" / "tasks" / f, tmp_path / "workflows" / "tasks")
     before = study.inputs_digest("tinysearch", tmp_path)
     assert before == study.inputs_digest("tinysearch", ROOT) != study.inputs_digest("tinymath_mixed", ROOT)
-    key = f"{study.PLANS['search'].key('tinysearch')}|{before}"
+    key = (study.PLANS["search"].key("tinysearch"), before)
     rec = tmp_path / "seed0.json"
-    study._save(rec, {"plan": key.split("|")[0], "inputs": before, "reward": [0.1]})
+    study._save(rec, {"plan": key[0], "inputs": before, "reward": [0.1]})
     assert study._load(rec, key)["reward"] == [0.1]
     wf = tmp_path / "workflows" / "tinysearch.wf"
     edited = re.sub(r"temperature: [0-9.]+", "temperature: 0.9", wf.read_text())
     assert edited != wf.read_text()
     wf.write_text(edited)
     after = study.inputs_digest("tinysearch", tmp_path)
-    assert after != before and study._load(rec, f"{key.split('|')[0]}|{after}") is None
+    assert after != before and study._load(rec, (key[0], after)) is None
     tasks = tmp_path / "workflows" / "tasks" / "tinysearch_eval.jsonl"
     tasks.write_text(tasks.read_text().splitlines(keepends=True)[0])
     assert study.inputs_digest("tinysearch", tmp_path) not in (before, after)
-    study._save(rec, {"plan": key.split("|")[0], "reward": [0.1]})  # a record from before digests: rerun
+    study._save(rec, {"plan": key[0], "reward": [0.1]})  # a record from before digests: rerun
     assert study._load(rec, key) is None
 
 
