@@ -301,18 +301,16 @@ def held_out_accuracy(workflow: str, plan: Plan, seed: int) -> dict[str, float]:
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
+    from srpo_graph.train.evaluate import score
 
     wf = load_workflow(ROOT / "workflows" / f"{workflow}.wf")
     tasks = load_tasks(_tasks_of(workflow)[1], wf)[: plan.eval_tasks]
     backends = {p.name: load_backend("transformers", resolve_model(p.model), device="cpu") for p in wf.policies}
     # the trainer's eval seed rule for step 0 (config.seed * 7919 + step)
     res = run(wf, tasks, backends, samples=plan.eval_samples, seed=seed * 7919)
-    family = {t.id: str(t.fields.get("family") or t.fields.get("kind") or "all") for t in tasks}
-    by: dict[str, list[float]] = defaultdict(list)
-    for ep in res.episodes:
-        by["all"].append(ep.reward)
-        by[family[ep.task_id]].append(ep.reward)
-    return {k: sum(v) / len(v) for k, v in sorted(by.items())}
+    # scored by `srpo-graph eval`'s code, as the trainer's evaluations are (Avg@k overall and per family)
+    rep = score(wf, res.episodes, tasks, samples=plan.eval_samples, seed=seed * 7919)
+    return dict(sorted({"all": rep.overall.avg.value, **{f: g.avg.value for f, g in rep.by_family.items()}}.items()))
 
 
 def _route_shares(run_dir: Path, route: tuple[str, ...]) -> dict[str, dict[str, float]]:

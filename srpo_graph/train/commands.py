@@ -221,4 +221,6 @@ def export_adapter_command(source, out, policy, dtype):
     click.echo(f"wrote {export_adapter(source, policy, out, dtype=dtype)} (load it with from_pretrained)")
 
 
-COMMANDS: list = [train_command, export_adapter_command]
+from srpo_graph.train.eval_run import eval_command  # noqa: E402  (its own module: evaluation)
+
+COMMANDS: list = [train_command, export_adapter_command, eval_command]

@@ -44,6 +44,7 @@ from srpo_graph.train import fsdp, lora
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
+from srpo_graph.train.evaluate import score
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.progress import ProgressBar
@@ -322,8 +323,10 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                 rewards.append(record["reward"])
                 if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
                     t0 = time.perf_counter()
-                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, config.seed * 7919 + step, dist, config.eval.samples)
-                    record["eval/reward"] = sum(e.reward for e in eps) / max(1, len(eps))
+                    eval_seed = config.seed * 7919 + step
+                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, eval_seed, dist, config.eval.samples)
+                    # evaluate.py: eval/reward (Avg@k, the flat mean over episodes), its interval, Pass@k
+                    record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())
                     record["time/eval"] = time.perf_counter() - t0
                     evals.append((step, record["eval/reward"]))
                 state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
