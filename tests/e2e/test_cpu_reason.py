@@ -24,7 +24,7 @@ from srpo_graph.train.metrics import read_metrics
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch")
+CPU_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch", "tinysearch_k5")
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,12 @@ def reason_model(tmp_path_factory):
 @pytest.mark.parametrize("name", CPU_WORKFLOWS)
 def test_cpu_workflows_check_with_their_set_sizes(name):
     wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
-    assert [p.model for p in wf.policies] == ["tiny-search" if name == "tinysearch" else "tiny-reason"]
+    assert [p.model for p in wf.policies] == ["tiny-search" if name.startswith("tinysearch") else "tiny-reason"]
     sizes = {t.name: t.set_sizes for t in wf.transitions}
     if name == "tinymath_mixed":
         assert sizes == {"gather": (2,), "decide": (1,)}
+    if name == "tinysearch_k5":  # five searchers consumed together, then the reader alone
+        assert sizes == {"search": (5,), "read": (1,)}
     if name == "tinymath_select":  # the router picks the set: one solver or both
         assert sizes == {"dispatch": (1,), "gather": (1, 2), "decide": (1,)}
 
@@ -85,7 +87,7 @@ def test_cpu_workflow_trains_one_step_on_the_pretrained_model(name, reason_model
     # multi-token members: the solvers and searchers wrote more than one token each
     assert row["tokens"] > 2 * row["events"] * 3
     after = load_file(str(Path(summary.run_dir) / "checkpoints" / "step_1" / "policies" / "m" / "model.safetensors"))
-    model = reason_model["tiny-search" if name == "tinysearch" else "tiny-reason"]
+    model = reason_model["tiny-search" if name.startswith("tinysearch") else "tiny-reason"]
     before = load_file(str(model / "model.safetensors"))
     changed = any(not torch.equal(before[k], after[k]) for k in before if k in after)
     # a group whose rewards all agree has advantage 0 and must not move the weights; any signal must
@@ -206,7 +208,7 @@ def _rollout(workflow: str, reason_model, samples: int = 4):
 
 
 @pytest.mark.parametrize("workflow", ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select",
-                                      "tinysearch", "coord_par2", "coord_par4"))
+                                      "tinysearch", "tinysearch_k5", "coord_par2", "coord_par4"))
 def test_the_studys_identities_hold_on_real_rollouts(workflow, reason_model):
     """Where the study says an objective is another one's run, the two compile to the same advantages and
     give the same loss and gradient on a real rollout (so training is the same, bit for bit); the
@@ -321,3 +323,21 @@ def test_paper_scale_workflows_and_configs_check(name):
     assert (ROOT / cfg.rollout.tasks).is_file() and (ROOT / cfg.rollout.eval_tasks).is_file()
     sizes = {t.name: len(t.consume) for t in wf.transitions}
     assert sizes == ({"dispatch": 1, "gather": 3, "decide": 1} if name.startswith("math") else {"search": 5, "read": 1})
+
+
+@pytest.mark.slow
+def test_k5_search_evaluates_by_route_and_reader(reason_model, tmp_path):
+    """``srpo-graph eval``'s code on the K = 5 workflow (the shrunk ``tiny-search``): every episode starts
+    with the five searchers' set, then the reader; the reward reads the reader, so it is the answering
+    agent; routes count the rounds. (The real model's starting accuracy is measured by the study.)"""
+    from srpo_graph.train.eval_run import Source, evaluate_source
+
+    rep, eps = evaluate_source(ROOT / "workflows" / "tinysearch_k5.wf", Source("base", "base"), None, samples=2,
+                               seed=0, num_tasks=4, out=tmp_path)
+    assert rep.overall.episodes == 8 and rep.statuses.get("failed", 0) == 0
+    for e in eps:
+        first = min(e.transitions, key=lambda t: t.step)
+        assert first.name == "search" and len(first.consumed) == 5
+    assert all(r.startswith("search > read") for r in rep.by_route), rep.by_route.keys()
+    assert set(rep.by_agent) == {"reader"}
+    assert sum(g.episodes for g in rep.by_route.values()) == 8
