@@ -69,6 +69,25 @@ class Plan:
     coord_steps: int = 40
     coord_lr: float = 1e-3
     coord_samples: int = 8
+    # seeds seed_offset .. seed_offset + seeds - 1 (`--seed-offset`: a replication on disjoint seeds
+    # saves its records beside the first ones, seed<k>.json, and writes its own section of the page)
+    seed_offset: int = 0
+    # (workflow, objectives) pairs: a workflow run under fewer objectives than the plan's (the K = 1
+    # baseline of the k5 plan runs `srpo` alone)
+    objectives_on: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # ((workflow, objective), (workflow, objective)) pairs compared seed by seed besides the `vs srpo`
+    # columns (K = 5 against K = 1)
+    contrasts: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The seeds this plan runs."""
+        return list(range(self.seed_offset, self.seed_offset + self.seeds))
+
+    @property
+    def section(self) -> str:
+        """The name of the plan's section of the results page (a replication's names its seeds)."""
+        return self.name if not self.seed_offset else f"{self.name}-seeds{self.seed_offset}-{self.seed_list[-1]}"
 
     def key(self, workflow: str) -> str:
         """What a saved run of ``workflow`` must match to be reused: everything but the lists of cells,
@@ -76,7 +95,8 @@ class Plan:
         from srpo_graph.backends.recipes import RECIPES
 
         d = asdict(self)
-        for k in ("name", "workflows", "objectives", "seeds"):
+        # what selects cells, not how a cell runs (and fields added later: old records stay valid)
+        for k in ("name", "workflows", "objectives", "seeds", "seed_offset", "objectives_on", "contrasts"):
             d.pop(k)
         d["model"] = "+".join(f"{m}-v{RECIPES[m].version}" for m in recipes_of(workflow) or (MODEL,))
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
@@ -90,7 +110,8 @@ class Plan:
     def cells(self, workflow: str) -> tuple[str, ...]:
         """The objectives run on ``workflow``, less those that are the same run as another one there
         (:func:`same_as`): they are not rerun, and the tables say whose run they are."""
-        return tuple(o for o in self.objectives if same_as(workflow, o, self.objectives) is None)
+        only = dict(self.objectives_on).get(workflow, self.objectives)
+        return tuple(o for o in self.objectives if o in only and same_as(workflow, o, self.objectives) is None)
 
 
 ALL_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch")
@@ -120,6 +141,14 @@ PLANS = {
                   steps=6, eval_every=3, eval_tasks=32, tasks_per_step=4, samples=4),
     # does RL help at all? SRPO alone on the three math workflows, 3 seeds
     "learn": Plan("learn", ("tinymath_routed", "tinymath_mixed", "tinymath_pipeline"), ("srpo",), seeds=3, steps=40),
+    # the paper's K = 5 ablation (Note [The K = 5 ablation]): sqrt K vs sum vs mean, GRPO and Dr. MAS on five
+    # searchers consumed together, SRPO on one searcher (K = 1); one budget; Avg@16 on the held-out questions
+    "k5": Plan("k5", ("tinysearch_k5", "tinysearch"), ("srpo", "srpo_sum", "srpo_mean", "grpo", "dr_mas"), seeds=10,
+               steps=20, eval_every=20, eval_tasks=64, eval_samples=16,
+               objectives_on=(("tinysearch", ("srpo",)),),
+               contrasts=((("tinysearch", "srpo"), ("tinysearch_k5", "srpo")),
+                          (("tinysearch_k5", "srpo_mean"), ("tinysearch_k5", "srpo")),
+                          (("tinysearch_k5", "srpo_sum"), ("tinysearch_k5", "srpo")))),
     # CI: every code path once (two objectives, one workflow, 2 seeds, 2 steps)
     "smoke": Plan("smoke", ("tinymath_mixed",), ("srpo", "grpo"), seeds=2, steps=2, tasks_per_step=2, samples=2,
                   epochs=1, eval_every=2, eval_tasks=4, eval_samples=1),
@@ -128,6 +157,20 @@ PLANS = {
 # the full study (no flag): these plans in turn, each writing its own section of docs/results.md and
 # saving its runs under runs/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle 2-core machine)
 FULL = ("math", "coord", "search")
+
+# Note [The K = 5 ablation]. The paper's distinctive claim (Avg@16 on multi-turn search, five searchers
+# consumed together: sqrt K 40.1 > sum 38.6 > K = 1 37.2 > mean 34.7) on tinysearch_k5.wf, with the K = 1
+# baseline tinysearch.wf, both on `tiny-search`. The budget is the search plan's (8 tasks x G = 8, 2 epochs,
+# lr 1e-4: Note [One learning rate], never tuned for one objective) for 20 steps, and one evaluation at the
+# end: 64 held-out questions x 16 samples, Avg@16, scored by `srpo-graph eval`'s code (the trainer's
+# eval.every); before RL likewise. Sized (not measured: the plan has not run yet) from the search plan's 2
+# min per K = 1 run of 40 steps: a K = 5 episode generates ~4x the tokens (five searchers and a reader per
+# round), so ~4 min per K = 5 run of 20 steps plus ~1 min per Avg@16 evaluation; 50 K = 5 runs, 10 K = 1
+# runs and 20 evaluations before RL: ~2.2 h with --jobs 2. `--seed-offset 100` replicates it on seeds
+# 100-109. The power estimate (`seeds_needed`) from the search plan's per-seed differences to srpo (sd
+# 0.011-0.023, 5 seeds, docs/results.md) says 7-21 seeds resolve 1.5 points on K = 1 search, so 10 seeds
+# resolve gaps of ~1.1-2.3 points there; K = 5's own spread is unknown until the plan runs, and its section
+# prints the estimate per comparison.
 
 # Note [One learning rate]. One budget for every objective and math workflow: lr 1e-4, 8 tasks x
 # G = 8 samples per step, 2 epochs. It replaced lr 3e-4 with G = 4 (the first study's), under which
@@ -146,6 +189,10 @@ FULL = ("math", "coord", "search")
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
         2.045, 2.042)
+# one-sided 80% t quantiles (the power term), df = 1..30 (df > 30: 0.8416)
+T80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870, 0.868, 0.866,
+       0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
+EFFECT = 0.015  # the paper's smallest gap in its K = 5 ablation: sqrt K 40.1 vs sum 38.6 Avg@16 (1.5 points)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -162,6 +209,26 @@ def mean_ci(xs: list[float]) -> tuple[float, float]:
         return m, float("nan")
     t = T975[len(xs) - 2] if len(xs) - 1 <= len(T975) else 1.96
     return m, t * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def seeds_needed(sd_diff: float, effect: float = EFFECT, max_seeds: int = 10_000) -> int:
+    """Seeds a paired comparison needs to resolve a true mean difference ``effect`` (two-sided 5%
+    test, 80% power) when per-seed differences spread with standard deviation ``sd_diff``: the
+    smallest n with ``n >= ((t_.975,n-1 + t_.80,n-1) * sd / effect)^2`` (the paired t-test's sample
+    size, iterated because t depends on n), and at least 6 (the sign-flip test's smallest p with n
+    seeds is 2 / 2^n, above 0.05 below 6). ``max_seeds`` when ``effect`` is 0 or the spread nan.
+
+    >>> seeds_needed(0.0), seeds_needed(0.015), seeds_needed(0.03)
+    (6, 10, 32)
+    """
+    if not effect or not math.isfinite(sd_diff):
+        return max_seeds
+    for n in range(6, max_seeds):
+        df = n - 1
+        t = (T975[df - 1] if df <= len(T975) else 1.96) + (T80[df - 1] if df <= len(T80) else 0.8416)
+        if n >= (t * sd_diff / effect) ** 2:
+            return n
+    return max_seeds
 
 
 def sign_flip_p(diffs: list[float], n: int = 100_000, seed: int = 0) -> float:
@@ -474,7 +541,7 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     start: dict = {}
     todo = []
     for wf in plan.workflows:
-        for seed in range(plan.seeds):
+        for seed in plan.seed_list:
             path = runs_dir / wf / f"start-seed{seed}.json"
             rec = None if fresh else _load(path, keys[wf])
             if rec is None:
@@ -485,9 +552,9 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     for (wf, seed, _), rec in zip(todo, done):
         start[(wf, seed)] = rec["accuracy"]
     for wf in plan.workflows:
-        log(f"{wf}: held-out accuracy before RL {statistics.mean(start[(wf, s)]['all'] for s in range(plan.seeds)):.3f}")
+        log(f"{wf}: held-out accuracy before RL {statistics.mean(start[(wf, s)]['all'] for s in plan.seed_list):.3f}")
     # seed outer, objective inner: machine load drifts over hours and should hit all objectives alike
-    cells = [(wf, obj, seed) for seed in range(plan.seeds) for wf in plan.workflows for obj in plan.cells(wf)]
+    cells = [(wf, obj, seed) for seed in plan.seed_list for wf in plan.workflows for obj in plan.cells(wf)]
     saved: dict = {}
     for wf, obj, seed in cells:
         rec = None if fresh else _load(runs_dir / wf / obj / f"seed{seed}.json", keys[wf])
@@ -532,7 +599,7 @@ def analyze(plan: Plan, data: dict) -> list[dict]:
     rows = []
     for wf in plan.workflows:
         base = sorted(cells.get((wf, "srpo"), []), key=lambda r: r["seed"])
-        start = [data["start"][f"{wf}/{s}"]["all"] for s in range(plan.seeds)]
+        start = [data["start"][f"{wf}/{s}"]["all"] for s in plan.seed_list]
         for obj in plan.cells(wf):
             rs = sorted(cells.get((wf, obj), []), key=lambda r: r["seed"])
             if not rs:
@@ -555,10 +622,56 @@ def analyze(plan: Plan, data: dict) -> list[dict]:
             area = [mean_accuracy(r) for r in rs]
             row["area"], row["area_ci"] = mean_ci(area)
             if obj != "srpo" and len(base) == len(rs):
-                row["vs_srpo"] = paired_comparison(acc, [final_accuracy(r) for r in base])
+                base_acc = [final_accuracy(r) for r in base]
+                row["vs_srpo"] = paired_comparison(acc, base_acc)
                 row["area_vs_srpo"] = paired_comparison(area, [mean_accuracy(r) for r in base])
+                # the power estimate: seeds that would resolve the paper's 1.5-point gap at this spread
+                diffs = [a - b for a, b in zip(acc, base_acc)]
+                row["sd_diff"] = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
+                row["seeds_needed"] = seeds_needed(row["sd_diff"])
             rows.append(row)
     return rows
+
+
+def contrasts(plan: Plan, data: dict) -> list[dict]:
+    """The plan's extra paired comparisons (``Plan.contrasts``: K = 5 against K = 1), seed by seed:
+    B - A in final held-out accuracy, its bootstrap interval, the sign-flip p, and the power estimate."""
+    out = []
+    by = {(r["workflow"], r["objective"], r["seed"]): r for r in data["runs"]}
+    for a, b in plan.contrasts:
+        seeds = [s for s in plan.seed_list if (*a, s) in by and (*b, s) in by]
+        if not seeds:
+            continue
+        xa = [final_accuracy(by[(*a, s)]) for s in seeds]
+        xb = [final_accuracy(by[(*b, s)]) for s in seeds]
+        sd = statistics.stdev([y - x for x, y in zip(xa, xb)]) if len(seeds) > 1 else float("nan")
+        out.append({"a": list(a), "b": list(b), "seeds": len(seeds), "diff": paired_comparison(xb, xa),
+                    "sd_diff": sd, "seeds_needed": seeds_needed(sd)})
+    return out
+
+
+def replication_lines(original: list[dict], rows: list[dict]) -> list[str]:
+    """For every comparison the original seeds reported as significant (p < 0.05: final accuracy or area
+    vs srpo), whether it held on these (disjoint) seeds: same sign and p < 0.05, or not."""
+    new = {(r["workflow"], r["objective"]): r for r in rows}
+    lines = []
+    for r in original:
+        for key, what in (("vs_srpo", "final accuracy"), ("area_vs_srpo", "area")):
+            if key not in r or r[key][3] >= 0.05:
+                continue
+            d0, p0 = r[key][0], r[key][3]
+            m = new.get((r["workflow"], r["objective"]), {}).get(key)
+            if m is None:
+                verdict = "not rerun here"
+            elif (m[0] > 0) == (d0 > 0) and m[3] < 0.05:
+                verdict = f"**held**: {m[0]:+.3f}, {_p(m[3])}"
+            elif (m[0] > 0) == (d0 > 0):
+                verdict = f"**did not hold** (same sign, not significant): {m[0]:+.3f}, {_p(m[3])}"
+            else:
+                verdict = f"**did not hold** (reversed): {m[0]:+.3f}, {_p(m[3])}"
+            lines.append(f"- {r['workflow']} `{r['objective']}` vs `srpo`, {what}: {d0:+.3f}, {_p(p0)} on the first "
+                         f"seeds; on these seeds {verdict}")
+    return lines
 
 
 # --------------------------------------------------------------------------- plots + doc
@@ -585,10 +698,10 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
 
     img_dir.mkdir(parents=True, exist_ok=True)
     colour = {obj: f"C{i}" for i, obj in enumerate(plan.objectives)}
-    curves = img_dir / f"study_{plan.name}_curves.png"
+    curves = img_dir / f"study_{plan.section}_curves.png"
     fig, axes = _grid(len(plan.workflows), 4.6, 3.6)
     for ax, wf in zip(axes, plan.workflows):
-        start = statistics.mean(data["start"][f"{wf}/{s}"]["all"] for s in range(plan.seeds))
+        start = statistics.mean(data["start"][f"{wf}/{s}"]["all"] for s in plan.seed_list)
         for obj in plan.cells(wf):
             rs = [r for r in data["runs"] if r["workflow"] == wf and r["objective"] == obj]
             if not rs:
@@ -606,12 +719,12 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out accuracy (sampled)")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{plan.name} study: mean over {plan.seeds} seeds, band = ±1 sd over seeds", fontsize=9)
+    fig.suptitle(f"{plan.section} study: mean over {plan.seeds} seeds, band = ±1 sd over seeds", fontsize=9)
     fig.tight_layout()
     fig.savefig(curves, dpi=100)
     plt.close(fig)
 
-    bars = img_dir / f"study_{plan.name}_bars.png"
+    bars = img_dir / f"study_{plan.section}_bars.png"
     fig, axes = _grid(len(plan.workflows), 3.6, 3.2)
     for ax, wf in zip(axes, plan.workflows):
         rs = [r for r in rows if r["workflow"] == wf]
@@ -708,8 +821,11 @@ def _identity_lines(plan: Plan) -> list[str]:
 
 
 def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out: Path, total_s: float,
-              command: str, jobs: int = 1) -> None:
-    """The study's section of docs/results.md (everything between the study markers is replaced)."""
+              command: str, jobs: int = 1, contrast_rows: list[dict] = (), replication: dict | None = None) -> None:  # type: ignore[assignment]
+    """The study's section of docs/results.md (everything between the study markers is replaced).
+
+    ``contrast_rows``: :func:`contrasts`; ``replication``: ``{"seeds": "0..9", "lines": replication_lines(...)}``
+    when these are disjoint seeds of a plan whose first seeds' summary exists."""
     math_wfs = [wf for wf in plan.workflows if not wf.startswith("coord")]
     coord_wfs = [wf for wf in plan.workflows if wf.startswith("coord")]
     about = []
@@ -735,11 +851,11 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     held_out = (f"{next(iter(counts.values()))} held-out tasks" if len(set(counts.values())) == 1 else
                 "held-out tasks (" + ", ".join(f"{wf} {n}" for wf, n in counts.items()) + ")")
     lines = [
-        f"<!-- study:{plan.name} -->",
-        f"## The {plan.name} study (`{command}`)",
+        f"<!-- study:{plan.section} -->",
+        f"## The {plan.section} study (`{command}`)",
         "",
         " ".join(about) +
-        f" Seeds 0..{plan.seeds - 1}; only `objective=NAME` differs. Held-out accuracy: "
+        f" Seeds {plan.seed_list[0]}..{plan.seed_list[-1]}; only `objective=NAME` differs. Held-out accuracy: "
         f"{held_out} x {plan.eval_samples} sampled episodes, every {plan.eval_every} steps; "
         f"*final* = mean of the last two evaluations. Machine: {platform.machine()}, {platform.python_version()}, "
         f"1 torch thread per run ({jobs} at a time) on a 2-core machine; training time summed over the "
@@ -751,8 +867,13 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
         f"interval (10,000 resamples) and the two-sided p of an exact paired sign-flip test (the smallest p "
         f"{plan.seeds} seeds can give: {2 / 2 ** plan.seeds:.3g}).",
         "",
-        "| workflow | objective | before RL | final held-out acc. (95% CI) | gain (95% CI) | per seed | vs `srpo`: diff [95% CI], p | area (95% CI) | area vs `srpo`: diff, p | grad-norm CV |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"*Seeds for {EFFECT:g}* = the power estimate: how many seeds a paired comparison with this seed-to-seed "
+        f"spread of differences (sd) needs to resolve a true gap of {EFFECT:g} (the paper's smallest K = 5 gap, "
+        "1.5 Avg@16 points) at 5% with 80% power (`seeds_needed`).",
+        "",
+        "| workflow | objective | before RL | final held-out acc. (95% CI) | gain (95% CI) | per seed | vs `srpo`: diff [95% CI], p | "
+        f"sd of diff; seeds for {EFFECT:g} | area (95% CI) | area vs `srpo`: diff, p | grad-norm CV |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         vs = "-"
@@ -765,7 +886,17 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
             avs = f"{d:+.3f}, {_p(p)}"
         lines.append(f"| {r['workflow']} | `{r['objective']}` | {_fmt(r['start'])} | {_fmt(r['acc'])} ± "
                      f"{_fmt(r['acc_ci'])} | {r['gain']:+.3f} ± {_fmt(r['gain_ci'])} | {', '.join(_fmt(a, 2) for a in r['per_seed'])} | "
-                     f"{vs} | {_fmt(r['area'])} ± {_fmt(r['area_ci'])} | {avs} | {_fmt(r['grad_cv'], 2)} |")
+                     f"{vs} | {_fmt(r.get('sd_diff'))}; {r.get('seeds_needed', '-')} | {_fmt(r['area'])} ± "
+                     f"{_fmt(r['area_ci'])} | {avs} | {_fmt(r['grad_cv'], 2)} |")
+    for c in contrast_rows:
+        d, lo, hi, p = c["diff"]
+        lines.append(f"\nPaired by seed: `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}, final held-out "
+                     f"accuracy over {c['seeds']} seeds: {d:+.3f} [{lo:+.3f}, {hi:+.3f}], {_p(p)}; sd of the "
+                     f"differences {_fmt(c['sd_diff'])}, seeds for {EFFECT:g}: {c['seeds_needed']}.")
+    if replication is not None:
+        lines += ["", f"Replication of the comparisons the first seeds ({replication['seeds']}) reported as significant "
+                  "(p < 0.05), on these disjoint seeds:", ""]
+        lines += replication["lines"] or ["- none of the first seeds' comparisons was significant"]
     lines += ["", "Diagnostics by set size (means over steps and seeds). Each objective's clipped items (sets, "
               "members or tokens, as its ratio unit says) are binned by the size `k` of the set they belong to; the "
               "log-ratio is the item's (for a set, the K^-alpha-scaled sum of its members'):", "",
@@ -787,13 +918,13 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     lines += _router_lines(plan, data["runs"])
     lines += ["", "Held-out accuracy before RL by task family (mean over seeds):", ""]
     for wf in plan.workflows:
-        fams = data["start"][f"{wf}/0"].keys()
+        fams = data["start"][f"{wf}/{plan.seed_list[0]}"].keys()
         lines.append(f"- {wf}: " + ", ".join(
-            f"{f} {statistics.mean(data['start'][f'{wf}/{s}'][f] for s in range(plan.seeds)):.3f}" for f in fams))
-    lines += [""] + [f"![{p.stem}](img/{p.name})" for p in images] + ["", f"<!-- end study:{plan.name} -->", ""]
+            f"{f} {statistics.mean(data['start'][f'{wf}/{s}'][f] for s in plan.seed_list):.3f}" for f in fams))
+    lines += [""] + [f"![{p.stem}](img/{p.name})" for p in images] + ["", f"<!-- end study:{plan.section} -->", ""]
     section = "\n".join(lines)
     text = out.read_text(encoding="utf-8") if out.exists() else "# Results\n\n"
-    begin, end = f"<!-- study:{plan.name} -->", f"<!-- end study:{plan.name} -->\n"
+    begin, end = f"<!-- study:{plan.section} -->", f"<!-- end study:{plan.section} -->\n"
     if begin in text and end in text:
         text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
     elif PLACEHOLDER in text:  # new sections go where the page keeps them, in the order they were first run
@@ -809,12 +940,22 @@ def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool
     data = run_study(plan, runs_dir, fresh=fresh, jobs=jobs)
     total = time.perf_counter() - t0
     rows = analyze(plan, data)
+    extra = contrasts(plan, data)
     images = plot(plan, data, rows, out.parent / "img")
-    _save(runs_dir / "summary.json", {"plan": asdict(plan), "rows": rows, "start": data["start"], "seconds": total})
-    write_doc(plan, data, rows, images, out, total, command, jobs)
+    replication = None
+    if plan.seed_offset:  # a replication: compare with the first seeds' summary, when they have run
+        first = runs_dir / "summary.json"
+        if first.is_file():
+            orig = json.loads(first.read_text(encoding="utf-8"))
+            lo = orig["plan"].get("seed_offset", 0)
+            replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}", "lines": replication_lines(orig["rows"], rows)}
+    name = "summary.json" if not plan.seed_offset else f"summary-{plan.section}.json"
+    _save(runs_dir / name, {"plan": asdict(plan), "rows": rows, "contrasts": extra, "start": data["start"],
+                            "seconds": total})
+    write_doc(plan, data, rows, images, out, total, command, jobs, extra, replication)
     for r in rows:
         print(f"{r['workflow']:18s} {r['objective']:12s} {r['start']:.3f} -> {r['acc']:.3f} ± {_fmt(r['acc_ci'])}")
-    print(f"wrote the {plan.name} section of {out} ({total / 60:.1f} min)")
+    print(f"wrote the {plan.section} section of {out} ({total / 60:.1f} min)")
     return rows
 
 
@@ -827,6 +968,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--plan", choices=sorted(PLANS), help="one named plan (default: the full study, the plans "
                    f"{' + '.join(FULL)})")
     ap.add_argument("--seeds", type=int, help="override the plan's number of seeds")
+    ap.add_argument("--seed-offset", type=int, default=0, help="run seeds OFFSET..OFFSET+seeds-1 (a replication on "
+                    "disjoint seeds: its own section of the page, saying which significant comparisons held)")
     ap.add_argument("--steps", type=int, help="override the plan's steps per run (coord_steps on the coordination tasks)")
     ap.add_argument("--workflows", nargs="+", metavar="NAME", help="run only these of the plan's workflows (their "
                     "records are the plan's: a later run of the whole plan reuses them)")
@@ -838,7 +981,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 1; 2 on a 2-core machine halves the wall time)")
     args = ap.parse_args(argv)
     one = args.plan or ("quick" if args.quick else "smoke" if args.smoke else None)
-    flags = (f" --seeds {args.seeds}" if args.seeds else "") + (f" --steps {args.steps}" if args.steps else "") + (
+    flags = (f" --seeds {args.seeds}" if args.seeds else "") + (
+        f" --seed-offset {args.seed_offset}" if args.seed_offset else "") + (f" --steps {args.steps}" if args.steps else "") + (
         f" --jobs {args.jobs}" if args.jobs > 1 else "")
     if args.workflows:
         known = {w for name in ((one,) if one else FULL) for w in PLANS[name].workflows}
@@ -849,6 +993,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = PLANS[name]
         if args.seeds:
             plan = replace(plan, seeds=args.seeds)
+        if args.seed_offset:
+            plan = replace(plan, seed_offset=args.seed_offset)
         if args.steps:
             plan = replace(plan, steps=args.steps, coord_steps=args.steps)
         if args.workflows:

@@ -341,3 +341,72 @@ def test_k5_search_evaluates_by_route_and_reader(reason_model, tmp_path):
     assert all(r.startswith("search > read") for r in rep.by_route), rep.by_route.keys()
     assert set(rep.by_agent) == {"reader"}
     assert sum(g.episodes for g in rep.by_route.values()) == 8
+
+
+def test_study_replicates_on_disjoint_seeds_with_contrasts_and_power(tmp_path):
+    """``--seed-offset``: a replication saves its records beside the first seeds' (disjoint files), writes
+    its own section, and says whether each significant comparison held; a plan can run a workflow under
+    fewer objectives (``objectives_on``) and compare cells across workflows (``contrasts``), each with
+    the power estimate. None of it changes what a saved record must match (``Plan.key``)."""
+    from dataclasses import replace
+
+    study = _study()
+    plan = study.Plan("rep", ("coord_par2", "coord_par3"), ("srpo", "grpo"), seeds=2, steps=2, coord_steps=2,
+                      eval_every=2, eval_tasks=4, tasks_per_step=4, objectives_on=(("coord_par3", ("srpo",)),),
+                      contrasts=((("coord_par2", "srpo"), ("coord_par3", "srpo")),))
+    again = replace(plan, seed_offset=100)
+    assert again.seed_list == [100, 101] and again.section == "rep-seeds100-101"
+    assert plan.key("coord_par2") == replace(plan, objectives_on=(), contrasts=(), seed_offset=7).key("coord_par2")
+    assert plan.cells("coord_par3") == ("srpo",) and plan.cells("coord_par2") == ("srpo", "grpo")
+    out, runs = tmp_path / "results.md", tmp_path / "runs"
+    study.run_plan(plan, runs, out, "first")
+    study.run_plan(again, runs, out, "again")
+    assert sorted(p.name for p in (runs / "coord_par2" / "srpo").glob("seed*.json")) == [
+        "seed0.json", "seed1.json", "seed100.json", "seed101.json"]
+    assert not (runs / "coord_par3" / "grpo").exists()
+    text = out.read_text()
+    assert text.count("<!-- study:rep -->") == 1 and text.count("<!-- study:rep-seeds100-101 -->") == 1
+    second = text[text.index("<!-- study:rep-seeds100-101 -->"):]
+    assert "Seeds 100..101" in second and "Paired by seed: `srpo` on coord_par3 - `srpo` on coord_par2" in second
+    assert "Replication of the comparisons the first seeds (0..1)" in second
+    summary = json.loads((runs / "summary-rep-seeds100-101.json").read_text())
+    assert summary["contrasts"][0]["seeds"] == 2 and summary["rows"][1]["seeds_needed"] >= 6
+    # the verdicts, on made-up rows: held, same sign but not significant, reversed, not significant at first
+    first = [{"workflow": "w", "objective": o, "vs_srpo": v} for o, v in
+             (("a", (0.1, 0, 0.2, 0.01)), ("b", (0.1, 0, 0.2, 0.01)), ("c", (-0.1, -0.2, 0, 0.02)), ("d", (0.1, 0, 0.2, 0.3)))]
+    rerun = [{"workflow": "w", "objective": o, "vs_srpo": v} for o, v in
+             (("a", (0.05, 0, 0.1, 0.02)), ("b", (0.01, -0.1, 0.1, 0.4)), ("c", (0.05, 0, 0.1, 0.5)), ("d", (0.0, 0, 0, 1.0)))]
+    lines = study.replication_lines(first, rerun)
+    assert len(lines) == 3 and "**held**" in lines[0] and "same sign, not significant" in lines[1] and "reversed" in lines[2]
+
+
+def test_power_estimate_against_the_t_distribution():
+    """``seeds_needed`` against scipy's t quantiles (the tables it uses) and a brute-force search."""
+    stats = pytest.importorskip("scipy.stats")
+    study = _study()
+    for df in range(1, 31):
+        assert abs(stats.t.ppf(0.8, df) - study.T80[df - 1]) < 6e-4 and abs(stats.t.ppf(0.975, df) - study.T975[df - 1]) < 6e-4
+    for sd in (0.005, 0.02, 0.05, 0.16):
+        n = next(n for n in range(6, 100_000)
+                 if n >= ((stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / 0.015) ** 2)
+        assert abs(study.seeds_needed(sd) - n) <= 1, (sd, n, study.seeds_needed(sd))
+
+
+@pytest.mark.slow
+def test_k5_plan_smoke(reason_model, tmp_path):
+    """The k5 ablation plan's every code path once, shrunk (1 seed, 1 step, tiny evaluations) on the shrunk
+    ``tiny-search``: five objectives on K = 5, ``srpo`` alone on K = 1, the contrasts, the page section."""
+    from dataclasses import replace
+
+    study = _study()
+    plan = replace(study.PLANS["k5"], seeds=1, steps=1, eval_every=1, eval_tasks=2, eval_samples=2, tasks_per_step=2,
+                   samples=2, epochs=1)
+    assert plan.cells("tinysearch") == ("srpo",)
+    assert plan.cells("tinysearch_k5") == ("srpo", "srpo_sum", "srpo_mean", "grpo", "dr_mas")
+    out = tmp_path / "results.md"
+    study.run_plan(plan, tmp_path / "runs", out, "python benchmarks/study.py --plan k5")
+    text = out.read_text()
+    assert "| tinysearch_k5 | `srpo_mean` |" in text and "| tinysearch | `srpo` |" in text
+    assert "Paired by seed: `srpo` on tinysearch_k5 - `srpo` on tinysearch" in text
+    rec = json.loads((tmp_path / "runs" / "tinysearch_k5" / "srpo" / "seed0.json").read_text())
+    assert any(k.endswith("/k5") for k in rec["diagnostics"]), sorted(rec["diagnostics"])  # diagnostics by set size
