@@ -1,7 +1,8 @@
 """The objectives study: objectives x workflows x seeds on the locally pre-trained model, with statistics.
 
-Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [--seeds N] [--runs-dir DIR] [--out docs/results.md]``
-(no plan flag: the full study, the plans of ``FULL`` in turn).
+Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [--seeds N] [--seed-offset N] [--runs-dir DIR] [--out docs/results.md]``
+(no plan flag: the full study, the plans of ``FULL`` in turn; ``--plan k5``: the paper's K = 5 ablation,
+Note [The K = 5 ablation]; ``--seed-offset 100``: the same plan on seeds 100.., a replication).
 
 A results benchmark, not a test (``.ci/run`` runs ``--quick``; the test suite runs ``--smoke`` on a
 shrunken model). Every run trains one CPU workflow of
@@ -22,7 +23,10 @@ Each run's record is one JSON file under ``--runs-dir`` (``<workflow>/<objective
 written when the run ends: an interrupted study resumes where it stopped (``--fresh`` reruns).
 The analysis reports, per (workflow, objective): mean final held-out accuracy over seeds with a
 95% t-interval, and for every objective a paired comparison to ``srpo`` (same seeds, so same initial
-sampling and task order: bootstrap interval, exact sign-flip p), then writes ``docs/results.md`` and the plots.
+sampling and task order: bootstrap interval, exact sign-flip p) with a power estimate (the seeds that would
+resolve a 1.5-point gap at the observed spread), then writes ``docs/results.md`` and the plots. Held-out
+accuracy is scored by ``srpo-graph eval``'s code (``srpo_graph/train/evaluate.py``): Avg@k with k =
+``eval_samples``.
 """
 
 from __future__ import annotations
