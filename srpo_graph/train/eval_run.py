@@ -114,7 +114,12 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
         models = {p.name: str(source.path) for p in wf.policies if p.adapter is None}
     wf = override_workflow(wf, models=models, max_tokens=cfg.rollout.max_tokens, logprobs=cfg.rollout.logprobs)
     wf = override_workflow(wf, greedy=greedy)
-    tasks_path = tasks_path or default_eval_tasks(workflow_path, wf, default_task_file)
+    if tasks_path is None:  # a run's own held-out file, else the one next to its (or the workflow's) tasks
+        r = cfg.rollout
+        if r.eval_tasks is not None:
+            tasks_path = Path(r.eval_tasks)
+        else:
+            tasks_path = held_out_next_to(Path(r.tasks) if r.tasks is not None else default_task_file(workflow_path, wf))
     tasks = load_tasks(tasks_path, wf)[:num_tasks]
     t0 = time.perf_counter()
     with server_scope():  # servers launched for this source stop with it
@@ -126,11 +131,10 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
     return rep, list(res.episodes)
 
 
-def default_eval_tasks(workflow_path: Path, wf, default_task_file) -> Path:
-    """The held-out split next to the workflow's task file (``<stem>_eval.jsonl``), else that file."""
-    train = Path(default_task_file(workflow_path, wf))
-    held = train.with_name(f"{train.stem}_eval.jsonl")
-    return held if held.is_file() else train
+def held_out_next_to(train: Path) -> Path:
+    """The held-out split next to a task file (``<stem>_eval.jsonl``, as the trainer finds it), else that file."""
+    held = Path(train).with_name(f"{Path(train).stem}_eval.jsonl")
+    return held if held.is_file() else Path(train)
 
 
 # --------------------------------------------------------------------------- outputs
@@ -173,7 +177,7 @@ def markdown(reports: Sequence[EvalReport], comparisons: Sequence[Comparison]) -
     for c in comparisons:
         lines += ["", f"Paired difference `{c.b}` - `{c.a}` over {c.problems} problems (same seeds): mean "
                   "[paired bootstrap 95% interval], sign-flip p", "", "| metric | difference |", "|---|---|"]
-        lines += [f"| {m if m != 'avg' else f'Avg@{k}'} | {d.fmt()} |" for m, d in c.diffs.items()]
+        lines += [f"| {'Avg@%d' % k if m == 'avg' else m.replace('pass', 'Pass')} | {d.fmt()} |" for m, d in c.diffs.items()]
         lines += [f"| Avg@{k}, {fam} | {d.fmt()} |" for fam, d in c.by_family.items() if len(c.by_family) > 1]
     return "\n".join(lines) + "\n"
 
@@ -213,9 +217,10 @@ def write_outputs(out: Path, reports: Sequence[EvalReport], comparisons: Sequenc
     from srpo_graph.runtime.trace import write_traces
 
     out.mkdir(parents=True, exist_ok=True)
-    record = {"reports": [r.model_dump(mode="json") for r in reports],
-              "comparisons": [c.model_dump(mode="json") for c in comparisons]}
-    (out / "eval.json").write_text(json.dumps(record, indent=1, allow_nan=True), encoding="utf-8")
+    # through pydantic's JSON (an undefined interval, nan, becomes null: strict JSON)
+    record = {"reports": [json.loads(r.model_dump_json()) for r in reports],
+              "comparisons": [json.loads(c.model_dump_json()) for c in comparisons]}
+    (out / "eval.json").write_text(json.dumps(record, indent=1, allow_nan=False), encoding="utf-8")
     md = markdown(reports, comparisons)
     (out / "eval.md").write_text(md, encoding="utf-8")
     if reports:

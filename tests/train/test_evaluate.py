@@ -211,6 +211,8 @@ def test_train_logs_the_eval_code_and_the_command_reproduces_it(run_dir, tmp_pat
     rep = _eval(run_dir, tmp_path, step=1, seed=1, tasks_path=ROOT / "workflows" / "tasks" / "coord_eval.jsonl")
     assert rep.overall.avg.value == rows[0]["eval/reward"]
     assert rep.overall.pass_at[2].value == rows[0]["eval/pass@2"]
+    # without --tasks a run is evaluated on its own held-out file (the one next to its task file)
+    assert _numbers(_eval(run_dir, tmp_path, step=1, seed=1)) == _numbers(rep)
 
 
 def test_sources_a_run_a_checkpoint_a_model_directory_and_base(run_dir, tmp_path):
