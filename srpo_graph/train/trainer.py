@@ -323,10 +323,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                 rewards.append(record["reward"])
                 if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
                     t0 = time.perf_counter()
-                    eval_seed = config.seed * 7919 + step
-                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, eval_seed, dist, config.eval.samples)
-                    # evaluate.py: eval/reward (Avg@k, the flat mean over episodes), its interval, Pass@k
-                    record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())
+                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist, config.eval.samples)
+                    record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())  # eval/reward = Avg@k, Pass@k
                     record["time/eval"] = time.perf_counter() - t0
                     evals.append((step, record["eval/reward"]))
                 state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
