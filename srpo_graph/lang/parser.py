@@ -335,6 +335,9 @@ def _last_word_before(text: str, pos: int) -> tuple[str, int]:
     return text[start:end], start
 
 
+_NO_EXPECTATION = "compare this line with the syntax in docs/language.md"
+
+
 def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxError:
     line, col = max(exc.line, 1), max(exc.column, 1)
     hint = None
@@ -366,8 +369,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
         message = f"unexpected character {char!r}"
         span = Span(path=path, line=line, col=col, end_line=line, end_col=col + 1)
         expected = sorted({_describe(t) for t in exc.allowed or ()})
-        if expected:
-            hint = "expected " + ", ".join(expected)
+        hint = "expected " + ", ".join(expected) if expected else _NO_EXPECTATION
         return WorkflowSyntaxError(diagnostics=[Diagnostic(message, span, hint, code="syntax")], source=text)
 
     assert isinstance(exc, UnexpectedToken)
@@ -404,7 +406,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
                 hint = f"the '{{' on line {opened[0]}, column {opened[1]} is never closed: add '}}'"
     else:
         message = f"unexpected {found}"
-        hint = "expected " + ", ".join(expected) if expected else None
+        hint = "expected " + ", ".join(expected) if expected else _NO_EXPECTATION
     code = "unclosed-block" if label is _EXAMPLES_KEYS[1] else "syntax"
     return WorkflowSyntaxError(diagnostics=[Diagnostic(message, span, hint, code=code)], source=text)
 

@@ -272,16 +272,22 @@ def signature_hint(fn: Callable) -> str:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return ""
+        return "its signature cannot be read: check the function's parameters in its module"
     hints = _hints(fn)
 
     def ann(a):
         return getattr(a, "__name__", None) or str(a).replace("typing.", "")
 
-    params = [p.replace(annotation=ann(hints[p.name])) if p.name in hints else p for p in sig.parameters.values()]
-    ret = ann(hints["return"]) if "return" in hints else sig.return_annotation
-    text = str(sig.replace(parameters=params, return_annotation=ret)).replace("'", "")
-    return f"its signature is {getattr(fn, '__name__', 'fn')}{text}"
+    def param(p: inspect.Parameter) -> str:
+        stars = "*" if p.kind is inspect.Parameter.VAR_POSITIONAL else "**" if p.kind is inspect.Parameter.VAR_KEYWORD else ""
+        a = hints.get(p.name, p.annotation)
+        text = stars + p.name + ("" if a is inspect.Parameter.empty else f": {ann(a)}")
+        return text + ("" if p.default is inspect.Parameter.empty else f" = {p.default!r}")
+
+    ret = hints.get("return", sig.return_annotation)
+    arrow = "" if ret is inspect.Signature.empty else f" -> {ann(ret)}"
+    text = ", ".join(param(p) for p in sig.parameters.values())
+    return f"its signature is {getattr(fn, '__name__', 'fn')}({text}){arrow}"
 
 
 def ret_str(fn: Callable) -> str:

@@ -1,7 +1,8 @@
 """Every located error of the checker has a `fix:` line (issue 22, item 4), as a class:
 
 * structurally: every ``err(...)`` call of ``srpo_graph/lang`` passes a hint (a third positional
-  argument that is not ``None``, or ``hint=``), and so does every ``sink.error(...)``;
+  argument that is not ``None``, or ``hint=``), and so does every ``sink.error(...)`` and every
+  ``Diagnostic(...)`` the parser builds;
 * behaviourally: every diagnostic of every golden bad file and of the cases below has one.
 """
 
@@ -26,6 +27,8 @@ def _calls():
                 owner = ast.unparse(node.func.value)
                 if node.func.attr == "err" or owner.endswith("sink"):
                     yield f"{path.name}:{node.lineno}", node
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Diagnostic":
+                yield f"{path.name}:{node.lineno}", node  # Diagnostic(message, span, hint, ...)
 
 
 @pytest.mark.parametrize("where, call", list(_calls()), ids=lambda x: x if isinstance(x, str) else "")
