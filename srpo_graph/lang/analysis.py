@@ -49,6 +49,7 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
         if not ts:
             if a in uses.unconsumed_ok:
                 sink.warning(f"the output of agent '{a}' is not consumed by any transition (allowed)", span_of(a),
+                             f"its outputs get no credit; consume it in a transition (`consume: {a}`) to train it",
                              code="unconsumed")
             else:
                 sink.error(f"the output of agent '{a}' is not consumed by any transition", span_of(a),
@@ -106,12 +107,16 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
     if not uses.incomplete and not ex.complete:
         sink.warning(f"the set sizes and the data-flow of references are not proven: the runs of this workflow have "
                      f"more than {MAX_STATES} states (or a router with more than {MAX_ROUTE_SUBSETS} labels); "
-                     "every set size up to the consumed agents is assumed", draft.span, code="analysis-bounded")
+                     "every set size up to the consumed agents is assumed", draft.span,
+                     "lower `max_rounds` / `max_steps`, or use fewer router labels, to have them proven",
+                     code="analysis-bounded")
     for (by, a), _ in ex.superseded.items():
         consumer = consumers.get(a) or ["its consumer"]
         sink.warning(f"transition '{by}' can activate agent '{a}' again before '{consumer[0]}' consumed its previous "
                      f"output: that output is superseded (no credit) and '{consumer[0]}' takes the latest one",
-                     span_of(by), code="superseded")
+                     span_of(by), f"to credit every output of '{a}', let '{consumer[0]}' fire first (declare it "
+                     f"before '{by}': of two ready transitions the first declared fires) or activate '{a}' "
+                     "once per round", code="superseded")
     if ex.complete:
         _check_availability(draft, ex, sink, uses)
     bound, reason = _firing_bound(g, draft.model_copy(update={"transitions": tuple(with_sizes)}))

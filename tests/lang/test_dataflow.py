@@ -82,3 +82,16 @@ def test_a_loop_that_reactivates_an_agent_before_its_consumer_fires_is_warned():
     assert "transition 'tw' can activate agent 'x' again before 'tx'" in warn.message
     assert warn.span is not None and warn.span.line == 8  # the transition tw
     assert r.workflow.transition_by_name["tx"].set_sizes == (1, 2)
+    assert "let 'tx' fire first" in (warn.hint or "")
+
+
+def test_declaring_the_consumer_first_removes_the_superseded_warning():
+    """The warning's fix works: of two ready transitions the first declared fires, so a consumer
+    declared before the transition that re-activates its agent takes each output in time."""
+    agents = "".join(agent(a) for a in "abcx")
+    late = ("transition t0 { consume: a  activate: b, x }\ntransition t1 { consume: b  activate: c, x }\n"
+            "transition t2 { consume: c  activate: end }\ntransition tx { consume: x  activate: end }\nstart: a\n")
+    early = late.replace("transition tx { consume: x  activate: end }\n", "").replace(
+        "transition t1", "transition tx { consume: x  activate: end }\ntransition t1")
+    assert [d.code for d in check_module(parse(HEAD + agents + late)).warnings] == ["superseded"]
+    assert [d.code for d in check_module(parse(HEAD + agents + early)).warnings] == []

@@ -1,6 +1,6 @@
 """Every located error of the checker has a `fix:` line (issue 22, item 4), as a class:
 
-* structurally: every ``err(...)`` call of ``srpo_graph/lang`` passes a hint (a third positional
+* structurally: every ``err(...)`` call of ``srpo_graph/lang`` (and every warning) passes a hint (a third positional
   argument that is not ``None``, or ``hint=``), and so does every ``sink.error(...)`` and every
   ``Diagnostic(...)`` the parser builds;
 * behaviourally: every diagnostic of every golden bad file and of the cases below has one.
@@ -23,7 +23,7 @@ GOLDEN = Path(__file__).parent / "golden"
 def _calls():
     for path in sorted(LANG.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("err", "error"):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("err", "error", "warning"):
                 owner = ast.unparse(node.func.value)
                 if node.func.attr == "err" or owner.endswith("sink"):
                     yield f"{path.name}:{node.lineno}", node
