@@ -9,8 +9,10 @@ Execution semantics (the runtime implements exactly these; the checker proves wh
 * The episode starts by *activating* the agents in ``start``. An activated agent is
   *pending* until it produces one output (one generation).
 * A transition *fires* when at least one agent it consumes has a fresh (not yet consumed)
-  output and none of the agents it consumes is still pending. The fresh outputs it takes
-  are its **active set** (one event). With fixed activations that is exactly "every agent
+  output and none of the agents it consumes is still pending (the first declared of the ready
+  ones). It takes one output per consumed agent, the latest fresh one: its **active set**
+  (one event); an older fresh output of that agent is *superseded* (recorded, no credit).
+  The rule is ``lang/firing.py`` (Note [Firing semantics]). With fixed activations that is exactly "every agent
   it consumes has a fresh output"; with a multi-choice router only the activated
   specialists are waited for, so set sizes vary (``Transition.set_sizes``).
 * Firing: run ``tools`` in order (results join the state under their names, replacing an

@@ -142,7 +142,8 @@ def _value(ck, key: str, arg: ast.LoraArg):
         unique = [n.value for n in v.names if ck.unique(n, seen, "lora target")]
         return tuple(unique) if len(unique) == len(v.names) else None
     if not isinstance(v, ast.NumberLit):
-        ck.err(f"`{key}` must be a number", arg.span, None, "type-mismatch")
+        ck.err(f"`{key}` must be a number", arg.span, f"e.g. {key}=8" if key == "r" else f"e.g. {key}=16" if key == "alpha"
+               else f"e.g. {key}=0.05", "type-mismatch")
         return None
     x = v.value
     if key == "r" and (not isinstance(x, int) or x <= 0):
@@ -152,6 +153,6 @@ def _value(ck, key: str, arg: ast.LoraArg):
         ck.err(f"`alpha` must be > 0, got {x}", v.span, "the update is scaled by alpha / r; e.g. alpha=2*r", "bad-value")
         return None
     if key == "dropout" and not 0 <= x < 1:
-        ck.err(f"`dropout` must be in [0, 1), got {x}", v.span, None, "bad-value")
+        ck.err(f"`dropout` must be in [0, 1), got {x}", v.span, "the share of inputs dropped, e.g. dropout=0.05", "bad-value")
         return None
     return float(x) if key in ("alpha", "dropout") else x

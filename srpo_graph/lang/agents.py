@@ -54,7 +54,9 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
         by_kind.setdefault(type(i), []).append(i)
     for kind, its in by_kind.items():
         for extra in its[1:]:
-            scope.err(f"agent '{name}' sets `{ITEM_WORD[kind]}` twice", extra.span, code="duplicate-name")
+            scope.err(f"agent '{name}' sets `{ITEM_WORD[kind]}` twice", extra.span,
+                      f"keep one `{ITEM_WORD[kind]}` (the first is on line {its[0].span.line}) and delete this one",
+                      "duplicate-name")
     pol = by_kind.get(ast.PolicyItem, [None])[0]
     prompt = by_kind.get(ast.PromptItem, [None])[0]
     if pol is None:
@@ -62,7 +64,7 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
                  f"add `policy: NAME`; declared policies: {', '.join(scope.policies) or 'none'}", "missing-policy")
     elif pol.policy.value not in scope.policies:
         scope.err(f"unknown policy '{pol.policy.value}'", pol.policy.span,
-                 close_names(pol.policy.value, scope.policies) or "declare it: policy NAME = \"model\"",
+                 close_names(pol.policy.value, scope.policies, 'declare it: policy NAME = "model"'),
                  "unknown-policy")
     if prompt is None:
         scope.err(f"agent '{name}' has no prompt", a.name.span, 'add `prompt: "..."`', "missing-prompt")

@@ -8,7 +8,8 @@ built (names and types already resolved) and reports, into the checker's diagnos
 * every node is reachable from ``start`` and can reach ``end``;
 * every cycle passes through a transition with ``max_rounds`` (reported as a path);
 * every unmarked reference (``{x}``, call arguments, route subjects) is produced on every
-  path before it is read (a forward "must" data-flow analysis over the routing graph).
+  run before it is read (one rule for every reader, from :mod:`.explore`, which runs the
+  runtime's own firing rule over every route choice).
 
 It also proves each transition's possible active-set sizes and a bound on transition firings
 per episode (see Note [Set sizes]).
@@ -17,14 +18,12 @@ per episode (see Note [Set sizes]).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
 
 import networkx as nx
 
 from srpo_graph.errors import DiagnosticSink, Span
-from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, ChoiceType, Transition, Workflow
-
-MAX_ROUTE_SUBSETS = 12  # a choices[...] router with more labels: sizes are bounded, not enumerated
+from srpo_graph.lang.explore import MAX_ROUTE_SUBSETS, MAX_STATES, Exploration, explore, subject_type
+from srpo_graph.workflow import END, ActivateRoute, ChoiceType, Transition, Workflow
 
 
 @dataclass
@@ -50,6 +49,7 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
         if not ts:
             if a in uses.unconsumed_ok:
                 sink.warning(f"the output of agent '{a}' is not consumed by any transition (allowed)", span_of(a),
+                             f"its outputs get no credit; consume it in a transition (`consume: {a}`) to train it",
                              code="unconsumed")
             else:
                 sink.error(f"the output of agent '{a}' is not consumed by any transition", span_of(a),
@@ -95,94 +95,48 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
         sink.error(f"unbounded cycle: {' -> '.join(path)}", span_of(first_t),
                    f"add `max_rounds: N` to a transition on the cycle (e.g. '{first_t}')", "unbounded-cycle")
 
-    # -- set sizes and the data-flow of references -------------------------------------------
-    events = _activation_events(draft)
+    # -- set sizes, superseded outputs and the data-flow of references ------------------------
+    # one exploration of the runtime's own firing rule (explore.py) proves all three
+    ex = explore(draft) if not uses.incomplete else Exploration(complete=False)
     with_sizes = []
     for t in draft.transitions:
-        sizes = sorted({len(e & set(t.consume)) for e in events} - {0})
-        with_sizes.append(t.model_copy(update={"set_sizes": tuple(sizes) or (len(t.consume),)}))
-    _check_availability(draft, with_sizes, events, sink, uses)
+        sizes = set(ex.set_sizes.get(t.name, ()))
+        if not ex.complete:  # partial facts: every size a firing could have stays possible
+            sizes |= set(range(1, len(t.consume) + 1))
+        with_sizes.append(t.model_copy(update={"set_sizes": tuple(sorted(sizes)) or (len(t.consume),)}))
+    if not uses.incomplete and not ex.complete:
+        sink.warning(f"the set sizes and the data-flow of references are not proven: the runs of this workflow have "
+                     f"more than {MAX_STATES} states (or a router with more than {MAX_ROUTE_SUBSETS} labels); "
+                     "every set size up to the consumed agents is assumed", draft.span,
+                     "lower `max_rounds` / `max_steps`, or use fewer router labels, to have them proven",
+                     code="analysis-bounded")
+    for (by, a), _ in ex.superseded.items():
+        consumer = consumers.get(a) or ["its consumer"]
+        sink.warning(f"transition '{by}' can activate agent '{a}' again before '{consumer[0]}' consumed its previous "
+                     f"output: that output is superseded (no credit) and '{consumer[0]}' takes the latest one",
+                     span_of(by), f"to credit every output of '{a}', let '{consumer[0]}' fire first (declare it "
+                     f"before '{by}': of two ready transitions the first declared fires) or activate '{a}' "
+                     "once per round", code="superseded")
+    if ex.complete:
+        _check_availability(draft, ex, sink, uses)
     bound, reason = _firing_bound(g, draft.model_copy(update={"transitions": tuple(with_sizes)}))
     return Analysis(with_sizes, bound, reason)
 
 
 # Note [Set sizes]
-# An active set is the fresh outputs a transition takes when it fires. Agents are activated in
-# groups ("activation events"): the start list, a transition's fixed list, the targets of one
-# route label, or for a choices[...] router the union over any non-empty subset of labels.
-# A transition fires once none of its consumed agents is pending, so the outputs of one event
-# are consumed together: the possible sizes are |event ∩ consume| over all events (non-zero).
+# An active set is the fresh outputs a transition takes when it fires: one per consumed agent
+# that has one (Note [Firing semantics] in firing.py). explore.py runs that rule over every
+# route choice and records the size of each firing, so the sizes `check` reports are exactly
+# the sizes the runtime can produce (tests/lang/test_firing_property.py runs random workflows
+# and checks every fired set against them).
 
 
-def _activation_events(w: Workflow) -> list[frozenset[str]]:
-    events = [frozenset(w.start)]
-    for t in w.transitions:
-        act = t.activate
-        if isinstance(act, ActivateAgents):
-            events.append(frozenset(act.agents))
-        elif isinstance(act, ActivateRoute):
-            groups = [frozenset(targets) - {END} for _, targets in act.cases]
-            multi = _is_multi(w, act)
-            if multi and len(groups) <= MAX_ROUTE_SUBSETS:
-                for k in range(1, len(groups) + 1):
-                    for combo in combinations(groups, k):
-                        events.append(frozenset().union(*combo))
-            elif multi:
-                events.append(frozenset().union(*groups))
-                events.extend(groups)
-            else:
-                events.extend(groups)
-    return events
-
-
-def _is_multi(w: Workflow, act: ActivateRoute) -> bool:
-    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
-    t = agent.output if agent is not None else None
-    for f in act.on.path[1:]:
-        t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
-    return isinstance(t, ChoiceType) and t.multi
-
-
-def _check_availability(w: Workflow, trans: list[Transition], events, sink: DiagnosticSink, uses) -> None:
-    """Forward must-analysis: the names certainly produced before each node runs."""
-    tools = {tc.name for t in trans for tc in t.tools}
+def _check_availability(w: Workflow, ex: Exploration, sink: DiagnosticSink, uses) -> None:
+    """Every unmarked reference is produced on every run before it is read: one least-fixpoint
+    rule (the exploration's meet over all runs) for templates, extractor arguments, tools,
+    transition rewards, route subjects and the terminal reward."""
+    tools = {tc.name for t in w.transitions for tc in t.tools}
     top = frozenset({a.name for a in w.agents} | tools)
-    by_agent_sources: dict[str, list[str | None]] = {a.name: [] for a in w.agents}
-    for a in w.start:
-        by_agent_sources.setdefault(a, []).append(None)
-    for t in trans:
-        act = t.activate
-        targets = act.agents if isinstance(act, ActivateAgents) else (
-            [x for _, ts in act.cases for x in ts] if isinstance(act, ActivateRoute) else [])
-        for a in targets:
-            if a != END:
-                by_agent_sources.setdefault(a, []).append(t.name)
-    full = {t.name: min(t.set_sizes) == len(t.consume) for t in trans}
-    a_in = {a: top for a in by_agent_sources}
-    t_out = {t.name: top for t in trans}
-    t_in = {t.name: top for t in trans}
-    # Every update intersects with the previous value, so each set only shrinks: the loop ends
-    # after at most |nodes| x |names| rounds even on a malformed graph (two transitions with one
-    # name used to make it oscillate forever). The cap below is a second, explicit bound.
-    changed = True
-    rounds = 0
-    limit = (len(by_agent_sources) + len(trans) + 1) * (len(top) + 1) + 1
-    while changed and rounds < limit:
-        changed, rounds = False, rounds + 1
-        for a, sources in by_agent_sources.items():
-            if not sources:
-                continue
-            new = frozenset.intersection(*[frozenset() if s is None else t_out[s] for s in sources]) & a_in[a]
-            if new != a_in[a]:
-                a_in[a], changed = new, True
-        for t in trans:
-            outs = [a_in.get(c, top) | {c} for c in t.consume]
-            if not outs:
-                continue
-            new_in = (frozenset.union(*outs) if full[t.name] else frozenset.intersection(*outs)) & t_in[t.name]
-            new_out = (new_in | {tc.name for tc in t.tools}) & t_out[t.name]
-            if new_in != t_in[t.name] or new_out != t_out[t.name]:
-                t_in[t.name], t_out[t.name], changed = new_in, new_out, True
 
     def need(ref, have, where: str) -> None:
         head = ref.path[0]
@@ -194,61 +148,24 @@ def _check_availability(w: Workflow, trans: list[Transition], events, sink: Diag
 
     for a, refs in uses.agent_refs.items():
         for r in refs:
-            need(r, a_in.get(a, top), f"agent '{a}' runs")
-    for t in trans:
+            need(r, ex.before_agent.get(a, top), f"agent '{a}' runs")
+    for t in w.transitions:
         names = [tc.name for tc in t.tools]
+        at = ex.at_firing.get(t.name, top)
         for k, r in uses.tool_refs.get(t.name, []):
-            need(r, t_in[t.name] | set(names[:k]), f"tool '{names[k] if k < len(names) else '?'}' runs")
+            need(r, at | set(names[:k]), f"tool '{names[k] if k < len(names) else '?'}' runs")
         for r in uses.reward_refs.get(t.name, []):
-            need(r, t_out[t.name], f"transition '{t.name}' gives its reward")
+            need(r, at | set(names), f"transition '{t.name}' gives its reward")
         if t.name in uses.route_refs:
-            need(uses.route_refs[t.name], t_in[t.name], f"transition '{t.name}' routes")
-    enders = [t.name for t in trans if isinstance(t.activate, ActivateEnd) or (
-        isinstance(t.activate, ActivateRoute) and (any(END in ts for _, ts in t.activate.cases)
-                                                   or len(t.activate.cases) < _num_options(w, t.activate)))]
-    at_end = frozenset.intersection(*[t_out[n] for n in enders]) if enders else top
-    # the terminal reward runs when the episode finishes, i.e. once nothing is pending and every
-    # fresh output was consumed, not when the first `end` is activated: whatever every complete
-    # episode produces is there too (a start agent joined with a later one, Note [Produced at end])
-    at_end = at_end | _produced_by_every_episode(w, trans)
+            need(uses.route_refs[t.name], at | set(names), f"transition '{t.name}' routes")
+    at_end = ex.at_end if ex.at_end is not None else top
     for r in uses.terminal_refs:
         need(r, at_end, "the episode ends")
 
 
-def _produced_by_every_episode(w: Workflow, trans: list[Transition]) -> frozenset[str]:
-    """Agents and tool results every episode that finishes ``ok`` has produced (a least fixpoint).
-
-    Note [Produced at end]
-        A start agent is produced. An ``ok`` episode only finishes when no output is left
-        unconsumed, so a transition consuming a surely produced agent surely fires; its tools
-        then surely run, and the agents it activates unconditionally (a fixed list, or the
-        agents every route case names when every label has a case) are surely produced.
-    """
-    sure = set(w.start)
-    fired: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for t in trans:
-            if t.name in fired or not any(c in sure for c in t.consume):
-                continue
-            fired.add(t.name)
-            changed = True
-            sure |= {tc.name for tc in t.tools}
-            act = t.activate
-            if isinstance(act, ActivateAgents):
-                sure |= set(act.agents) - {END}
-            elif isinstance(act, ActivateRoute) and act.cases and len(act.cases) >= _num_options(w, act):
-                sure |= set.intersection(*[set(ts) for _, ts in act.cases]) - {END}
-    return frozenset(sure)
-
-
-def _num_options(w: Workflow, act: ActivateRoute) -> int:
-    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
-    t = agent.output if agent is not None else None
-    for f in act.on.path[1:]:
-        t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
-    return len(t.options) if isinstance(t, ChoiceType) else 0
+def _is_multi(w: Workflow, act: ActivateRoute) -> bool:
+    t = subject_type(w, act)
+    return isinstance(t, ChoiceType) and t.multi
 
 
 def _firing_bound(g: nx.MultiDiGraph, w: Workflow) -> tuple[int, str]:

@@ -22,11 +22,23 @@ def tok_span(tok: Token, path: str) -> Span:
 
 
 class BuildAst(Transformer):
-    """Lark tree -> AST nodes. Builds nodes and nothing else (no names resolved, no checks)."""
+    """Lark tree -> AST nodes. Builds nodes and nothing else (no names resolved, no checks).
+
+    A literal that cannot be decoded (a bad escape, template or number) is collected in
+    ``problems`` and built as a placeholder, so every such literal of a file is reported at
+    once (``parser.parse`` raises them together)."""
 
     def __init__(self, path: str, source: str, comments: tuple[ast.Comment, ...]):
         super().__init__()
         self.path, self.source, self.comments = path, source, comments
+        self.problems: list[Diagnostic] = []
+
+    def _decoded(self, decode, fallback):
+        try:
+            return decode()
+        except WorkflowSyntaxError as exc:
+            self.problems.extend(exc.diagnostics)
+            return fallback
 
     def _span(self, meta) -> Span:
         if getattr(meta, "empty", True):
@@ -40,7 +52,7 @@ class BuildAst(Transformer):
         span = tok_span(tok, self.path)
         triple = tok.value.startswith('"""')
         raw = tok.value[3:-3] if triple else tok.value[1:-1]
-        return ast.StringLit(decode_string(raw, span, triple), span)
+        return ast.StringLit(self._decoded(lambda: decode_string(raw, span, triple), raw), span)
 
     # -- module ----------------------------------------------------------------
     @v_args(meta=True)
@@ -101,7 +113,7 @@ class BuildAst(Transformer):
         span = tok_span(tok, self.path)
         triple = tok.value.startswith('"""')
         raw = tok.value[3:-3] if triple else tok.value[1:-1]
-        parts = split_template(raw, span, triple)
+        parts = self._decoded(lambda: split_template(raw, span, triple), ())
         return ast.PromptItem(ast.Template(parts, triple, span), self._span(meta))
 
     @v_args(meta=True)
@@ -251,7 +263,7 @@ class BuildAst(Transformer):
 
     def signed_number(self, children):
         tok = children[0]
-        return ast.NumberLit(number_value(tok, self.path), tok_span(tok, self.path))
+        return ast.NumberLit(self._decoded(lambda: number_value(tok, self.path), 0), tok_span(tok, self.path))
 
     @v_args(meta=True)
     def true(self, meta, _):

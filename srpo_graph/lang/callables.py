@@ -195,8 +195,15 @@ def check_call(
     except TypeError as exc:
         import re
 
-        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-        return [ArgProblem(str(exc), keyword=unexpected.group(1) if unexpected else None)]
+        # point at the argument the problem is about: an unknown or doubled keyword, the first extra positional
+        named = re.search(r"(?:unexpected keyword argument|multiple values for argument) '(\w+)'", str(exc))
+        if named:
+            return [ArgProblem(str(exc), keyword=named.group(1))]
+        if "too many positional" in str(exc):
+            kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            first_extra = sum(p.kind in kinds for p in sig.parameters.values()) - len(leading)
+            return [ArgProblem(str(exc), index=max(first_extra, 0))]
+        return [ArgProblem(str(exc))]
     hints = _hints(fn)
     problems: list[ArgProblem] = []
     for pname, value in bound.arguments.items():

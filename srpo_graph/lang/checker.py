@@ -253,7 +253,10 @@ class _Checker(Scope):
                      f"write `import {dotted} as NAME`", "bad-import")
             return
         if alias in self.modules:
-            self.err(f"duplicate import name '{alias}'", (it.alias or it.module[0]).span, code="duplicate-name")
+            first = self.modules[alias][2]
+            self.err(f"duplicate import name '{alias}'", (it.alias or it.module[0]).span,
+                     f"'{alias}' is already imported on line {first.line}: delete this import, or give it another "
+                     f"name with `import {dotted} as OTHER`", "duplicate-name")
             return
         if alias in RESERVED:
             self.err(f"'{alias}' is reserved and cannot name an import", (it.alias or it.module[0]).span,
@@ -312,7 +315,9 @@ class _Checker(Scope):
         steps = [i for i in items if isinstance(i, ast.MaxStepsStmt)]
         for group, word in ((starts, "start"), (rewards, "reward"), (steps, "max_steps")):
             for extra in group[1:]:
-                self.err(f"`{word}` is given twice", extra.span, code="duplicate-name")
+                self.err(f"`{word}` is given twice", extra.span,
+                         f"keep one `{word}:` (the first is on line {group[0].span.line}) and delete this one",
+                         "duplicate-name")
         start: tuple[str, ...] = ()
         if not starts:
             self.err("the workflow has no `start`", self.m.header.span, "add `start: AGENT, ...`", "missing-start")

@@ -91,8 +91,13 @@ def parse(text: str, path: str = "<string>") -> ast.Module:
     finally:
         _comments.reset(token)
     _check_nesting(tree, lexed, path)
+    builder = BuildAst(path, text, comments)
     try:
-        return BuildAst(path, text, comments).transform(tree)
+        module = builder.transform(tree)
+        if builder.problems:  # every bad literal of the file, in source order
+            order = sorted(builder.problems, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0))
+            raise WorkflowSyntaxError(diagnostics=order, source=lexed)
+        return module
     except VisitError as exc:  # a bad template, escape or number found while building nodes
         orig = exc.orig_exc
         if isinstance(orig, WorkflowSyntaxError):
@@ -129,6 +134,10 @@ def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntax
             end = min((i for i in starts if i > at), default=len(current))
         if begin is None:  # in the header or before the first item: nothing to skip to
             break
+        if begin < at < end and _is_whole_line(current[at]):
+            # inside an item, on a line that opens and closes nothing: skip that line only, so a
+            # second mistake of the same item is reported too (an agent's `policy p`, `prompt "x"`)
+            begin, end = at, at + 1
         current[begin:end] = [""] * (end - begin)
         try:
             _lark().parse("\n".join(current))
@@ -144,6 +153,13 @@ def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntax
     if len(diagnostics) == len(first.diagnostics):
         return first
     return WorkflowSyntaxError(diagnostics=diagnostics, source=text)
+
+
+def _is_whole_line(line: str) -> bool:
+    """The line (strings and comments left out) opens and closes no bracket and holds no quote
+    left open: blanking it leaves the rest of its item well formed."""
+    bare = re.sub(r'"(?:[^"\\\n]|\\.)*"|#.*', "", line)
+    return bare.strip() != "" and not any(c in bare for c in '{}[]()"')
 
 
 MAX_NESTING = 32  # nested list[...] / {record} types; deeper is surely a mistake (and would exhaust the stack)
@@ -203,7 +219,8 @@ def read_source(path: str | Path) -> str:
             "save the file as UTF-8",
             code="not-utf8",
         )
-        raise WorkflowSyntaxError(diagnostics=[diag], source="") from None
+        # the source line is shown, decoded with U+FFFD for the bytes that are not UTF-8
+        raise WorkflowSyntaxError(diagnostics=[diag], source=data.decode("utf-8", errors="replace")) from None
 
 
 # --------------------------------------------------------------------------- errors
@@ -318,6 +335,9 @@ def _last_word_before(text: str, pos: int) -> tuple[str, int]:
     return text[start:end], start
 
 
+_NO_EXPECTATION = "compare this line with the syntax in docs/language.md"
+
+
 def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxError:
     line, col = max(exc.line, 1), max(exc.column, 1)
     hint = None
@@ -349,8 +369,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
         message = f"unexpected character {char!r}"
         span = Span(path=path, line=line, col=col, end_line=line, end_col=col + 1)
         expected = sorted({_describe(t) for t in exc.allowed or ()})
-        if expected:
-            hint = "expected " + ", ".join(expected)
+        hint = "expected " + ", ".join(expected) if expected else _NO_EXPECTATION
         return WorkflowSyntaxError(diagnostics=[Diagnostic(message, span, hint, code="syntax")], source=text)
 
     assert isinstance(exc, UnexpectedToken)
@@ -364,7 +383,10 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
     except UnexpectedInput:  # match_examples re-parses the examples; never let it hide the real error
         label = None
     opened = _unclosed_brace(text[: tok.start_pos] if tok.type != "$END" else text)
-    if opened is not None and tok.type in _TOP_KEYWORDS:  # a top-level item inside a block
+    # a top-level item inside a block: its keyword (lexed as a keyword, or as a name where a name
+    # may stand) at the start of a line
+    item_keyword = tok.type == "NAME" and tok.column == 1 and _ITEM_START.match(str(tok.value)) is not None
+    if opened is not None and (tok.type in _TOP_KEYWORDS or item_keyword):
         label = _EXAMPLES_KEYS[1]
     if tok.type == "$END":
         found = "end of file"
@@ -384,7 +406,7 @@ def _syntax_error(exc: UnexpectedInput, text: str, path: str) -> WorkflowSyntaxE
                 hint = f"the '{{' on line {opened[0]}, column {opened[1]} is never closed: add '}}'"
     else:
         message = f"unexpected {found}"
-        hint = "expected " + ", ".join(expected) if expected else None
+        hint = "expected " + ", ".join(expected) if expected else _NO_EXPECTATION
     code = "unclosed-block" if label is _EXAMPLES_KEYS[1] else "syntax"
     return WorkflowSyntaxError(diagnostics=[Diagnostic(message, span, hint, code=code)], source=text)
 
@@ -407,11 +429,25 @@ def _named_mistake(tok: Token, text: str, path: str) -> WorkflowSyntaxError | No
             return WorkflowSyntaxError(diagnostics=[Diagnostic(
                 f"trailing ',' at the end of a list of names (so `{word}:` was read as one more name)", span,
                 "remove the ',' after the last name", code="syntax")], source=text)
-    if tok.type == "LBRACE" and _last_word_before(text, pos)[0] == "route":
+    word, start = _last_word_before(text, pos)
+    if word == "route" and tok.type != "NAME":  # `route` not followed by the output it routes on
+        if tok.type == "LBRACE":
+            return WorkflowSyntaxError(diagnostics=[Diagnostic(
+                "`route` needs the output it routes on", tok_span(tok, path),
+                "write `activate: route AGENT { label -> AGENT, ... }` (AGENT's output is a choice[...])",
+                code="syntax")], source=text)
+        line = text.count("\n", 0, start) + 1
+        col = start - (text.rfind("\n", 0, start) + 1) + 1
+        span = Span(path=path, line=line, col=col, end_line=line, end_col=col + len(word))
+        if tok.type == "COMMA":  # `activate: route, a`: `route` used as an agent name
+            return WorkflowSyntaxError(diagnostics=[Diagnostic(
+                "`route` is a keyword of `activate:`, not an agent", span,
+                "to activate agents list them (`activate: a, b`); to route on a choice write "
+                "`activate: route AGENT { label -> AGENT, ... }` on its own", code="bad-route")], source=text)
         return WorkflowSyntaxError(diagnostics=[Diagnostic(
-            "`route` needs the output it routes on", tok_span(tok, path),
+            "`route` needs the output it routes on and its cases", span,
             "write `activate: route AGENT { label -> AGENT, ... }` (AGENT's output is a choice[...])",
-            code="syntax")], source=text)
+            code="bad-route")], source=text)
     return None
 
 

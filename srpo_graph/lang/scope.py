@@ -38,15 +38,16 @@ from srpo_graph.workflow import (
 _SIMPLE: dict[str, WfType] = {"text": TextType(), "int": IntType(), "float": FloatType(), "bool": BoolType()}
 
 
-def close_names(name: str, known: Iterable[str]) -> str | None:
+def close_names(name: str, known: Iterable[str], none: str = "nothing of that kind is declared") -> str:
     """A "did you mean" hint, or the list of known names when short.
 
     Args:
         name: the unknown name.
         known: the names that exist.
+        none: the hint when there are none.
 
     Returns:
-        The hint, or None when nothing is close and the list would be long.
+        The hint: a close name, else the known names (the first 8 of a long list).
 
     >>> close_names("polcy", ["policy", "prompt"])
     "did you mean 'policy'?"
@@ -59,7 +60,9 @@ def close_names(name: str, known: Iterable[str]) -> str | None:
         return f"did you mean '{match[0]}'?"
     if known and len(known) <= 8:
         return "known names: " + ", ".join(known)
-    return None
+    if known:
+        return f"known names include {', '.join(known[:8])} ({len(known)} in all)"
+    return none
 
 
 MAX_COUNT = 1_000_000  # bound of `max_rounds` and `max_steps` (an episode of more firings is a mistake)
@@ -101,7 +104,9 @@ class Scope:
         self.agent_types: dict[str, WfType] = {}
         self.tool_types: dict[str, WfType] = {}
 
-    def err(self, message, span, hint=None, code="E"):
+    def err(self, message: str, span: Span | None, hint: str, code: str = "E") -> None:
+        """Report an error: what (``message``), where (``span``), how to fix it (``hint``, required:
+        every located error has a `fix:` line; tests/lang/test_fix_lines.py checks every call)."""
         self.sink.error(message, span, hint, code)
 
     def node(self, cls: Any, errors_before: int, **fields: Any) -> Any:
@@ -149,8 +154,8 @@ class Scope:
             fname = rest.pop(0)
             if fname not in self.task_fields:
                 self.err(f"unknown task field '{fname}'", span,
-                         (close_names(fname, self.task_fields) or "").replace("known names", "task fields")
-                         or "declare it in the `task { }` block", "unknown-field")
+                         close_names(fname, self.task_fields, "declare it in the `task { }` block")
+                         .replace("known names", "task fields"), "unknown-field")
                 return None
             t = self.task_fields[fname]
             where = f"task.{fname}"
@@ -165,7 +170,8 @@ class Scope:
         for fname in rest:
             if not isinstance(t, RecordType):
                 self.err(f"'{where}' is {type_str(t)}, not a record: it has no field '{fname}'", span,
-                         code="unknown-field")
+                         f"refer to the whole value, {{{where}}}, or declare a record output "
+                         f"(e.g. `output: {{ {fname}: text }} via std.json_record`)", "unknown-field")
                 return None
             ft = t.field_type(fname)
             if ft is None:
@@ -192,7 +198,7 @@ class Scope:
         """(python module name, function or None) or None when the module is not imported."""
         alias = c.module.value
         if alias not in self.modules:
-            hint = f"add `import {alias}`" if alias == "std" else (close_names(alias, self.modules) or f"add `import {alias}`")
+            hint = f"add `import {alias}`" if alias == "std" else close_names(alias, self.modules, f"add `import {alias}`")
             self.err(f"'{alias}' is not an imported module", c.module.span, hint, "unknown-module")
             return None
         modname, mod, _ = self.modules[alias]
@@ -217,12 +223,15 @@ class Scope:
             value, t = self.expr(a.value, refs)
             if a.name is None:
                 if kwargs:
-                    self.err("a positional argument after a keyword argument", a.span, code="bad-call")
+                    self.err("a positional argument after a keyword argument", a.span,
+                             "write the positional arguments first, then `name=value` ones "
+                             "(or name this one too)", "bad-call")
                 args.append(value)
                 arg_types.append(t)
             else:
                 if a.name.value in kw_types:
-                    self.err(f"keyword argument '{a.name.value}' given twice", a.name.span, code="bad-call")
+                    self.err(f"keyword argument '{a.name.value}' given twice", a.name.span,
+                             f"give `{a.name.value}=` once: delete one of them", "bad-call")
                 kwargs.append((a.name.value, value))
                 kw_types[a.name.value] = t
         args.extend(extra_args)
@@ -237,7 +246,7 @@ class Scope:
                 named = [a for a in c.args if p.keyword is not None and a.name is not None and a.name.value == p.keyword]
                 span = (positional[p.index].span if p.index is not None and p.index < len(positional)
                         else named[0].span if named else c.span)
-                about_arg = p.index is not None or (named and "takes" in p.message)
+                about_arg = "takes" in p.message and (p.index is not None or bool(named))
                 self.err(f"{role} {c.module.value}.{c.function.value}: {p.message}", span,
                          signature_hint(fn), "type-mismatch" if about_arg else "bad-signature")
         return Call(module=modname, alias=c.module.value, function=c.function.value,
@@ -263,16 +272,22 @@ def signature_hint(fn: Callable) -> str:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return ""
+        return "its signature cannot be read: check the function's parameters in its module"
     hints = _hints(fn)
 
     def ann(a):
         return getattr(a, "__name__", None) or str(a).replace("typing.", "")
 
-    params = [p.replace(annotation=ann(hints[p.name])) if p.name in hints else p for p in sig.parameters.values()]
-    ret = ann(hints["return"]) if "return" in hints else sig.return_annotation
-    text = str(sig.replace(parameters=params, return_annotation=ret)).replace("'", "")
-    return f"its signature is {getattr(fn, '__name__', 'fn')}{text}"
+    def param(p: inspect.Parameter) -> str:
+        stars = "*" if p.kind is inspect.Parameter.VAR_POSITIONAL else "**" if p.kind is inspect.Parameter.VAR_KEYWORD else ""
+        a = hints.get(p.name, p.annotation)
+        text = stars + p.name + ("" if a is inspect.Parameter.empty else f": {ann(a)}")
+        return text + ("" if p.default is inspect.Parameter.empty else f" = {p.default!r}")
+
+    ret = hints.get("return", sig.return_annotation)
+    arrow = "" if ret is inspect.Signature.empty else f" -> {ann(ret)}"
+    text = ", ".join(param(p) for p in sig.parameters.values())
+    return f"its signature is {getattr(fn, '__name__', 'fn')}({text}){arrow}"
 
 
 def ret_str(fn: Callable) -> str:

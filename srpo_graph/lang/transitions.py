@@ -34,7 +34,10 @@ def build_transition(scope: Scope, t: ast.TransitionDecl) -> Transition | None:
         by_kind.setdefault(type(i), []).append(i)
     for kind in (ast.ConsumeItem, ast.RewardItem, ast.ActivateItem, ast.MaxRoundsItem):
         for extra in by_kind.get(kind, [])[1:]:
-            scope.err(f"transition '{name}' sets `{ITEM_WORD[kind]}` twice", extra.span, code="duplicate-name")
+            first = by_kind[kind][0]
+            scope.err(f"transition '{name}' sets `{ITEM_WORD[kind]}` twice", extra.span,
+                      f"keep one `{ITEM_WORD[kind]}` (the first is on line {first.span.line}) and delete this one",
+                      "duplicate-name")
     consume_item = by_kind.get(ast.ConsumeItem, [None])[0]
     consume: list[str] = []
     if consume_item is None:
@@ -85,6 +88,12 @@ def build_transition(scope: Scope, t: ast.TransitionDecl) -> Transition | None:
     )
 
 
+# `route` written where an agent name stands (the parser names the same mistake when it can)
+ROUTE_AS_AGENT = ("`route` is a keyword of `activate:`, not an agent",
+                  "to activate agents list them (`activate: a, b`); to route on a choice write "
+                  "`activate: route AGENT { label -> AGENT, ... }` on its own")
+
+
 def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd | ActivateAgents | ActivateRoute:
     """What transition ``tname`` activates: `end`, fixed agents, or a route on a choice output."""
     if isinstance(act, ast.ActivateEnd):
@@ -93,7 +102,9 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
         names: list[str] = []
         seen_act: dict[str, Span] = {}
         for n in act.agents:
-            if n.value not in scope.agent_types:
+            if n.value == "route":
+                scope.err(ROUTE_AS_AGENT[0], n.span, ROUTE_AS_AGENT[1], "bad-route")
+            elif n.value not in scope.agent_types:
                 scope.err(f"transition '{tname}' activates unknown agent '{n.value}'", n.span,
                          close_names(n.value, scope.agent_types), "unknown-name")
             elif scope.unique(n, seen_act, "activated agent"):  # like `start:`: one activation per agent

@@ -4,7 +4,9 @@ Runtime stage. Consumes a :class:`~srpo_graph.workflow.Workflow`, a task and the
 executor hands it; produces an :class:`~srpo_graph.runtime.trace.Episode`. It never calls a
 backend and never blocks: it says which agents are *pending* (want a generation), accepts their
 outputs, fires every transition that is ready (declaration order), and, when a transition has
-tools, hands back a job for the executor's thread pool and waits for its result.
+tools, hands back a job for the executor's thread pool and waits for its result. The rule
+itself (readiness, one latest output per consumed agent, bounds, route targets) is
+:mod:`srpo_graph.lang.firing`, the definition the checker explores (Note [Firing semantics]).
 
 Bounds are checked eagerly: when a firing activates an agent whose consumer can no longer fire
 (``max_steps`` reached, or its ``max_rounds`` used up) the episode ends ``truncated`` at once,
@@ -20,10 +22,11 @@ from typing import Any, Callable
 
 from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.errors import Diagnostic, RuntimeFailure
+from srpo_graph.lang import firing
 from srpo_graph.lang.callables import import_module
 from srpo_graph.runtime.render import State, call_args
 from srpo_graph.runtime.trace import MAX_ABS_REWARD, Episode, Output, TransitionRecord, WorkflowRef
-from srpo_graph.workflow import END, ActivateAgents, ActivateEnd, ActivateRoute, Call, Transition, Workflow
+from srpo_graph.workflow import END, ActivateRoute, Call, Transition, Workflow
 
 _OUTPUT_ORDER = tuple(Output.model_fields)  # the order model_construct (and so model_dump) keeps
 _OUTPUT_FIELDS = frozenset(_OUTPUT_ORDER)
@@ -90,11 +93,7 @@ class Callables:
             for a in t.consume:
                 self.consumers[a] = (*self.consumers.get(a, ()), i)
         # agent -> (its consumer, that transition's max_rounds), for consumers with a bound
-        self.bounded: dict[str, tuple[str, int]] = {}
-        for a, name in workflow.consumer_of.items():
-            consumer = workflow.transition_by_name.get(name)
-            if consumer is not None and consumer.max_rounds is not None:
-                self.bounded[a] = (name, consumer.max_rounds)
+        self.bounded = firing.bounded_consumers(workflow.transitions)
         self.base_dir = Path(workflow.path).resolve().parent if workflow.path and workflow.path != "<string>" else None
 
     def get(self, call: Call) -> Callable[..., Any]:
@@ -127,7 +126,8 @@ class EpisodeRun:
         self.state = State(task=dict(task))
         self.pending: list[str] = []  # activated agents without an output yet, in activation order
         self.activator: dict[str, str | None] = {}  # pending agent -> the record id that activated it (None = start)
-        self.fresh: dict[str, list[str]] = {}  # agent -> unconsumed output ids
+        self.fresh: dict[str, list[str]] = {}  # agent -> unconsumed output ids (never an empty list)
+        self.superseded: list[str] = []  # older fresh outputs the next recorded firing supersedes
         self.outputs: list[Output] = []
         self.records: list[TransitionRecord] = []
         self.rounds: dict[str, int] = {}  # transition -> times fired
@@ -200,7 +200,7 @@ class EpisodeRun:
             # only a transition consuming an agent with fresh outputs (a key of ``fresh``, never
             # an empty list) can be ready; the first declared one fires
             candidates = sorted({i for a in self.fresh for i in consumers.get(a, ())})
-            ready = next((t for t in (transitions[i] for i in candidates) if self._is_ready(t)), None)
+            ready = firing.first_ready(transitions, candidates, self.fresh, self.pending)
             if ready is None:
                 if not self.pending:
                     if self.end_activated:
@@ -209,12 +209,11 @@ class EpisodeRun:
                         self.fail(at_node(self.wf, "episode stalled: nothing pending, no transition ready, "
                                                    "`end` never activated"))
                 return None
-            if len(self.records) >= self.wf.max_steps or (
-                ready.max_rounds is not None and self.rounds.get(ready.name, 0) >= ready.max_rounds
-            ):
+            if firing.over_budget(ready, len(self.records), self.rounds, self.wf.max_steps):
                 self._finish("truncated")
                 return None
-            consumed = [oid for a in ready.consume for oid in self.fresh.pop(a, [])]
+            consumed, superseded = firing.take(ready, self.fresh)
+            self.superseded.extend(superseded)
             if ready.tools:
                 try:
                     job = self._tool_job(ready)
@@ -242,14 +241,6 @@ class EpisodeRun:
         self._complete_firing(transition, consumed, results)
 
     # ------------------------------------------------------------------ internals
-
-    def _is_ready(self, t: Transition) -> bool:
-        fresh, pending, some = self.fresh, self.pending, False
-        for a in t.consume:
-            if a in pending:
-                return False
-            some = some or bool(fresh.get(a))
-        return some
 
     def _tool_job(self, t: Transition) -> Callable[[], dict[str, Any]]:
         # arguments are evaluated now, in order, each tool seeing the results of the earlier ones
@@ -284,34 +275,22 @@ class EpisodeRun:
         self.records.append(TransitionRecord(
             id=f"t{len(self.records)}", name=t.name, step=len(self.records), consumed=consumed,
             activated=list(activated), tool_results=tool_results, reward=reward,
+            superseded=self.superseded or None,
         ))
+        self.superseded = []
         self.rounds[t.name] = self.rounds.get(t.name, 0) + 1
         self.transition_rewards += reward or 0.0
         self._activate(activated, by=self.records[-1].id)
-        agents = [a for a in activated if a != END]
-        if agents and (len(self.records) >= self.wf.max_steps or any(self._exhausted(a) for a in agents)):
+        if firing.truncates_after(activated, len(self.records), self.rounds, self.wf.max_steps,
+                                  self.callables.bounded):
             self._finish("truncated")
 
-    def _exhausted(self, agent: str) -> bool:
-        bound = self.callables.bounded.get(agent)  # (consumer, its max_rounds) when it has one
-        return bound is not None and self.rounds.get(bound[0], 0) >= bound[1]
-
     def _activation(self, t: Transition) -> tuple[str, ...]:
-        act = t.activate
-        if isinstance(act, ActivateEnd):
-            return (END,)
-        if isinstance(act, ActivateAgents):
-            return act.agents
-        assert isinstance(act, ActivateRoute)
-        value = self.state.get(act.on)
-        labels = value if isinstance(value, list) else [value]
-        targets: list[str] = []
-        for label in labels:
-            # a None choice, or a label the route does not declare, activates `end` only
-            for a in act.targets(label) if isinstance(label, str) else (END,):
-                if a not in targets:
-                    targets.append(a)
-        return tuple(targets) or (END,)
+        fixed = firing.fixed_targets(t)
+        if fixed is not None:
+            return fixed
+        assert isinstance(t.activate, ActivateRoute)
+        return firing.route_targets(t.activate, self.state.get(t.activate.on))
 
     def _activate(self, names: tuple[str, ...] | list[str], by: str | None = None) -> None:
         for a in names:

@@ -114,6 +114,10 @@ def episode_problems(ep: Any, *, outputs: bool = False, resolve_ids: bool = True
             if c in consumer:
                 yield f"transitions[{k}].consumed", f"output {c!r} is consumed by both {consumer[c]!r} and {t.id!r}"
             consumer[c] = t.id
+        for c in t.superseded or ():
+            if c in consumer:
+                yield f"transitions[{k}].superseded", f"output {c!r} is superseded by {t.id!r} and consumed by {consumer[c]!r}"
+            consumer[c] = t.id
 
 
 class _Frozen(BaseModel):
@@ -164,6 +168,9 @@ class TransitionRecord(_Frozen):
     activated: list[str]  # agent names, or ["end"]
     tool_results: dict[str, JsonValue] | None = None
     reward: Reward | None = None
+    # older fresh outputs of a consumed agent that this firing dropped (it takes the latest of
+    # each agent: Note [Firing semantics] in lang/firing.py); they are in no active set
+    superseded: list[str] | None = None
 
 
 class Episode(_Frozen):

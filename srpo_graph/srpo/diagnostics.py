@@ -141,11 +141,14 @@ class LossDiagnostics:
 
     @property
     def approx_kl_k3(self) -> torch.Tensor:
-        """Mean over completion tokens of k3(old || new)."""
+        """Mean over completion tokens of k3 = r - 1 - log r, r = pi_new/pi_old: unbiased for
+        KL(pi_old || pi_new) on tokens sampled from pi_old (Note [k3 orientation])."""
         return self._ratio("k3_old", "tokens")
 
     @property
     def approx_kl_mean(self) -> torch.Tensor:
+        """Mean over completion tokens of log pi_old - log pi_new (k1): also unbiased for
+        KL(pi_old || pi_new), with a higher variance and possibly negative."""
         return self._ratio("old_minus_new", "tokens")
 
     @property
@@ -292,7 +295,11 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
     absmax = torch.zeros(nbins, dtype=f, device=dev).scatter_reduce_(
         0, item_size, log_ratio.abs(), reduce="amax", include_self=True)
     events_by_size = torch.bincount(b.set_size.to(dev), minlength=nbins).to(f)
-    x = (-d).clamp(max=20.0)  # old - new (a now-excluded token's floor would overflow exp)
+    # Note [k3 orientation]: tokens were sampled from pi_old, so with r = pi_new/pi_old (x = new - old,
+    # E_old[r] = 1) k3 = r - 1 - log r is unbiased for KL(pi_old || pi_new). The other orientation
+    # (x = old - new) has expectation chi^2(pi_old || pi_new) - KL, not a KL. Clamped above only:
+    # exp must not overflow, and a very negative x (a token pi_new now excludes) stays finite.
+    x = d.clamp(max=20.0)  # new - old
     mismatch = (old_c.detach().to(f) - b.sampler_logprobs.index_select(0, comp).to(f)).abs()
     set_adv = b.set_advantage.to(f)
     # per agent, token-weighted: each completion token carries its item's clip flags and ratio
@@ -318,7 +325,7 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
         "loss": loss.detach(), "pg_loss": pg_loss.detach(), "kl_loss": kl_loss.detach(),
         "items": torch.tensor(n_items, device=dev), "clip_upper": upper.sum(), "clip_lower": lower.sum(),
         "ratio_sum": ratio.sum(), "tokens": torch.tensor(n_tok, device=dev),
-        "k3_old": (x.exp() - x - 1).sum(), "old_minus_new": x.sum(),
+        "k3_old": (x.exp() - x - 1).sum(), "old_minus_new": -d.sum(),
         "events": torch.tensor(float(b.num_sets), device=dev), "adv": set_adv.sum(),
         "adv_sq": (set_adv * set_adv).sum(), "adv_zero": (set_adv == 0).sum(), "mismatch_abs": mismatch.sum(),
         "mismatch_weight": weight_sum, "masked": masked, "members": torch.tensor(float(b.num_members), device=dev),

@@ -71,7 +71,8 @@ Departures from the paper (whose PDF was not available; DESIGN.md):
        exp(sum_j sum_u (log pi_old - log mu))) is an addition; off by default.
     5. Reductions other than the event mean, the token/member units and the CISPO/GMPO
        surrogates exist for the baselines; the paper uses the event mean and the clip.
-    6. dual_clip (off by default) bounds a negative-advantage event's objective at c*A.
+    6. dual_clip (off by default) bounds a negative-advantage event's objective at c*A (with the
+       clip and gmpo surrogates; refused with cispo, whose weight is already capped).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ from enum import Enum
 from typing import Any, Callable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import LossDiagnostics, diagnose
@@ -138,10 +139,11 @@ class LossConfig(BaseModel):
         "log-ratio), 'gmpo' (geometric mean, token log-ratios clipped to [-eps_low, eps_high])."))
     dual_clip: float | None = Field(None, gt=1.0, description=(
         "Dual-clip c > 1 for negative advantages: the surrogate is at least c*A, bounding the gradient of an "
-        "event whose ratio blew up (verl uses 3); None = off."))
+        "event whose ratio blew up (verl uses 3); None = off. With surrogate 'clip' or 'gmpo' (both leave a "
+        "negative-advantage ratio unbounded above); refused with 'cispo', whose weight is already capped."))
     constant_denominator: float | None = Field(None, gt=0.0, description=(
-        "D of the 'constant' reduction; None = the sum of each member's max_new_tokens in the mini-batch "
-        "(outputs x max tokens: TRL's dr_grpo B x max_completion_length)."))
+        "D of the 'constant' reduction; None = outputs x the largest max_new_tokens of the mini-batch's "
+        "outputs (Dr. GRPO's MAX_TOKENS; TRL's B x max_completion_length), also with agents of different budgets."))
     logratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="Log-ratios are clamped to +-this before exp (nats).")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to a reference policy (GRPO: 0.04); 0 = off.")
     kl_mismatch_weight: bool = Field(False, description=(
@@ -161,6 +163,16 @@ class LossConfig(BaseModel):
         from srpo_graph.srpo.objectives import get_objective
 
         return get_objective(name).loss_config(**overrides)
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_needs_the_clip(cls, v: float | None, info: ValidationInfo) -> float | None:
+        surrogate = info.data.get("surrogate", Surrogate.CLIP)
+        if v is not None and surrogate is Surrogate.CISPO:
+            raise ValueError(
+                "dual_clip does nothing with the 'cispo' surrogate (its stop-gradient weight is already capped at "
+                "1 + eps_high, so the gradient is bounded): remove dual_clip, or use surrogate 'clip' or 'gmpo'")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "LossConfig":
@@ -284,13 +296,18 @@ class _Surr:
     clipped_lower: torch.Tensor  # [I] bool: ... below
 
 
+def _dual_clip(surr: torch.Tensor, adv: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """For A < 0 the objective is at least c*A: a bounded gradient (clip and gmpo; refused with cispo)."""
+    if cfg.dual_clip is None:
+        return surr
+    return torch.where(adv < 0, torch.maximum(surr, cfg.dual_clip * adv), surr)
+
+
 def _clip_surrogate(d: torch.Tensor, items: _Items, adv: torch.Tensor, cfg: LossConfig) -> _Surr:
     """PPO: ``min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)``, optionally dual-clipped."""
     L = items.aggregate(d)
     ratio = L.clamp(-cfg.logratio_clamp, cfg.logratio_clamp).exp()
-    surr = torch.minimum(ratio * adv, ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv)
-    if cfg.dual_clip is not None:  # for A < 0 the objective is at least c*A: a bounded gradient
-        surr = torch.where(adv < 0, torch.maximum(surr, cfg.dual_clip * adv), surr)
+    surr = _dual_clip(torch.minimum(ratio * adv, ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv), adv, cfg)
     return _Surr(surr, L, ratio, (ratio > 1 + cfg.eps_high) & (adv > 0), (ratio < 1 - cfg.eps_low) & (adv < 0))
 
 
@@ -320,7 +337,8 @@ def _gmpo_surrogate(d: torch.Tensor, items: _Items, adv: torch.Tensor, cfg: Loss
                                                                        accumulate=True)
     low = torch.zeros(n, dtype=torch.bool, device=d.device).index_put_((item_of,), (clipped > d) & (adv_tok < 0),
                                                                         accumulate=True)
-    return _Surr(adv * Lc.clamp(-c, c).exp(), L, L.clamp(-c, c).exp(), up, low)
+    # for A < 0 a token log-ratio is clipped only below, so a blown-up ratio is bounded by dual_clip alone
+    return _Surr(_dual_clip(adv * Lc.clamp(-c, c).exp(), adv, cfg), L, L.clamp(-c, c).exp(), up, low)
 
 
 SURROGATES: dict[Surrogate, Callable[[torch.Tensor, _Items, torch.Tensor, LossConfig], _Surr]] = {
@@ -344,10 +362,12 @@ WEIGHTS: dict[Reduction, Callable[[_Items, _Ctx, SetBatch], torch.Tensor]] = {
 
 
 def _d_constant(b: SetBatch, cfg: LossConfig) -> float:
-    """Dr. GRPO's constant: outputs x max tokens (each member's max_new_tokens, summed)."""
+    """Dr. GRPO's constant: outputs x the longest generation budget of the mini-batch (the paper's
+    MAX_TOKENS, TRL's B x max_completion_length): every output's tokens are divided by the same
+    number, whatever its agent's own ``max_tokens``."""
     if cfg.constant_denominator is not None:
         return cfg.constant_denominator
-    return float(b.member_max_tokens.sum()) if b.num_members else 1.0
+    return float(b.num_members * int(b.member_max_tokens.max())) if b.num_members else 1.0
 
 
 DENOMINATORS: dict[Reduction, Callable[[SetBatch, LossConfig], float]] = {

@@ -91,7 +91,7 @@ OBJECTIVES: dict[str, Objective] = dict([
         "https://arxiv.org/abs/2503.20783",
         loss={"ratio_unit": "token", "reduction": "constant"},
         compile={"advantage": "episode", "use_std": False},
-        note="D = sum of each output's max_new_tokens (TRL's B x max_completion_length)")),
+        note="D = outputs x the largest max_new_tokens of the mini-batch (TRL's B x max_completion_length)")),
     _row(Objective(
         "dapo", "DAPO: token-level mean over the batch, clip-higher, dynamic sampling",
         "https://arxiv.org/abs/2503.14476",
@@ -121,8 +121,9 @@ OBJECTIVES: dict[str, Objective] = dict([
         "dr_mas", "Dr. MAS: GRPO with agent-wise advantages (group = task x agent)",
         "https://arxiv.org/abs/2602.08847",
         loss={"ratio_unit": "token", "reduction": "member_mean"},
-        compile={"advantage": "agent", "use_std": True},
-        note="one advantage per member; the set unit would use their mean")),
+        compile={"advantage": "agent", "returns": "episode", "use_std": True},
+        note="each output gets its trajectory's reward normalized over its agent's outputs of the task, as "
+             "published; advantage=agent with provenance returns is this project's composition")),
 ])
 
 

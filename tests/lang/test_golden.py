@@ -67,6 +67,23 @@ EXPECTED_CODES = {
     "lora_unknown_base": "unknown-name",
     "lora_bad_args": "bad-value",
     "lora_unknown_module": "unknown-module",
+    # issue 22: a fix line on every located error, columns, named route mistakes, every error reported
+    "duplicate_items": "duplicate-name",
+    "duplicate_import_alias": "duplicate-name",
+    "keyword_twice": "bad-call",
+    "positional_after_keyword": "bad-call",
+    "field_of_non_record": "unknown-field",
+    "malformed_number_underscore": "bad-number",
+    "malformed_number_in_call": "bad-number",
+    "unknown_keyword_argument": "bad-signature",
+    "too_many_positional": "bad-signature",
+    "route_bare": "bad-route",
+    "route_as_agent": "bad-route",
+    "route_as_agent_after": "bad-route",
+    "two_errors_in_one_item": "syntax",
+    "bad_templates_in_two_agents": "bad-template",
+    "unclosed_before_item_keyword": "unclosed-block",
+    "not_utf8_in_prompt": "not-utf8",
 }
 
 

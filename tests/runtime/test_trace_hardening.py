@@ -58,6 +58,8 @@ BAD_FIELDS = {  # mutation of line 2 -> what the message must say
                                 "field transitions[1].id: duplicate transition id"),
     "output consumed twice": (lambda ep: ep["transitions"].append(dict(ep["transitions"][0], id="tX")),
                               "is consumed by both"),
+    "output consumed and superseded": (lambda ep: ep["transitions"][-1].update(
+        superseded=[ep["transitions"][0]["consumed"][0]]), "is superseded by"),
     "deep value": (_set("outputs", 0, "value", value=_nest(MAX_DEPTH + 5)), "field outputs[0].value"),
     "deep tool result": (_set("transitions", 0, "tool_results", value={"r": _nest(MAX_DEPTH + 5)}), "nested deeper than"),
 }

@@ -55,11 +55,35 @@ def test_set_unit_diagnostics_match_plain_loops(batch):
     assert diag.ratio_min.item() == pytest.approx(min(ratios), rel=1e-5)
     assert diag.ratio_max.item() == pytest.approx(max(ratios), rel=1e-5)
     toks = [t for t in range(batch.num_tokens) if mask[t]]
-    x = [float(batch.old_logprobs[t]) - float(new[t]) for t in toks]
+    x = [float(new[t]) - float(batch.old_logprobs[t]) for t in toks]  # log r, r = pi_new / pi_old
     assert diag.approx_kl_k3.item() == pytest.approx(sum(math.exp(v) - v - 1 for v in x) / len(x), rel=1e-5)
     mis = [abs(float(batch.old_logprobs[t]) - float(batch.sampler_logprobs[t])) for t in toks]
     assert diag.mismatch_abs_mean.item() == pytest.approx(sum(mis) / len(mis), abs=1e-7)
     assert diag.num_tokens == len(toks)
+
+
+def test_approx_kl_estimates_the_exact_kl_of_old_to_new_on_a_categorical():
+    """Tokens sampled from a small pi_old, scored under a pi_new: the logged k3 and the mean of
+    old - new must estimate the exact KL(pi_old || pi_new) = sum_v p_old(v) log(p_old(v)/p_new(v)),
+    not KL(pi_new || pi_old) (1.063 here) nor chi^2 - KL (1.427, the other k3 orientation)."""
+    p_old, p_new = [0.5, 0.4, 0.1], [0.1, 0.2, 0.7]
+    exact = sum(a * math.log(a / b) for a, b in zip(p_old, p_new))  # 0.887
+    reverse = sum(b * math.log(b / a) for a, b in zip(p_old, p_new))
+    b = compile(synthetic_episodes(8, 8, seed=3, max_set=4, completion_len=(60, 90), transition_rewards=False),
+                CompileConfig(micro_batch_tokens=100_000))
+    comp = b.loss_mask.nonzero().squeeze(1)
+    g = torch.Generator().manual_seed(0)
+    tok = torch.multinomial(torch.tensor(p_old), comp.numel(), replacement=True, generator=g)
+    old, new = b.old_logprobs.double().clone(), b.old_logprobs.double().clone()
+    old[comp], new[comp] = torch.tensor(p_old).log().double()[tok], torch.tensor(p_new).log().double()[tok]
+    b.old_logprobs, b.sampler_logprobs = old.to(b.old_logprobs.dtype), old.to(b.sampler_logprobs.dtype)
+    _, diag = srpo_loss(new.requires_grad_(), b, LossConfig())
+    n = comp.numel()
+    assert n > 10_000
+    # sampling error: the per-token k3 has variance 1.2 here, so 4 standard errors < 0.05
+    assert diag.approx_kl_k3.item() == pytest.approx(exact, abs=4 * (1.2 / n) ** 0.5)
+    assert diag.approx_kl_mean.item() == pytest.approx(exact, abs=4 * (2.0 / n) ** 0.5)
+    assert abs(diag.approx_kl_k3.item() - reverse) > 0.1
 
 
 @pytest.mark.parametrize("unit", list(RatioUnit))

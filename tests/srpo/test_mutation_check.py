@@ -19,6 +19,7 @@ import pytest
 from srpo_graph.compiler import advantages as adv_mod
 from srpo_graph.compiler import compile as compile_mod
 from srpo_graph.compiler.options import ReturnMode
+from srpo_graph.srpo import loss as loss_mod
 from srpo_graph.srpo import objectives
 
 HERE = Path(__file__).resolve().parent
@@ -82,6 +83,9 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "cispo surrogate -> clip": _row("cispo", {"surrogate": "clip"}),
     "cispo reduction token -> member_mean": _row("cispo", {"reduction": "member_mean"}),
     "dr_mas advantage agent -> transition": _row("dr_mas", compile={"advantage": "transition"}),
+    "dr_mas trajectory reward -> provenance returns": _row("dr_mas", compile={"returns": "provenance"}),
+    "dr_grpo denominator -> sum of each output's budget": lambda mp: mp.setitem(
+        loss_mod.DENOMINATORS, loss_mod.Reduction.CONSTANT, lambda b, cfg: float(b.member_max_tokens.sum())),
     "return rule provenance -> firing order": lambda mp: mp.setitem(compile_mod.RETURNS, ReturnMode.PROVENANCE,
                                                                     _firing_order),
     "return rule discount ignored": lambda mp: mp.setitem(compile_mod.RETURNS, ReturnMode.PROVENANCE, _undiscounted),

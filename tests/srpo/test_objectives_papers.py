@@ -32,6 +32,10 @@ KL_SHIFT = 0.1  # ref log-probs = old - KL_SHIFT
 
 def episodes():
     eps = synthetic_episodes(5, 6, seed=21, max_set=3, completion_len=(1, 8), policies=("p0",))
+    # agents with different generation budgets (Dr. GRPO's denominator takes the largest)
+    budget = {"agent0": 8, "agent1": 12, "agent2": 20}
+    eps = [e.model_copy(update={"outputs": [o.model_copy(update={"max_tokens": budget.get(o.agent, 8)})
+                                            for o in e.outputs]}) for e in eps]
     # task0: every episode the same reward (a zero-variance group: DAPO drops it)
     return [e.model_copy(update={"reward": 1.0}) if e.group_id == "task0" else e for e in eps]
 
@@ -135,9 +139,9 @@ def j_grpo(eps, kl_beta=0.0):
 
 
 def j_dr_grpo(eps):
-    """Dr. GRPO (arXiv 2503.20783): no std, no 1/|o_i|; / (outputs x max generation length)."""
+    """Dr. GRPO (arXiv 2503.20783): no std, no 1/|o_i|; / (outputs x MAX_TOKENS, the largest budget)."""
     rows = outputs_with_episode_advantage(eps, use_std=False)
-    return sum(clip_obj(math.exp(x), a, 0.2, 0.2) for a, d, _ in rows for x in d) / sum(m for _, _, m in rows)
+    return sum(clip_obj(math.exp(x), a, 0.2, 0.2) for a, d, _ in rows for x in d) / (len(rows) * max(m for _, _, m in rows))
 
 
 def j_dapo(eps):
@@ -169,16 +173,17 @@ def j_cispo(eps):
 
 
 def j_dr_mas(eps):
-    """Dr. MAS (arXiv 2602.08847): GRPO with each agent's outputs normalized over that agent's rows of the task."""
+    """Dr. MAS (arXiv 2602.08847, agent-wise normalization): A_{i,k} = (R_i - mu_k) / sigma_k, R_i the
+    trajectory's reward, mu_k and sigma_k over agent k's outputs in the task's G trajectories; then
+    GRPO's per-output token mean. (Transition rewards are in R_i, not credited per output.)"""
     groups: dict[tuple, list] = {}
     for e in eps:
-        ret = ref_returns(e)
         key = f"{e.group_id}/{e.sample}"
         for t in e.transitions:
             for c in t.consumed:
                 o = next(o for o in e.outputs if o.id == c)
                 d = [delta(key, c, i) for i in range(len(o.completion_ids))]
-                groups.setdefault((e.group_id, o.agent), []).append((ret[t.id], d))
+                groups.setdefault((e.group_id, o.agent), []).append((e.reward, d))
     total, n = 0.0, 0
     for rows in groups.values():
         for (_, d), a in zip(rows, normalize([r for r, _ in rows])):

@@ -124,6 +124,8 @@ def naive_loss(new: torch.Tensor, b, cfg: LossConfig, ref: torch.Tensor | None =
                 if not torch.is_tensor(lc):
                     lc = torch.tensor(float(lc), dtype=torch.float64)
                 surr = a * torch.exp(torch.clamp(lc, -c, c))
+                if cfg.dual_clip is not None and a < 0:
+                    surr = torch.maximum(surr, torch.tensor(cfg.dual_clip * a, dtype=torch.float64))
             else:
                 clipped = torch.clamp(r, 1 - cfg.eps_low, 1 + cfg.eps_high)
                 surr = torch.minimum(r * a, clipped * a)
@@ -228,19 +230,42 @@ def test_dual_clip_and_kl_weighting_match_naive(batch, unit):
                ref=ref, seed=6)
 
 
-def test_dual_clip_bounds_a_blown_up_negative_advantage_event():
-    """One event, A < 0, ratio near the log clamp: the plain clip keeps a gradient of ~A*rho (e^20);
-    dual-clip (c = 3) caps the objective at c*A, so the gradient is 0 there."""
+@pytest.mark.parametrize("unit", list(RatioUnit))
+def test_dual_clip_with_gmpo_matches_naive(batch, unit):
+    g = torch.Generator().manual_seed(5)
+    old = batch.sampler_logprobs + 0.6 * torch.randn(batch.num_tokens, generator=g) * batch.loss_mask
+    b = batch.with_(old_logprobs=old.float())
+    _check(b, LossConfig(ratio_unit=unit, surrogate="gmpo", dual_clip=1.05), seed=6)
+    new = _new(b, 6)  # the bound is active on some item: the loss differs from gmpo without it
+    assert srpo_loss(new, b, LossConfig(ratio_unit=unit, surrogate="gmpo", dual_clip=1.05))[0].item() != \
+        pytest.approx(srpo_loss(new, b, LossConfig(ratio_unit=unit, surrogate="gmpo"))[0].item(), abs=1e-9)
+
+
+def test_dual_clip_with_cispo_is_a_config_error_naming_the_field():
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.train.config import validate
+
+    with pytest.raises(ConfigError, match=r"field `loss.dual_clip`.*'cispo'") as info:
+        validate({"objective": "cispo", "loss": {"dual_clip": 3.0}})
+    assert "fix:" in str(info.value)
+    validate({"loss": {"surrogate": "gmpo", "dual_clip": 3.0}})  # bounded there: accepted
+
+
+@pytest.mark.parametrize("surrogate", [Surrogate.CLIP, Surrogate.GMPO])
+def test_dual_clip_bounds_a_blown_up_negative_advantage_event(surrogate):
+    """One event, A < 0, ratio near the log clamp: the plain clip (and GMPO, which clips a negative
+    advantage's token log-ratios only below) keep a gradient of ~A*rho (e^20); dual-clip (c = 3)
+    caps the objective at c*A, so the gradient is 0 there."""
     from srpo_graph.compiler.synthetic import one_event_batch
 
     b = one_event_batch([[-5.0, -5.0]], advantage=-1.0)
     new = b.old_logprobs.double().index_put((b.loss_mask,), b.old_logprobs.double()[b.loss_mask] + 9.0)
     plain = new.clone().requires_grad_()
-    loss, _ = srpo_loss(plain, b, LossConfig())
+    loss, _ = srpo_loss(plain, b, LossConfig(surrogate=surrogate))
     loss.backward()
     assert plain.grad.abs().max().item() > 1e6
     dual = new.clone().requires_grad_()
-    loss_d, _ = srpo_loss(dual, b, LossConfig(dual_clip=3.0))
+    loss_d, _ = srpo_loss(dual, b, LossConfig(surrogate=surrogate, dual_clip=3.0))
     loss_d.backward()
     assert loss_d.item() == pytest.approx(3.0) and dual.grad.abs().max().item() == 0.0
 
