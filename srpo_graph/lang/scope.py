@@ -101,8 +101,8 @@ class Scope:
         self.agent_types: dict[str, WfType] = {}
         self.tool_types: dict[str, WfType] = {}
 
-    def err(self, message, span, hint=None, code="E"):
-        self.sink.error(message, span, hint, code)
+    def err(self, message, span, hint=None, code="E", related=()):
+        self.sink.error(message, span, hint, code, related)
 
     def node(self, cls: Any, errors_before: int, **fields: Any) -> Any:
         """A workflow node: validated (``cls(**fields)``) when no error was reported since
@@ -116,7 +116,8 @@ class Scope:
         if name.value in seen:
             prev = seen[name.value]
             self.err(f"duplicate {what} '{name.value}'", name.span,
-                     f"'{name.value}' is already declared at line {prev.line}", "duplicate-name")
+                     f"'{name.value}' is already declared at line {prev.line}", "duplicate-name",
+                     related=((prev, f"'{name.value}' first declared here"),))
             return False
         seen[name.value] = name.span
         return True
