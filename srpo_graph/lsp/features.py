@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from lsprotocol import types as lsp
+from pygls.uris import from_fs_path
 
 from srpo_graph import std
 from srpo_graph.errors import Span, WorkflowSyntaxError
@@ -35,7 +36,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def uri_of(path: str | Path) -> str:
-    return Path(path).resolve().as_uri()
+    return from_fs_path(str(Path(path).resolve())) or Path(path).resolve().as_uri()
 
 
 def _md(lines: list[str]) -> lsp.Hover:
@@ -286,7 +287,7 @@ def rename(a: Analysis, line: int, col: int, new_name: str, lines: Lines) -> lsp
     space = _NAMESPACE[occ.kind]
     taken = [k for k, s in _NAMESPACE.items() if s == space and new_name in ix.names(k)]
     if taken and new_name != occ.name:
-        raise RenameError(f"'{new_name}' already names a {taken[0]}")
+        raise RenameError(f"'{new_name}' already names {'an' if taken[0][0] in 'aeiou' else 'a'} {taken[0]}")
     edits = [lsp.TextEdit(range=lines.span_range(o.span), new_text=new_name) for o in ix.uses(occ.kind, occ.name)]
     return lsp.WorkspaceEdit(changes={uri_of(a.path): edits})
 

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from srpo_graph.errors import Diagnostic, Span
 from srpo_graph.lang.checker import ImportPolicy
@@ -54,9 +55,12 @@ async def check_in_child(text: str, path: str, policy: ImportPolicy, timeout: fl
     """
     request = json.dumps({"text": text, "path": path,
                           "allowed": list(policy.allowed) if policy.allowed is not None else None})
+    # the child imports this very srpo_graph, wherever it was found (an install or a checkout)
+    here = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "srpo_graph.lsp.imports", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(request.encode("utf-8")), timeout)
     except (asyncio.TimeoutError, asyncio.CancelledError) as exc:

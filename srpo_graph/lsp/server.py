@@ -28,10 +28,11 @@ import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
 
 from srpo_graph.errors import Diagnostic
 from srpo_graph.lang.checker import ImportPolicy
@@ -165,8 +166,7 @@ def path_of(uri: str) -> str:
     >>> path_of("file:///tmp/a%20b.wf")
     '/tmp/a b.wf'
     """
-    parsed = urlparse(uri)
-    return unquote(parsed.path) if parsed.scheme == "file" else uri
+    return (to_fs_path(uri) or uri) if uri.startswith("file:") else uri
 
 
 def to_lsp(d: Diagnostic, lines: Lines, uri: str) -> lsp.Diagnostic:
@@ -253,7 +253,10 @@ def make_server() -> LanguageServer:
     @ls.feature(lsp.TEXT_DOCUMENT_RENAME, lsp.RenameOptions(prepare_provider=True))
     def rename(params: lsp.RenameParams):
         a, lines, line, col = at(params)
-        return features.rename(a, line, col, params.new_name, lines)
+        try:
+            return features.rename(a, line, col, params.new_name, lines)
+        except features.RenameError as exc:  # answered as an error the editor shows; not a server fault
+            raise JsonRpcInvalidParams(message=str(exc)) from None
 
     @ls.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
     def document_symbol(params: lsp.DocumentSymbolParams):

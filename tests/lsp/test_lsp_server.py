@@ -381,8 +381,9 @@ async def test_rename_refuses_a_taken_or_bad_name(client, docs, tmp_path):
     text = SEARCH.read_text(encoding="utf-8")
     uri, _ = await docs.open(tmp_path / "rename_bad.wf", text)
     at = pos(text, "agent reader", delta=7)
-    for bad in ("q1", "search", "2x", "end"):
-        with pytest.raises(Exception):
+    for bad, why in (("q1", "already names an agent"), ("search", "already names a transition"),
+                     ("d1", "already names a tool"), ("2x", "is not a name"), ("end", "is reserved")):
+        with pytest.raises(Exception, match=why):
             await client.text_document_rename_async(lsp.RenameParams(text_document=doc_id(uri), position=at, new_name=bad))
     prep = await client.text_document_prepare_rename_async(lsp.PrepareRenameParams(
         text_document=doc_id(uri), position=pos(text, "std.retrieve", delta=5)))
