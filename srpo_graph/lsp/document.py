@@ -51,9 +51,10 @@ def analyze(text: str, path: str, imports: ImportPolicy = NO_IMPORT) -> Analysis
     Returns:
         The :class:`Analysis`.
 
-    >>> a = analyze('workflow w import std policy p = "tiny" agent a { policy: q prompt: "x" }', "w.wf")
-    >>> [(d.span.line, d.span.col, d.message) for d in a.diagnostics if d.span][:1]
-    [(1, 58, "unknown policy 'q'")]
+    >>> a = analyze('workflow w import std policy p = "tiny" agent a { policy: q prompt: "x" unconsumed: allow }'
+    ...             ' start: a', "w.wf")
+    >>> [(d.span.line, d.span.col, d.message) for d in a.diagnostics]
+    [(1, 59, "unknown policy 'q'")]
     """
     t0 = time.perf_counter()
     out = Analysis(text=text, path=path)
