@@ -149,6 +149,8 @@ def complete(text: str, offset: int, ix: Index | None, base_dir: Path | None) ->
             return _agent_fields(ix, head)
         return []
     block = _block(prefix)
+    if ix is not None and re.search(r"(\breward\s*:|\bvia|\btool\s+\w+\s*=)\s*\w*\Z", prefix):
+        return _items(ix.names("module"), K.Module, "imported module")  # then `alias.` lists its functions
     # the item the cursor is in: its keyword, then names (a list may go on after a comma and a newline)
     item = re.search(r"\b(consume|activate|start|policy|output|unconsumed|max_rounds|max_steps)[ \t]*:"
                      r"[^:{}\"#\n]*(?:,\s*\n[^:{}\"#\n]*)*\Z", prefix)

@@ -321,6 +321,8 @@ async def test_completion_lists(client, docs, tmp_path):
     from srpo_graph.lang.stdref import std_functions
 
     assert await at_edit("  tool d5 = std.retrieve(q5, k=3)\n", "  reward: std.") == [n for n, _ in std_functions()]
+    assert await at_edit("  tool d5 = std.retrieve(q5, k=3)\n", "  reward: ") == ["std"]  # the imported modules
+    assert await at_edit("  tool d5 = std.retrieve(q5, k=3)\n", "  tool d6 = ") == ["std"]
     from srpo_graph.lang.agents import SAMPLING_KEYS
 
     assert await at_edit("  sample { ", "") == list(SAMPLING_KEYS)
