@@ -16,15 +16,20 @@ the client's column unit). Decisions:
   last version that parsed (mid-edit text rarely does). A failure inside a handler is answered
   as an LSP error, never a crash.
 
+* ``check``'s token rule (``allow`` entries against local tokenizers) runs on a worker thread
+  when the file checks, before the diagnostics are published (setting ``tokens``, default on;
+  transformers is imported in the background at start, so only a cold start waits for it).
+
 Settings come from ``initializationOptions`` and ``workspace/didChangeConfiguration``
 (``{"srpoGraph": {...}}`` or the bare object): ``imports``, ``allowedImports``,
-``importTimeout``, ``debounce``.
+``importTimeout``, ``debounce``, ``tokens``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,7 @@ class Settings:
     allowed_imports: tuple[str, ...] = ()
     import_timeout: float = 5.0  # seconds
     debounce: float = 0.15  # seconds
+    tokens: bool = True  # check's token rule against local tokenizers (the first check loads transformers)
 
     def policy(self) -> ImportPolicy:
         if self.imports == "all":
@@ -74,6 +80,8 @@ class Settings:
             out = replace(out, allowed_imports=tuple(str(x) for x in raw["allowedImports"]))
         if isinstance(raw.get("importTimeout"), (int, float)) and raw["importTimeout"] > 0:
             out = replace(out, import_timeout=float(raw["importTimeout"]))
+        if isinstance(raw.get("tokens"), bool):
+            out = replace(out, tokens=raw["tokens"])
         if isinstance(raw.get("debounce"), (int, float)) and raw["debounce"] >= 0:
             out = replace(out, debounce=float(raw["debounce"]))
         return out
@@ -131,7 +139,12 @@ class WfServer:
         text, version = doc.source, doc.version
         analysis = analyze(text, path_of(uri))
         self.remember(uri, analysis, version)
-        self.publish(uri, analysis, analysis.diagnostics, version)
+        token_diags: list[Diagnostic] = []
+        if self.settings.tokens and analysis.workflow is not None:
+            token_diags = await asyncio.to_thread(_token_diagnostics, analysis)
+            if self.ls.workspace.get_text_document(uri).source != text:
+                return  # edited meanwhile: a newer check is on its way
+        self.publish(uri, analysis, [*token_diags, *analysis.diagnostics], version)
         policy = self.settings.policy()
         if policy is NO_IMPORT or analysis.module is None or not analysis.index or not analysis.index.names("module"):
             return
@@ -141,17 +154,42 @@ class WfServer:
         if self.ls.workspace.get_text_document(uri).source != text:
             return  # edited meanwhile: a newer check is on its way
         if outcome.diagnostics is not None:
-            self.publish(uri, analysis, outcome.diagnostics, version)
+            checked = not any(d.severity == "error" for d in outcome.diagnostics)
+            self.publish(uri, analysis, [*(token_diags if checked else []), *outcome.diagnostics], version)
         else:
             imp = next((o for o in analysis.index.items if o.kind == "module" and o.is_decl
                         and not _is_std(analysis, o.name)), None)
             note = Diagnostic(outcome.problem, imp.span if imp else None, code="import-timeout", severity="warning")
-            self.publish(uri, analysis, [*analysis.diagnostics, note], version)
+            self.publish(uri, analysis, [*token_diags, *analysis.diagnostics, note], version)
 
     def publish(self, uri: str, analysis: Analysis, diags: list[Diagnostic], version: int | None) -> None:
         lines = self.lines(uri, analysis.text)
         self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
             uri=uri, version=version, diagnostics=[to_lsp(d, lines, uri) for d in diags]))
+
+
+_TOKENIZERS = threading.Lock()  # a fast tokenizer must not be used by two threads at once
+
+
+def _token_diagnostics(a: Analysis) -> list[Diagnostic]:
+    """``check``'s token rule (``allow`` entries are single tokens; prompt text the tokenizer
+    does not know) against the local tokenizers, as ``srpo-graph check`` runs it."""
+    from srpo_graph.runtime.tokens import check_local_tokens
+
+    assert a.workflow is not None
+    with _TOKENIZERS:
+        try:
+            return check_local_tokens(a.workflow)
+        except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot load: said, not fatal
+            return [Diagnostic(f"the token check could not run: {type(exc).__name__}: {exc}", None,
+                               code="token-check", severity="warning")]
+
+
+def _warm_tokens() -> None:
+    with _TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast  # noqa: F401  (what the tiny tokenizer loads)
+
+        import srpo_graph.runtime.tokens  # noqa: F401
 
 
 def _is_std(a: Analysis, alias: str) -> bool:
@@ -204,6 +242,8 @@ def make_server() -> LanguageServer:
     @ls.feature(lsp.INITIALIZE)
     def initialize(params: lsp.InitializeParams) -> None:
         st.settings = st.settings.updated(params.initialization_options)
+        if st.settings.tokens:  # the token rule's imports (transformers) load while the editor starts
+            threading.Thread(target=_warm_tokens, daemon=True).start()
 
     @ls.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(params: lsp.DidChangeConfigurationParams) -> None:

@@ -24,6 +24,7 @@ from srpo_graph.errors import SrpoGraphError, source_lines  # noqa: E402
 from srpo_graph.lang.checker import ImportPolicy, check_module  # noqa: E402
 from srpo_graph.lang.fmt import format_source  # noqa: E402
 from srpo_graph.lang.parser import parse  # noqa: E402
+from srpo_graph.runtime.tokens import check_local_tokens  # noqa: E402
 
 from .conftest import ENV, ROOT, Docs, config, record_publishes, start  # noqa: E402
 
@@ -60,10 +61,11 @@ def utf16(line: str, col: int) -> int:
 
 
 def expected(text: str, path: str) -> set[tuple]:
-    """``check --no-import``'s diagnostics of ``text`` as (range, severity, first line of message,
-    code), positions in UTF-16."""
+    """``check --no-import``'s diagnostics of ``text`` (with the token rule) as (range, severity,
+    first line of message, code), positions in UTF-16."""
     try:
-        diags = check_module(parse(text, path), text, imports=ImportPolicy(no_import=True)).warnings
+        result = check_module(parse(text, path), text, imports=ImportPolicy(no_import=True))
+        diags = result.warnings + check_local_tokens(result.workflow)  # check's token rule, as the CLI runs it
     except SrpoGraphError as exc:
         diags = exc.diagnostics
     lines = source_lines(text)
@@ -121,10 +123,10 @@ async def test_diagnostics_equal_checks(client, docs, path):
 
 
 async def test_diagnostics_match_the_check_command(client, docs):
-    """The same files through `srpo-graph check --no-import --no-tokens` as a process: every
+    """The same files through `srpo-graph check --no-import` as a process: every
     `path:line:col: severity: message` it prints is a diagnostic the server published."""
     files = [p for p in BROKEN if not p.name.startswith(("bom", "not_utf8"))]
-    run = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "check", "--no-import", "--no-tokens", *map(str, files)],
+    run = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "check", "--no-import", *map(str, files)],
                          capture_output=True, text=True, env=ENV, timeout=300)
     headlines = re.findall(r"^(\S+\.wf):(\d+):(\d+): (error|warning): (.*)$", run.stderr, re.M)
     assert len(headlines) >= len(files) - 3  # nearly every file has at least one located error
@@ -160,6 +162,17 @@ async def test_utf16_columns_after_non_ascii_prompt_text(client, docs, tmp_path)
     assert hover is not None and "**agent** `b`" in hover.contents.value
     assert hover.range.start == pos(text, "{b}", delta=1)
     docs.close(uri)
+
+
+async def test_the_token_rule_of_check(client, docs, tmp_path):
+    """`allow` entries that are not single tokens of the tiny tokenizer: check's error, on the agent."""
+    text = ('workflow w\nimport std\npolicy p = "tiny"\n'
+            'agent a { policy: p  prompt: "<judge>x"  sample { allow: ["0", "10"] } }\n'
+            'transition t { consume: a  activate: end }\nstart: a\n')
+    uri, diags = await docs.open(tmp_path / "tokens.wf", text)
+    docs.close(uri)
+    assert {d.code for d in diags} == {"bad-token", "unknown-token"}
+    assert got(diags) == expected(text, str(tmp_path / "tokens.wf"))
 
 
 async def test_related_location_of_a_duplicate(client, docs):

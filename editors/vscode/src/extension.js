@@ -15,6 +15,7 @@ function settings() {
     allowedImports: c.get("allowedImports"),
     importTimeout: c.get("importTimeout"),
     debounce: c.get("debounce"),
+    tokens: c.get("tokens"),
   };
 }
 
