@@ -55,6 +55,7 @@ class Docs:
         uri = path.resolve().as_uri()
         text = path.read_text(encoding="utf-8") if text is None else text
         self.versions[uri] = 1
+        self.published.pop(uri, None)  # a publish of an earlier opening must not count as this one's
         self.client.text_document_did_open(lsp.DidOpenTextDocumentParams(text_document=lsp.TextDocumentItem(
             uri=uri, language_id="wf", version=1, text=text)))
         return uri, await self._published(uri, 1)
