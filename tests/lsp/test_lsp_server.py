@@ -176,7 +176,7 @@ async def test_the_token_rule_of_check(client, docs, tmp_path):
     assert got(diags) == expected(text, str(tmp_path / "tokens.wf"))
 
 
-async def test_related_location_of_a_duplicate(client, docs):
+async def test_related_locations(client, docs):
     path = ROOT / "tests/lang/golden/bad/duplicate_name.wf"
     text = path.read_text(encoding="utf-8")
     uri, diags = await docs.open(path)
@@ -185,6 +185,14 @@ async def test_related_location_of_a_duplicate(client, docs):
     assert "fix: 'a' is already declared at line 5" in dup.message
     (rel,) = dup.related_information
     assert rel.location.uri == uri and rel.location.range.start == pos(text, "agent a", delta=6)
+    path = ROOT / "tests/lang/golden/bad/double_consume.wf"
+    text = path.read_text(encoding="utf-8")
+    uri, diags = await docs.open(path)
+    docs.close(uri)
+    double = next(d for d in diags if d.code == "double-consume")
+    assert double.range.start == pos(text, "consume: b, a", delta=12)
+    (rel,) = double.related_information
+    assert rel.message == "'a' consumed by 't' here" and rel.location.range.start == pos(text, "consume: a", delta=9)
 
 
 async def test_debounced_diagnostics_publish_the_last_version(client, docs, tmp_path):
