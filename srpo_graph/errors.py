@@ -65,6 +65,9 @@ class Diagnostic:
     code: str = "E"  # a short stable code tests can assert on, e.g. "unknown-name"
     where: str | None = None  # the location when there is no span: a file, file:line, a config field
     why: str | None = None
+    # other places the problem involves, as (span, what it is), e.g. the first declaration of a
+    # duplicate name: an editor shows them as related locations (srpo_graph/lsp)
+    related: tuple[tuple[Span, str], ...] = ()
 
     def headline(self) -> str:
         """The first line of the rendering: ``path:line:col: error: message`` (or without a place).
@@ -250,8 +253,9 @@ class DiagnosticSink:
 
     items: list[Diagnostic] = field(default_factory=list)
 
-    def error(self, message: str, span: Span | None = None, hint: str | None = None, code: str = "E") -> None:
-        self.items.append(Diagnostic(message, span, hint, "error", code))
+    def error(self, message: str, span: Span | None = None, hint: str | None = None, code: str = "E",
+              related: tuple[tuple[Span, str], ...] = ()) -> None:
+        self.items.append(Diagnostic(message, span, hint, "error", code, related=related))
 
     def warning(self, message: str, span: Span | None = None, hint: str | None = None, code: str = "W") -> None:
         self.items.append(Diagnostic(message, span, hint, "warning", code))

@@ -25,7 +25,8 @@ RANK = {
     "compiler": 4,
     "srpo": 5,
     "train": 6,
-    "cli": 7,
+    "lsp": 7,  # the editor's language server: lang (and viz) behind an LSP front end
+    "cli": 8,
 }
 # workflow.py draws itself in notebooks through a lazy import of viz (inside a method).
 ALLOWED = {("workflow", "viz")}

@@ -58,7 +58,9 @@ def analyze(draft: Workflow, sink: DiagnosticSink, name_spans: dict[str, Span], 
         for extra in ts[1:]:
             sink.error(f"agent '{a}' is consumed by two transitions ('{ts[0]}' and '{extra}')",
                        uses.consume_spans.get((extra, a), span_of(extra)),
-                       "an output belongs to exactly one active set: consume it in one transition", "double-consume")
+                       "an output belongs to exactly one active set: consume it in one transition", "double-consume",
+                       related=tuple((sp, f"'{a}' consumed by '{ts[0]}' here")
+                                     for sp in [uses.consume_spans.get((ts[0], a))] if sp is not None))
 
     # -- reachability ----------------------------------------------------------------------
     # A broken `activate` (missing, or a route on a non-choice) hides edges: the rules below

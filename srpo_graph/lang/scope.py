@@ -104,10 +104,11 @@ class Scope:
         self.agent_types: dict[str, WfType] = {}
         self.tool_types: dict[str, WfType] = {}
 
-    def err(self, message: str, span: Span | None, hint: str, code: str = "E") -> None:
+    def err(self, message: str, span: Span | None, hint: str, code: str = "E", related: Any = ()) -> None:
         """Report an error: what (``message``), where (``span``), how to fix it (``hint``, required:
-        every located error has a `fix:` line; tests/lang/test_fix_lines.py checks every call)."""
-        self.sink.error(message, span, hint, code)
+        every located error has a `fix:` line; tests/lang/test_fix_lines.py checks every call),
+        and ``related`` locations (e.g. the first declaration of a duplicate)."""
+        self.sink.error(message, span, hint, code, related)
 
     def node(self, cls: Any, errors_before: int, **fields: Any) -> Any:
         """A workflow node: validated (``cls(**fields)``) when no error was reported since
@@ -121,7 +122,8 @@ class Scope:
         if name.value in seen:
             prev = seen[name.value]
             self.err(f"duplicate {what} '{name.value}'", name.span,
-                     f"'{name.value}' is already declared at line {prev.line}", "duplicate-name")
+                     f"'{name.value}' is already declared at line {prev.line}", "duplicate-name",
+                     related=((prev, f"'{name.value}' first declared here"),))
             return False
         seen[name.value] = name.span
         return True

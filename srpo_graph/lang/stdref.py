@@ -77,6 +77,17 @@ def _signature(name: str, fn: typing.Callable) -> str:
     return f"{name}({', '.join(parts)}){ret}"
 
 
+def std_entry(name: str, fn: typing.Callable) -> tuple[str, str, str]:
+    """(kind, signature, what it does) of one ``std`` function: a row of ``docs/std.md``, and
+    what an editor shows on hover (``srpo_graph.lsp``).
+
+    >>> std_entry("equals", std.equals)[:2]
+    ('reward', 'equals(a: int, b: int) -> float')
+    """
+    doc = (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
+    return kind_of(fn), _signature(name, fn), doc
+
+
 def std_reference() -> str:
     """The markdown reference of ``std`` (what ``docs/std.md`` holds).
 
@@ -93,11 +104,10 @@ def std_reference() -> str:
             "| function | kind | signature | `.wf` type | what it does | on a missing value |",
             "|---|---|---|---|---|---|"]
     for name, fn in std_functions():
-        kind = kind_of(fn)
-        sig = _signature(name, fn)
+        kind, sig, doc = std_entry(name, fn)
+        doc = doc.replace("|", "\\|")
         ret = typing.get_type_hints(fn).get("return")
         wf_t = wf_type_of(ret) if ret is not None else None
-        doc = (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
         rows.append(f"| `{name}` | {kind} | `{sig}` | {type_str(wf_t) if wf_t is not None else '-'} | {doc} | "
                     f"{_on_missing(fn, kind).replace('|', chr(92) + '|')} |")
     return "\n".join(rows) + "\n"

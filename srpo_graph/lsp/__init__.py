@@ -1,0 +1,20 @@
+"""Editor support: the Language Server of ``.wf`` files (``srpo-graph lsp``).
+
+Stage: lsp, after lang and viz: it reuses the parser, the checker, the formatter and the
+``std`` reference of :mod:`srpo_graph.lang` (no rule is repeated here) and ``viz``'s SVG, and
+answers an editor over the Language Server Protocol (stdio, pygls): diagnostics, hover,
+definition, references, completion, rename, outline, formatting (:mod:`.server`). Needs the
+``lsp`` extra (``pip install "srpo-graph[lsp]"``). See docs/editor.md.
+"""
+
+from __future__ import annotations
+
+
+def serve() -> None:
+    """Run the language server on stdin/stdout (what ``srpo-graph lsp`` does)."""
+    from srpo_graph.lsp.server import serve as _serve
+
+    _serve()
+
+
+__all__ = ["serve"]

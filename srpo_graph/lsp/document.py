@@ -1,0 +1,83 @@
+"""One open ``.wf`` document, analyzed: parsed, checked, indexed.
+
+Stage: lsp. Consumes the text of a document; produces an :class:`Analysis`: the diagnostics
+exactly as ``srpo-graph check`` finds them (the same :func:`~srpo_graph.lang.parser.parse` and
+:func:`~srpo_graph.lang.checker.check_module`, under an :class:`ImportPolicy`), the parsed
+module and its :class:`~srpo_graph.lsp.symbols.Index`, and the checked ``Workflow`` when the
+file has no error. ``check``'s token rule (tokenizers of a later stage) is not run here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from srpo_graph.errors import Diagnostic, Span, SrpoGraphError, WorkflowSyntaxError
+from srpo_graph.lang import ast
+from srpo_graph.lang.checker import CheckResult, ImportPolicy, check_module
+from srpo_graph.lang.parser import parse
+from srpo_graph.lsp.symbols import Index, build_index
+from srpo_graph.workflow import Workflow
+
+NO_IMPORT = ImportPolicy(no_import=True)
+
+
+@dataclass
+class Analysis:
+    """What the server knows of one version of a document."""
+
+    text: str
+    path: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    module: ast.Module | None = None  # None: it does not parse
+    index: Index | None = None
+    result: CheckResult | None = None  # None: it does not check
+    seconds: float = 0.0  # the time parse + check + index took
+
+    @property
+    def workflow(self) -> Workflow | None:
+        return self.result.workflow if self.result is not None else None
+
+
+def analyze(text: str, path: str, imports: ImportPolicy = NO_IMPORT) -> Analysis:
+    """Parse, check and index ``text`` (never raises: every problem becomes a diagnostic).
+
+    Args:
+        text: the document's text.
+        path: its file path (spans and messages name it; imports are searched next to it).
+        imports: which Python modules the check may import (default: none but ``std``).
+
+    Returns:
+        The :class:`Analysis`.
+
+    >>> a = analyze('workflow w import std policy p = "tiny" agent a { policy: q prompt: "x" unconsumed: allow }'
+    ...             ' start: a', "w.wf")
+    >>> [(d.span.line, d.span.col, d.message) for d in a.diagnostics]
+    [(1, 59, "unknown policy 'q'")]
+    """
+    t0 = time.perf_counter()
+    out = Analysis(text=text, path=path)
+    try:
+        out.module = parse(text, path)
+    except WorkflowSyntaxError as exc:
+        out.diagnostics = list(exc.diagnostics)
+    except Exception as exc:  # noqa: BLE001 - a parser bug must not take the editor down
+        out.diagnostics = [_internal(exc, path)]
+    if out.module is not None:
+        out.index = build_index(out.module)
+        base = Path(path).resolve().parent if not path.startswith("<") else None
+        try:
+            out.result = check_module(out.module, text, base_dir=base, imports=imports)
+            out.diagnostics = list(out.result.warnings)
+        except SrpoGraphError as exc:
+            out.diagnostics = list(exc.diagnostics) or [Diagnostic(str(exc), None, code="check")]
+        except Exception as exc:  # noqa: BLE001 - a checker bug: shown, not fatal
+            out.diagnostics = [_internal(exc, path)]
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _internal(exc: Exception, path: str) -> Diagnostic:
+    return Diagnostic(f"internal error of srpo-graph while checking: {type(exc).__name__}: {exc}",
+                      Span(path=path, line=1, col=1, end_line=1, end_col=1), "please report it", code="internal")

@@ -1,0 +1,336 @@
+"""``srpo-graph lsp``: the Language Server of ``.wf`` files, over stdio (pygls).
+
+Stage: lsp. Wires the LSP requests to :mod:`.document` (diagnostics: the parser and checker
+themselves), :mod:`.features` and :mod:`.completion`; converts positions (:mod:`.positions`,
+the client's column unit). Decisions:
+
+* Full document sync: each change carries the whole text (a ``.wf`` file is a few KB), so the
+  server never applies an edit with a line model other than the parser's.
+* Diagnostics are published on open at once, and after a change once the user has paused
+  (``debounce`` seconds, default 0.15); a newer change cancels the pending check.
+* Imports: none by default (``check --no-import``); ``imports: "all"`` or ``"allowed"`` (with
+  ``allowedImports``) runs the check with imports in a child process under ``importTimeout``
+  seconds (:mod:`.imports`): its diagnostics replace the no-import ones when it answers in time,
+  else a warning on the import line says why they are not shown.
+* Every handler answers from the last analysis of the current text; completion falls back to the
+  last version that parsed (mid-edit text rarely does). A failure inside a handler is answered
+  as an LSP error, never a crash.
+
+* ``check``'s token rule (``allow`` entries against local tokenizers) runs on a worker thread
+  when the file checks, before the diagnostics are published (setting ``tokens``, default on;
+  transformers is imported in the background at start, so only a cold start waits for it).
+
+Settings come from ``initializationOptions`` and ``workspace/didChangeConfiguration``
+(``{"srpoGraph": {...}}`` or the bare object): ``imports``, ``allowedImports``,
+``importTimeout``, ``debounce``, ``tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.uris import to_fs_path
+
+from srpo_graph.errors import Diagnostic
+from srpo_graph.lang.checker import ImportPolicy
+from srpo_graph.lsp import completion, features
+from srpo_graph.lsp.document import NO_IMPORT, Analysis, analyze
+from srpo_graph.lsp.imports import check_in_child
+from srpo_graph.lsp.positions import Lines
+
+log = logging.getLogger(__name__)
+
+GRAPH_COMMAND = "srpo-graph.graphSvg"
+SOURCE = "srpo-graph"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The editor's settings (see the module docstring)."""
+
+    imports: str = "none"  # none | allowed | all
+    allowed_imports: tuple[str, ...] = ()
+    import_timeout: float = 5.0  # seconds
+    debounce: float = 0.15  # seconds
+    tokens: bool = True  # check's token rule against local tokenizers (the first check loads transformers)
+
+    def policy(self) -> ImportPolicy:
+        if self.imports == "all":
+            return ImportPolicy()
+        if self.imports == "allowed":
+            return ImportPolicy(allowed=self.allowed_imports)
+        return NO_IMPORT
+
+    def updated(self, raw: Any) -> "Settings":
+        if not isinstance(raw, dict):
+            return self
+        raw = raw.get("srpoGraph", raw) if isinstance(raw.get("srpoGraph", raw), dict) else raw
+        out = self
+        if raw.get("imports") in ("none", "allowed", "all"):
+            out = replace(out, imports=raw["imports"])
+        if isinstance(raw.get("allowedImports"), list):
+            out = replace(out, allowed_imports=tuple(str(x) for x in raw["allowedImports"]))
+        if isinstance(raw.get("importTimeout"), (int, float)) and raw["importTimeout"] > 0:
+            out = replace(out, import_timeout=float(raw["importTimeout"]))
+        if isinstance(raw.get("tokens"), bool):
+            out = replace(out, tokens=raw["tokens"])
+        if isinstance(raw.get("debounce"), (int, float)) and raw["debounce"] >= 0:
+            out = replace(out, debounce=float(raw["debounce"]))
+        return out
+
+
+@dataclass
+class _Doc:
+    analysis: Analysis
+    version: int | None = None
+    last_parsed: Analysis | None = None  # the last analysis whose text parsed (for completion)
+    pending: asyncio.Task | None = None
+
+
+@dataclass
+class WfServer:
+    """The state of the server: settings and, per open document, its latest analysis."""
+
+    ls: LanguageServer
+    settings: Settings = field(default_factory=Settings)
+    docs: dict[str, _Doc] = field(default_factory=dict)
+
+    # -- documents -----------------------------------------------------------------------
+    def lines(self, uri: str, text: str) -> Lines:
+        codec = self.ls.workspace.position_codec
+        return Lines(text, codec.client_num_units)
+
+    def current(self, uri: str) -> tuple[Analysis, Lines]:
+        """The analysis of the document's current text (re-analyzed when it changed since)."""
+        doc = self.ls.workspace.get_text_document(uri)
+        state = self.docs.get(uri)
+        if state is None or state.analysis.text != doc.source:
+            analysis = analyze(doc.source, path_of(uri))
+            state = self.remember(uri, analysis, doc.version)
+        return state.analysis, self.lines(uri, state.analysis.text)
+
+    def remember(self, uri: str, analysis: Analysis, version: int | None) -> _Doc:
+        state = self.docs.setdefault(uri, _Doc(analysis))
+        state.analysis, state.version = analysis, version
+        if analysis.module is not None:
+            state.last_parsed = analysis
+        return state
+
+    # -- diagnostics ---------------------------------------------------------------------
+    def schedule(self, uri: str, delay: float) -> None:
+        state = self.docs.get(uri)
+        if state is not None and state.pending is not None:
+            state.pending.cancel()
+        task = asyncio.ensure_future(self.publish_after(uri, delay))
+        self.docs.setdefault(uri, _Doc(Analysis(text="\0", path=path_of(uri)))).pending = task
+
+    async def publish_after(self, uri: str, delay: float) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        doc = self.ls.workspace.get_text_document(uri)
+        text, version = doc.source, doc.version
+        analysis = analyze(text, path_of(uri))
+        self.remember(uri, analysis, version)
+        token_diags: list[Diagnostic] = []
+        if self.settings.tokens and analysis.workflow is not None:
+            token_diags = await asyncio.to_thread(_token_diagnostics, analysis)
+            if self.ls.workspace.get_text_document(uri).source != text:
+                return  # edited meanwhile: a newer check is on its way
+        self.publish(uri, analysis, [*token_diags, *analysis.diagnostics], version)
+        policy = self.settings.policy()
+        if policy is NO_IMPORT or analysis.module is None or not analysis.index or not analysis.index.names("module"):
+            return
+        if all(_is_std(analysis, alias) for alias in analysis.index.names("module")):
+            return
+        outcome = await check_in_child(text, path_of(uri), policy, self.settings.import_timeout)
+        if self.ls.workspace.get_text_document(uri).source != text:
+            return  # edited meanwhile: a newer check is on its way
+        if outcome.diagnostics is not None:
+            checked = not any(d.severity == "error" for d in outcome.diagnostics)
+            self.publish(uri, analysis, [*(token_diags if checked else []), *outcome.diagnostics], version)
+        else:
+            imp = next((o for o in analysis.index.items if o.kind == "module" and o.is_decl
+                        and not _is_std(analysis, o.name)), None)
+            note = Diagnostic(outcome.problem, imp.span if imp else None, code="import-timeout", severity="warning")
+            self.publish(uri, analysis, [*token_diags, *analysis.diagnostics, note], version)
+
+    def publish(self, uri: str, analysis: Analysis, diags: list[Diagnostic], version: int | None) -> None:
+        lines = self.lines(uri, analysis.text)
+        self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+            uri=uri, version=version, diagnostics=[to_lsp(d, lines, uri) for d in diags]))
+
+
+_TOKENIZERS = threading.Lock()  # a fast tokenizer must not be used by two threads at once
+
+
+def _token_diagnostics(a: Analysis) -> list[Diagnostic]:
+    """``check``'s token rule (``allow`` entries are single tokens; prompt text the tokenizer
+    does not know) against the local tokenizers, as ``srpo-graph check`` runs it."""
+    from srpo_graph.runtime.tokens import check_local_tokens
+
+    assert a.workflow is not None
+    with _TOKENIZERS:
+        try:
+            return check_local_tokens(a.workflow)
+        except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot load: said, not fatal
+            return [Diagnostic(f"the token check could not run: {type(exc).__name__}: {exc}", None,
+                               code="token-check", severity="warning")]
+
+
+def _warm_tokens() -> None:
+    with _TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast  # noqa: F401  (what the tiny tokenizer loads)
+
+        import srpo_graph.runtime.tokens  # noqa: F401
+
+
+def _is_std(a: Analysis, alias: str) -> bool:
+    imp = features.import_of(a.index, alias) if a.index is not None else None
+    return imp is not None and imp.dotted == "std"
+
+
+def path_of(uri: str) -> str:
+    """The file path of a ``file:`` URI (other schemes: the URI itself, imports then resolve
+    nowhere).
+
+    >>> path_of("file:///tmp/a%20b.wf")
+    '/tmp/a b.wf'
+    """
+    return (to_fs_path(uri) or uri) if uri.startswith("file:") else uri
+
+
+def to_lsp(d: Diagnostic, lines: Lines, uri: str) -> lsp.Diagnostic:
+    """One checker diagnostic as an LSP diagnostic: its span, severity, code, the ``why`` and
+    ``fix:`` lines under the message, related locations (e.g. the first declaration)."""
+    message = d.message
+    if d.span is None and d.where and not d.where.endswith(".wf"):
+        message = f"{d.where}: {message}"
+    for label, text in (("why", d.why), ("fix", d.hint)):
+        if text:
+            message += f"\n{label}: {text}"
+    related = [lsp.DiagnosticRelatedInformation(location=lsp.Location(uri=uri, range=lines.span_range(s)), message=what)
+               for s, what in d.related] or None
+    return lsp.Diagnostic(range=lines.span_range(d.span), message=message, source=SOURCE, code=d.code,
+                          severity=lsp.DiagnosticSeverity.Error if d.severity == "error"
+                          else lsp.DiagnosticSeverity.Warning, related_information=related)
+
+
+def make_server() -> LanguageServer:
+    """A new server with every feature registered (``start_io()`` runs it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("srpo-graph")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout without an install
+        ver = "0"
+    ls = LanguageServer("srpo-graph", ver, text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
+    st = WfServer(ls)
+
+    def at(params) -> tuple[Analysis, Lines, int, int]:
+        analysis, lines = st.current(params.text_document.uri)
+        line0, char0 = lines.from_lsp(params.position)
+        return analysis, lines, line0 + 1, char0 + 1
+
+    @ls.feature(lsp.INITIALIZE)
+    def initialize(params: lsp.InitializeParams) -> None:
+        st.settings = st.settings.updated(params.initialization_options)
+        if st.settings.tokens:  # the token rule's imports (transformers) load while the editor starts
+            threading.Thread(target=_warm_tokens, daemon=True).start()
+
+    @ls.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(params: lsp.DidChangeConfigurationParams) -> None:
+        st.settings = st.settings.updated(params.settings)
+        for uri in list(st.docs):
+            st.schedule(uri, 0)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(params: lsp.DidOpenTextDocumentParams) -> None:
+        st.schedule(params.text_document.uri, 0)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(params: lsp.DidChangeTextDocumentParams) -> None:
+        st.schedule(params.text_document.uri, st.settings.debounce)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(params: lsp.DidSaveTextDocumentParams) -> None:
+        st.schedule(params.text_document.uri, 0)  # an imported .py may have changed too
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(params: lsp.DidCloseTextDocumentParams) -> None:
+        state = st.docs.pop(params.text_document.uri, None)
+        if state is not None and state.pending is not None:
+            state.pending.cancel()
+        ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
+
+    @ls.feature(lsp.TEXT_DOCUMENT_HOVER)
+    def hover(params: lsp.HoverParams):
+        a, lines, line, col = at(params)
+        return features.hover(a, line, col, lines)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DEFINITION)
+    def definition(params: lsp.DefinitionParams):
+        a, lines, line, col = at(params)
+        return features.definition(a, line, col, lines)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_REFERENCES)
+    def references(params: lsp.ReferenceParams):
+        a, lines, line, col = at(params)
+        return features.references(a, line, col, lines, params.context.include_declaration)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_PREPARE_RENAME)
+    def prepare_rename(params: lsp.PrepareRenameParams):
+        a, lines, line, col = at(params)
+        return features.prepare_rename(a, line, col, lines)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_RENAME, lsp.RenameOptions(prepare_provider=True))
+    def rename(params: lsp.RenameParams):
+        a, lines, line, col = at(params)
+        try:
+            return features.rename(a, line, col, params.new_name, lines)
+        except features.RenameError as exc:  # answered as an error the editor shows; not a server fault
+            raise JsonRpcInvalidParams(message=str(exc)) from None
+
+    @ls.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
+    def document_symbol(params: lsp.DocumentSymbolParams):
+        a, lines = st.current(params.text_document.uri)
+        return features.document_symbols(a, lines)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_FORMATTING)
+    def formatting(params: lsp.DocumentFormattingParams):
+        a, lines = st.current(params.text_document.uri)
+        return features.formatting(a, lines)
+
+    @ls.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", "{", ":", " ", ","]))
+    def complete(params: lsp.CompletionParams):
+        a, lines, line, col = at(params)
+        state = st.docs.get(params.text_document.uri)
+        ix = a.index if a.index is not None else (state.last_parsed.index if state and state.last_parsed else None)
+        base = Path(a.path).resolve().parent if not a.path.startswith("<") else None
+        items = completion.complete(a.text, lines.offset(line - 1, col - 1), ix, base)
+        return lsp.CompletionList(is_incomplete=False, items=items)
+
+    @ls.command(GRAPH_COMMAND)
+    def graph_svg(uri: str) -> dict:
+        """The routing graph of an open document as SVG (``viz``), or the reason there is none."""
+        a, _ = st.current(uri)
+        if a.workflow is None:
+            first = next((d for d in a.diagnostics if d.severity == "error"), None)
+            return {"svg": None, "error": "the file has errors" + (f": {first.headline()}" if first else "")}
+        from srpo_graph.viz import to_svg
+
+        return {"svg": to_svg(a.workflow), "error": None}
+
+    return ls
+
+
+def serve() -> None:
+    """Run the server on stdin/stdout until the client says exit."""
+    make_server().start_io()
