@@ -40,6 +40,7 @@ from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
 from srpo_graph.train import checkpoint as ckpt
+from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
@@ -177,6 +178,8 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         slots = lora.build_slots(wf, config, device, resume_from, dist, make_slot=PolicySlot,
                                  lr_lambda=_lr_lambda(config, updates_total))
     for pol in wf.policies if not slots else ():
+        if pol.name in wf.untrained_policies:  # frozen / external: train/frozen.py, no slot
+            continue
         base = resolve_model(pol.model)
         path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -205,12 +208,14 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
     return slots
 
 
-def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False):
+def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
+             frozen: dict[str, Any] | None = None):
     data = None
     stats = None
-    if dist.is_main:
-        res = run_episodes(wf, tasks, {s.name: s.backend for s in slots}, samples=samples, seed=seed,
-                           policy_versions={s.name: s.version for s in slots}, progress=progress,
+    if dist.is_main:  # frozen policies sample too, always at version 0 (never synced)
+        res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
+                           seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
+                           progress=progress,
                            on_backend_error="fail" if backend_spec(config.rollout.backend).remote else "raise")
         stats = res.stats
         check_failure_budget(stats, config)  # a dead/hung server: fail its episodes, or stop clearly
@@ -271,6 +276,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     wf_base = load_workflow(workflow_path)
     wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
                            logprobs=config.rollout.logprobs)
+    frozen_policies.check_something_trains(wf, workflow_path)
     wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
     run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
     task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
@@ -292,9 +298,12 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         if started_with is not None and started_with != wf.name:
             raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
                                  f"({workflow_path})", fix="resume with the .wf file the run was started with")
+        frozen_policies.check_pointers(state.extra.get("frozen"), wf, resume_from)
         for s in slots:
             s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
-    compile_cfg = config.compile.model_copy(update={"policies": tuple(p.name for p in wf.policies)})
+    frozen = frozen_policies.build_frozen_backends(wf, config, device) if dist.is_main else {}
+    compile_cfg = config.compile.model_copy(update={"policies": tuple(s.name for s in slots),
+                                                    "frozen_policies": frozen_policies.frozen_policies(wf)})
     writer = None
     if dist.is_main:
         if resume_from is None:  # before anything is written: a refused folder keeps all it had
@@ -316,18 +325,19 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
-                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist)
+                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist, frozen)
                 record, episodes = result.record, result.episodes
                 state.step = step
                 rewards.append(record["reward"])
                 if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
                     t0 = time.perf_counter()
-                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, config.seed * 7919 + step, dist, config.eval.samples)
+                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, config.seed * 7919 + step, dist, config.eval.samples,
+                                      frozen=frozen)
                     record["eval/reward"] = sum(e.reward for e in eps) / max(1, len(eps))
                     record["time/eval"] = time.perf_counter() - t0
                     evals.append((step, record["eval/reward"]))
                 state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
-                                   workflow=wf.name)
+                                   workflow=wf.name, frozen=frozen_policies.pointers(wf))
                 if writer is not None:
                     writer.log(record)
                     if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
@@ -444,13 +454,14 @@ def transition_set_sizes(episodes: list[Episode]) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sorted(sizes.items())}
 
 
-def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist) -> StepResult:
+def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist, frozen=None) -> StepResult:
     r = config.rollout
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     idx = task_indices(len(train_tasks), state.cursor, r.tasks_per_step, config.seed)
     state.cursor += 1  # batches of tasks consumed
-    episodes, stats = _rollout(wf, [train_tasks[i] for i in idx], slots, config, config.seed * 1_000_003 + step, dist, r.samples)
+    episodes, stats = _rollout(wf, [train_tasks[i] for i in idx], slots, config, config.seed * 1_000_003 + step, dist,
+                               r.samples, frozen=frozen)
     timings["rollout"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     batch = compile_batch(episodes, compile_cfg)
