@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from srpo_graph.backends.base import Completion, GenerationRequest
 from srpo_graph.errors import BackendError
 from srpo_graph.workflow import ExternalModel
 
@@ -34,7 +35,7 @@ class ChatError(BackendError):
         errors: the error of each failed request (None where it succeeded), naming the URL.
     """
 
-    def __init__(self, message: str, partial: list[str | None], errors: list[str | None]):
+    def __init__(self, message: str, partial: list[Any], errors: list[str | None]):
         super().__init__(message)
         self.partial, self.errors = partial, errors
 
@@ -143,3 +144,46 @@ class OpenAIChat:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
+
+
+class OpenAIBackend:
+    """The :class:`~srpo_graph.backends.base.Backend` of an external policy: text only.
+
+    ``tokenizer`` is None and ``text_only`` True: the runtime then sends each request's rendered
+    prompt as ``prompt_text`` (no ids) and records the answer as a text-only output
+    (``Output.source = "text"``). Failed requests come back per request (``partial``/``errors``),
+    so the executor fails only their episodes, each error naming the URL.
+    """
+
+    text_only = True
+    tokenizer: Any = None
+    weight_version = 0
+
+    def __init__(self, model: ExternalModel, *, backoff: float = 0.2):
+        self.client = OpenAIChat(model, backoff=backoff)
+
+    @classmethod
+    def for_policy(cls, model: ExternalModel) -> "OpenAIBackend":
+        return cls(model)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        chats = []
+        for r in requests:
+            if r.prompt_text is None:
+                raise BackendError(f"{self.client.url}: request {r.request_id!r} has no prompt text "
+                                   "(an external model takes text, not token ids)")
+            chats.append(ChatRequest(r.prompt_text, max_tokens=r.max_new_tokens, temperature=r.temperature,
+                                     top_p=r.top_p, stop=r.stop, seed=r.seed))
+        try:
+            answers = self.client.chat(chats)
+        except ChatError as exc:
+            exc.partial = [None if t is None else Completion((), (), "stop", text=t)
+                           for t in exc.partial]
+            raise
+        return [Completion((), (), "length" if f == "length" else "stop", text=t) for t, f in answers]
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        raise BackendError(f"{self.client.url}: an external policy is frozen; it has no weights to sync")
+
+    def close(self) -> None:
+        self.client.close()

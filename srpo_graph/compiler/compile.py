@@ -259,7 +259,7 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
                 continue
             # frozen members are part of the action (completeness above, provenance) but carry no
             # log-ratio: they are not packed. A firing with no trainable member is not an event.
-            trained = [m for m in members if m.policy not in frozen]
+            trained = [m for m in members if m.policy not in frozen and m.source != "text"]
             if not trained:
                 stats.frozen_only_events += 1
                 continue

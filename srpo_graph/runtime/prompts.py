@@ -110,6 +110,8 @@ class AgentPlan:
 
     def encode_many(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
         """Ids of many prompts; the ones not seen yet are tokenized in one batched call."""
+        if self.tokenizer is None:  # a text-only backend (an external model): no ids, the text is sent
+            return [() for _ in texts]
         cache = self._cache
         todo = list(dict.fromkeys(t for t in texts if t not in cache))
         if todo:
@@ -119,12 +121,15 @@ class AgentPlan:
                 cache[text] = tuple(ids)
         return [cache[t] for t in texts]
 
-    def request(self, prompt_ids: tuple[int, ...], *, seed: int, request_id: str) -> GenerationRequest:
+    def request(self, prompt_ids: tuple[int, ...], *, seed: int, request_id: str,
+                prompt_text: str | None = None) -> GenerationRequest:
         s = self.agent.sampling
         return GenerationRequest(
             prompt_ids=prompt_ids, max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
             top_k=s.top_k, stop_token_ids=self.stop_token_ids, allowed_token_ids=self.allowed_token_ids,
             seed=seed, request_id=request_id, logprobs=s.logprobs,
+            prompt_text=prompt_text if self.tokenizer is None else None,
+            stop=self.stop_strings if self.tokenizer is None else (),
         )
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -146,6 +151,9 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
     plans = {}
     for agent in workflow.agents:
         tok = backends[agent.policy].tokenizer
+        if tok is None:  # a text-only backend: the checker refused allow/top_k; stops go as strings
+            plans[agent.name] = AgentPlan(agent, None, None, (), tuple(agent.sampling.stop))
+            continue
         allowed = None
         if agent.sampling.allow is not None:
             ids = [(s, single_token_id(tok, s)) for s in agent.sampling.allow]

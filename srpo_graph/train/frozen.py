@@ -76,8 +76,10 @@ def build_frozen_backends(wf: Workflow, config: Any, device: str) -> dict[str, A
     for name in frozen_policies(wf):
         pol = wf.policy_by_name[name]
         if pol.external is not None:
-            raise ConfigError.at(f"policy {name!r}", "training with an external policy is not available yet",
-                                 fix="declare a local frozen model instead")
+            from srpo_graph.backends.openai import OpenAIBackend
+
+            out[name] = OpenAIBackend.for_policy(pol.external)
+            continue
         path = resolve_model(pol.model)
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.rollout.dtype))
         model = model.to(device).eval()

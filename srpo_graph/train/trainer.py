@@ -216,7 +216,8 @@ def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, 
         res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
                            seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
                            progress=progress,
-                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote else "raise")
+                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote
+                           or any(p.external is not None for p in wf.policies) else "raise")
         stats = res.stats
         check_failure_budget(stats, config)  # a dead/hung server: fail its episodes, or stop clearly
         if not dist.enabled:  # one process: the episodes as they are (compile validates them once)

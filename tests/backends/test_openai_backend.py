@@ -2,7 +2,8 @@
 
 Against real servers: a local HTTP server that accepts and never answers (a stalled endpoint:
 requests fail within their deadline, the URL named, the others unaffected), one that answers
-500 then works (retries), and the real CPU SGLang server's ``/v1/chat/completions``.
+500 then works (retries). The real CPU SGLang server's ``/v1/chat/completions`` is exercised end to
+end in ``test_external_policy.py`` (its tiny model needs a chat template).
 """
 
 from __future__ import annotations
@@ -95,13 +96,3 @@ def test_a_missing_key_variable_is_named(monkeypatch):
     monkeypatch.delenv("SRPO_NO_SUCH_KEY", raising=False)
     with pytest.raises(BackendError, match="SRPO_NO_SUCH_KEY is not set"):
         OpenAIChat(ExternalModel(url="http://127.0.0.1:9/v1", api_key_env="SRPO_NO_SUCH_KEY"))
-
-
-@pytest.mark.slow
-def test_real_sglang_chat_completions(sglang_url):
-    """The real CPU SGLang server's OpenAI-compatible route answers text for each request."""
-    chat = OpenAIChat(ExternalModel(url=sglang_url + "/v1", model="default", timeout=120, retries=1, concurrency=2))
-    answers = chat.chat([ChatRequest("<a>3", max_tokens=4, temperature=1.0, seed=1),
-                         ChatRequest("<b>5", max_tokens=4, temperature=1.0, seed=2)])
-    assert len(answers) == 2 and all(isinstance(t, str) and f in ("stop", "length") for t, f in answers)
-    chat.close()
