@@ -2,11 +2,11 @@
 OpenAI-compatible endpoint.
 
 * a stalled endpoint (a real local HTTP server that never answers) fails the episodes cleanly,
-  the URL named, within the declared deadline -- no hang, and training counts them against
-  ``rollout.max_failed_fraction``;
-* the real CPU SGLang server's ``/v1/chat/completions`` (on a copy of the tiny model given a chat
-  template: the tiny tokenizer has none): outputs recorded as text only (``source = "text"``, no
-  ids), compiled as frozen members, and a training run with only the solver updated.
+  the URL and the agent's .wf position named, within the declared deadline -- no hang (training
+  runs the executor the same way, ``on_backend_error="fail"``, and counts them);
+* the real CPU SGLang server's ``/v1/chat/completions`` (launched as the external example says):
+  outputs recorded as text only (``source = "text"``, no ids), compiled as frozen members, a
+  training run with only the solver updated, and the example workflow trained by one command.
 """
 
 from __future__ import annotations
@@ -71,35 +71,33 @@ def test_a_stalled_endpoint_fails_episodes_cleanly_with_its_url(tiny_backend):
     assert server.url in res.stats.backend_error
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="module")
-def chat_model_dir(tmp_path_factory):
-    """A copy of the tiny model whose tokenizer has a chat template (SGLang's chat route needs one)."""
-    import shutil
+def chat_server(tmp_path_factory):
+    """The real CPU SGLang server on the plain tiny model, launched as the external example's
+    comment says: a raw chat template (the tiny tokenizer has none) and OpenAI sampling defaults
+    (the model's generation_config has top_k 0, which SGLang's OpenAI route refuses)."""
+    import os
 
-    from transformers import PreTrainedTokenizerFast
+    from sglang_servers import _free_port, require_sglang
 
+    from srpo_graph.backends.sglang_server import CPU_TEMPLATE, start_server
     from srpo_graph.backends.tiny import ensure_tiny_model
 
-    src = Path(ensure_tiny_model())
-    dst = tmp_path_factory.mktemp("tiny-chat") / "tiny"
-    shutil.copytree(src, dst)
-    tok = PreTrainedTokenizerFast.from_pretrained(dst)
-    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
-                         "{% if add_generation_prompt %}<s>{% endif %}")
-    tok.save_pretrained(dst)
-    # the tiny model's generation_config says top_k = 0 (transformers' "off"); SGLang's OpenAI route
-    # takes it as the request default and refuses 0 ("-1 (disable) or at least 1"): drop it here
-    gen = dst / "generation_config.json"
-    gen.write_text(json.dumps({k: v for k, v in json.loads(gen.read_text()).items() if k != "top_k"}))
-    return dst
-
-
-@pytest.fixture(scope="module")
-def chat_server(chat_model_dir, tmp_path_factory):
-    from sglang_servers import require_sglang, start_real_server
-
     require_sglang()
-    server = start_real_server(chat_model_dir, tmp_path_factory.mktemp("sglang-chat-logs"))
+    recipe = CPU_TEMPLATE + f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"
+    old = os.environ.get("SGLANG_USE_CPU_ENGINE")
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # what the "cpu" preset sets; a custom recipe inherits it
+    try:
+        server = start_server(str(ensure_tiny_model()), _free_port(), recipe=recipe,
+                              log_path=tmp_path_factory.mktemp("sglang-chat-logs") / "sglang.log")
+    finally:
+        if old is None:
+            os.environ.pop("SGLANG_USE_CPU_ENGINE")
+        else:
+            os.environ["SGLANG_USE_CPU_ENGINE"] = old
     try:
         yield server.url
     finally:
@@ -141,3 +139,26 @@ def test_real_sglang_endpoint_runs_compiles_and_trains(chat_server, tiny_backend
     assert sorted(p.name for p in (step2 / "policies").iterdir()) == ["solver"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["episodes_failed"] == 0 and r["compile/frozen_only_events"] == r["episodes"] for r in rows)
+
+
+@pytest.mark.slow
+def test_the_external_example_trains_with_one_command(chat_server, tmp_path):
+    """workflows/tinymath_external_verifier.wf against the server launched as its comment says (the
+    tiny model standing in for tiny-reason, whose build takes minutes), its URL pointed at it."""
+    import subprocess
+    import sys
+
+    src = (ROOT / "workflows" / "tinymath_external_verifier.wf").read_text()
+    wf = tmp_path / "tinymath_external_verifier.wf"
+    wf.write_text(src.replace("http://127.0.0.1:30000/v1", chat_server + "/v1"))
+    (tmp_path / "tasks").mkdir()
+    for name in ("tinymath.jsonl", "tinymath_eval.jsonl"):
+        (tmp_path / "tasks" / name).write_text((ROOT / "workflows" / "tasks" / name).read_text())
+    cmd = [sys.executable, "-m", "srpo_graph.cli", "train", str(wf), "--steps", "2", "--run-dir", str(tmp_path / "run"),
+           "rollout.tasks_per_step=2", "rollout.samples=2", "logging.plots=false", "logging.tensorboard=false",
+           "eval.every=0", 'rollout.models={m="tiny"}']
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["episodes_failed"] == 0 for r in rows)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step_2" / "policies").iterdir()) == ["m"]
