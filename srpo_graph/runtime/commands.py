@@ -145,8 +145,10 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     by_model.update({f"external:{n}": b for n, b in external.items()})  # closed with the others
     console = Console(stderr=True)
     try:
+        # an external endpoint that fails or stalls fails its episodes (URL named), the run goes on
         result = run_streaming(wf, tasks, backends, Path(out_file), console, samples=samples, seed=seed,
-                               progress=not quiet, max_concurrent=max_concurrent)
+                               progress=not quiet, max_concurrent=max_concurrent,
+                               on_backend_error="fail" if external else "raise")
     finally:
         for b in by_model.values():
             b.close()

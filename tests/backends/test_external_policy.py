@@ -38,6 +38,7 @@ transition verify {{ consume: v activate: end }}
 start: s
 reward: std.digits_sum_to(task.target, s, s)
 """
+ROOT = Path(__file__).resolve().parents[2]
 TASK_ROWS = [{"id": f"t{i}", "target": i % 3 + 5} for i in range(4)]
 TASKS = [Task(id=r["id"], fields=r) for r in TASK_ROWS]
 
@@ -71,7 +72,25 @@ def test_a_stalled_endpoint_fails_episodes_cleanly_with_its_url(tiny_backend):
     assert server.url in res.stats.backend_error
 
 
-ROOT = Path(__file__).resolve().parents[2]
+def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
+    """`srpo-graph run` on the same workflow: exit 0, every episode in the traces failed with the URL."""
+    import subprocess
+    import sys
+
+    server = _Server("stall")
+    try:
+        wf = tmp_path / "ext.wf"
+        wf.write_text(WF.format(url=server.url, timeout=0.5, retries=0))
+        tasks = tmp_path / "tasks.jsonl"
+        tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
+        res = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "run", str(wf), "--tasks", str(tasks), "--samples",
+                              "1", "--out", str(tmp_path / "t.jsonl"), "--quiet"], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)
+    finally:
+        server.stop()
+    assert res.returncode == 0, res.stderr[-2000:]
+    eps = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len(eps) == 4 and all(e["status"] == "failed" and server.url in e["error"] for e in eps)
 
 
 @pytest.fixture(scope="module")
