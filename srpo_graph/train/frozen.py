@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
+from srpo_graph.backends import TrainedPolicy, resolve_model
 from srpo_graph.errors import ConfigError
 from srpo_graph.workflow import Workflow
 
@@ -60,11 +60,23 @@ def check_pointers(saved: dict[str, str] | None, wf: Workflow, checkpoint: Path)
                                  fix="resume with the .wf file the run was started with")
 
 
-def build_frozen_backends(wf: Workflow, config: Any, device: str) -> dict[str, Any]:
-    """A backend per frozen policy (``frozen_policies``); call on the process that samples.
+def saved_pointers(checkpoint: Path) -> dict[str, str] | None:
+    """The frozen-policy pointers a checkpoint's loop state recorded (None: none recorded)."""
+    import json
+
+    try:
+        return json.loads((checkpoint / "state.json").read_text(encoding="utf-8")).get("extra", {}).get("frozen")
+    except (OSError, ValueError, AttributeError):
+        return None  # the checkpoint verifier reports an unreadable state
+
+
+def load_frozen(wf: Workflow, config: Any, device: str) -> tuple[list[TrainedPolicy], dict[str, Any]]:
+    """The frozen policies of ``frozen_policies``: (local models, to be given a backend of the run's
+    kind together with the trained policies -- one ``for_training`` call, so SGLang servers get
+    distinct ports --, and a ready backend per external policy). Call on the process that samples.
 
     Raises:
-        BackendError: a model that does not load, a server that does not start.
+        BackendError: a model that does not load.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -85,8 +97,4 @@ def build_frozen_backends(wf: Workflow, config: Any, device: str) -> dict[str, A
         model = model.to(device).eval()
         model.requires_grad_(False)  # never updated: no grads, no optimizer
         local.append(TrainedPolicy(name, path, model, load_tokenizer(path), device))
-    if local:
-        spec = backend_spec(config.rollout.backend)
-        options = getattr(config.rollout, config.rollout.backend)
-        out.update(spec.for_training(local, options, Path(config.run_dir or "runs")))
-    return out
+    return local, out

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -163,7 +163,10 @@ def _device(config: TrainConfig) -> str:
     return config.rollout.device
 
 
-def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None, dist: DistInfo) -> list[PolicySlot]:
+def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None, dist: DistInfo,
+                 frozen: Sequence[TrainedPolicy] = ()) -> tuple[list[PolicySlot], dict[str, Any]]:
+    """The trained policies' slots, and the frozen local policies' backends (``frozen``: built with
+    the same ``for_training`` call, so e.g. SGLang servers get distinct ports)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -202,10 +205,14 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         trained = [TrainedPolicy(s.name, s.base, s.replica if s.replica is not None else s.model, s.tokenizer, device)
                    for s in slots]
         options = getattr(config.rollout, config.rollout.backend)
-        backends = spec.for_training(trained, options, Path(config.run_dir or "runs"))
+        if frozen and lora.uses_adapters(wf) and not spec.in_process:
+            raise ConfigError.at("field `rollout.backend`", "frozen policies beside LoRA adapters need the "
+                                 "transformers backend", fix='rollout.backend = "transformers"')
+        backends = spec.for_training([*trained, *frozen], options, Path(config.run_dir or "runs"))
         for s in slots:
             s.backend = backends[s.name]
-    return slots
+        return slots, {p.name: backends[p.name] for p in frozen}
+    return slots, {}
 
 
 def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
@@ -287,7 +294,11 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         resolved["eval_tasks"] = Path(config.rollout.eval_tasks).resolve()
     config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update=resolved)})
     resume_from = _choose_checkpoint(run_dir, announce=dist.is_main) if resume else None
-    slots = _build_slots(wf, config, device, resume_from, dist)
+    if resume_from is not None:  # before loading anything: the frozen policies must be the run's
+        frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
+    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) if dist.is_main else ([], {})
+    slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
+    frozen.update(frozen_backends)
     state = ckpt.LoopState(step=0, cursor=0)
     if resume_from is not None:
         state = ckpt.load_checkpoint(
@@ -299,10 +310,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         if started_with is not None and started_with != wf.name:
             raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
                                  f"({workflow_path})", fix="resume with the .wf file the run was started with")
-        frozen_policies.check_pointers(state.extra.get("frozen"), wf, resume_from)
         for s in slots:
             s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
-    frozen = frozen_policies.build_frozen_backends(wf, config, device) if dist.is_main else {}
     compile_cfg = config.compile.model_copy(update={"policies": tuple(s.name for s in slots),
                                                     "frozen_policies": frozen_policies.frozen_policies(wf)})
     writer = None

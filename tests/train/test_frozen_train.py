@@ -58,13 +58,14 @@ def _config(tmp_path: Path, run: str, **over):
 def test_only_the_trainable_policy_updates(tmp_path, monkeypatch):
     wf = _write(tmp_path)
     built: dict = {}
-    real = frozen_mod.build_frozen_backends
+    real = frozen_mod.load_frozen
 
-    def spy(*args, **kw):  # the real builder; the test keeps what it built, to look at its weights after
-        built.update(real(*args, **kw))
-        return built
+    def spy(*args, **kw):  # the real loader; the test keeps what it loaded, to look at its weights after
+        local, external = real(*args, **kw)
+        built.update({p.name: p for p in local})
+        return local, external
 
-    monkeypatch.setattr(frozen_mod, "build_frozen_backends", spy)
+    monkeypatch.setattr(frozen_mod, "load_frozen", spy)
     summary = train(wf, _config(tmp_path, "run"))
     assert summary.steps == 2
     initial = load_file(str(Path(resolve_model("tiny")) / "model.safetensors"))
