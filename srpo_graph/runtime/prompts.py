@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.episode import at_node
 from srpo_graph.workflow import Agent, Workflow
 
 _CACHE_LIMIT = 100_000  # entries per cache before it is emptied (bounded memory on long runs)
@@ -151,7 +152,11 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
     plans = {}
     for agent in workflow.agents:
         tok = backends[agent.policy].tokenizer
-        if tok is None:  # a text-only backend: the checker refused allow/top_k; stops go as strings
+        if tok is None:  # a text-only backend (an external model): stops go as strings
+            if agent.sampling.allow is not None or agent.sampling.top_k:  # the checker refuses these for
+                # openai(...) policies; `run --backend openai` on a local policy's agent gets here
+                raise RuntimeFailure(at_node(agent, f"agent {agent.name!r} uses `allow`/`top_k`, which the text-only "
+                                                    f"backend of policy {agent.policy!r} cannot honour"))
             plans[agent.name] = AgentPlan(agent, None, None, (), tuple(agent.sampling.stop))
             continue
         allowed = None

@@ -181,3 +181,36 @@ def test_the_external_example_trains_with_one_command(chat_server, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["episodes_failed"] == 0 for r in rows)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step_2" / "policies").iterdir()) == ["m"]
+
+
+def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_path):
+    """`srpo-graph run --backend openai` on a workflow of plain policies (a real local echo server):
+    the answers are recorded as text only; an agent with `allow:` is refused, located, before any request."""
+    import subprocess
+    import sys
+
+    server = _Server("echo")
+    try:
+        wf = tmp_path / "plain.wf"
+        wf.write_text('workflow plain\nimport std\ntask { target: int }\npolicy p = "m1"\n'
+                      'agent a { policy: p prompt: "say {task.target}" sample { max_tokens: 4 } output: text }\n'
+                      "transition t { consume: a activate: end }\nstart: a\n")
+        tasks = tmp_path / "tasks.jsonl"
+        tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
+        base = [sys.executable, "-m", "srpo_graph.cli", "run", "--tasks", str(tasks), "--samples", "1", "--quiet",
+                "--backend", "openai", "--openai-url", server.url]
+        res = subprocess.run(base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t.jsonl")],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-2000:]
+        eps = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+        outs = [e["outputs"][0] for e in eps]
+        assert [o["text"] for o in outs] == [f"echo:say {t['target']}" for t in TASK_ROWS]
+        assert all(o["source"] == "text" and o["prompt_ids"] == [] for o in outs)
+        assert server.calls[0][0]["model"] == "m1"
+        wf.write_text(wf.read_text().replace("max_tokens: 4", 'max_tokens: 1, allow: ["1"]'))
+        res = subprocess.run(base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t2.jsonl")],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert res.returncode != 0 and "plain.wf:5:" in res.stderr and "cannot honour" in res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        server.stop()
