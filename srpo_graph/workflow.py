@@ -202,22 +202,46 @@ class LoraAdapter(_Frozen):
         return f'lora("{self.base}", r={self.r}, alpha={alpha}, targets=[{", ".join(self.targets)}]{extra})'
 
 
-class Policy(_Frozen):
-    """A trainable model: a Hugging Face name, a local path, or ``tiny`` (the built-in default).
+class ExternalModel(_Frozen):
+    """``openai("http://host:port/v1", model=.., api_key_env=.., timeout=.., retries=.., concurrency=..)``:
+    a model behind an OpenAI-compatible chat-completions endpoint. Always frozen; text in and out."""
 
-    With ``adapter`` set, the policy is a LoRA adapter on ``adapter.base`` and ``model`` is the
-    base policy's model (filled in by the checker). A policy that is the base of adapters is
-    frozen: agents that use it sample from the base with every adapter disabled.
+    url: str  # the API base, e.g. "http://127.0.0.1:30000/v1" (``/chat/completions`` is appended)
+    model: str = "default"  # the ``model`` field of each request
+    api_key_env: str | None = None  # the environment variable holding the API key (never the key)
+    timeout: float = 60.0  # seconds per request, > 0
+    retries: int = 2  # further attempts after a failed request, >= 0
+    concurrency: int = 8  # requests in flight at once, >= 1
+
+    def label(self) -> str:
+        """The declaration as written back: ``openai("http://...", model="m")``."""
+        key = f', api_key_env="{self.api_key_env}"' if self.api_key_env else ""
+        return f'openai("{self.url}", model="{self.model}"{key})'
+
+
+class Policy(_Frozen):
+    """A model: a Hugging Face name, a local path, or ``tiny`` (the built-in default).
+
+    Trainable unless declared ``frozen`` (sampled, never updated) or ``external`` (a model
+    behind an OpenAI-compatible endpoint, always frozen; ``model`` is then its URL). With
+    ``adapter`` set, the policy is a LoRA adapter on ``adapter.base`` and ``model`` is the base
+    policy's model (filled in by the checker). A policy that is the base of adapters is frozen:
+    agents that use it sample from the base with every adapter disabled.
     """
 
     name: str
     model: str
     adapter: LoraAdapter | None = None
     span: Span | None = None
+    frozen: bool = False  # declared `frozen` (or external): never updated, no optimizer, no weights saved
+    external: ExternalModel | None = None
 
     def label(self) -> str:
-        """``"tiny"`` for a full policy, the ``lora(...)`` declaration for an adapter."""
-        return self.adapter.label() if self.adapter is not None else f'"{self.model}"'
+        """``"tiny"`` for a full policy, the ``lora(...)`` or ``openai(...)`` declaration, `` frozen`` when declared."""
+        if self.external is not None:
+            return self.external.label()
+        core = self.adapter.label() if self.adapter is not None else f'"{self.model}"'
+        return core + (" frozen" if self.frozen else "")
 
 
 class Sampling(_Frozen):
@@ -318,6 +342,16 @@ class Workflow(_Frozen):
     def frozen_bases(self) -> frozenset[str]:
         """Policies that are the base of at least one LoRA adapter (frozen, never updated)."""
         return frozenset(p.adapter.base for p in self.policies if p.adapter is not None)
+
+    @cached_property
+    def untrained_policies(self) -> frozenset[str]:
+        """Policies the trainer never updates: declared ``frozen``, external, or the base of adapters."""
+        return frozenset(p.name for p in self.policies if p.frozen or p.external is not None) | self.frozen_bases
+
+    @cached_property
+    def trained_policies(self) -> tuple[str, ...]:
+        """The policies training updates, in declaration order."""
+        return tuple(p.name for p in self.policies if p.name not in self.untrained_policies)
 
     @cached_property
     def consumer_of(self) -> dict[str, str]:

@@ -12,7 +12,7 @@ reference in docs/training.md. Adding a backend is one module plus one row (docs
 Heavy imports (torch, transformers, httpx) happen inside the builders.
 
 >>> sorted(BACKENDS)
-['sglang', 'transformers']
+['openai', 'sglang', 'transformers']
 >>> BACKENDS["sglang"].remote, BACKENDS["transformers"].in_process
 (True, True)
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from srpo_graph.backends.options import BackendOptions, SGLangOptions, TransformersOptions
+from srpo_graph.backends.options import BackendOptions, OpenAIOptions, SGLangOptions, TransformersOptions
 from srpo_graph.errors import BackendError
 
 TINY = "tiny"
@@ -144,6 +144,27 @@ def _sglang_training(policies: Sequence[TrainedPolicy], options: SGLangOptions, 
     return serve_policies(policies, options, run_dir)
 
 
+# --------------------------------------------------------------------------- openai
+
+
+def _openai(model: str, options: OpenAIOptions, *, device: str = "cpu", **kw: Any):
+    from srpo_graph.backends.openai import OpenAIBackend
+    from srpo_graph.workflow import ExternalModel
+
+    return OpenAIBackend(ExternalModel(url=options.url, model=model, api_key_env=options.api_key_env,
+                                       timeout=options.timeout, retries=options.retries,
+                                       concurrency=options.concurrency), **kw)
+
+
+def _openai_training(policies: Sequence[TrainedPolicy], options: OpenAIOptions, run_dir: Path):
+    from srpo_graph.errors import ConfigError
+
+    raise ConfigError.at("field `rollout.backend`", "an OpenAI-compatible endpoint cannot sample a trained policy",
+                         why="its weights are behind an API: no log-probs of record, no weight sync",
+                         fix='declare the external model in the workflow, `policy p = openai("URL", model="m")`, '
+                             "and train the other policies on transformers or sglang")
+
+
 BACKENDS: dict[str, BackendSpec] = {
     "transformers": BackendSpec(
         "Hugging Face transformers in this process; samples from the trained model itself (the default).",
@@ -151,6 +172,9 @@ BACKENDS: dict[str, BackendSpec] = {
     "sglang": BackendSpec(
         "An SGLang server per policy over HTTP (started by training with `rollout.sglang.launch`, or yours).",
         SGLangOptions, _sglang, _sglang_training, remote=True, loss_defaults={"mismatch": "tis"}),
+    "openai": BackendSpec(
+        "An OpenAI-compatible chat-completions endpoint: text only, frozen (external `openai(...)` policies).",
+        OpenAIOptions, _openai, _openai_training, remote=True),
 }
 
 

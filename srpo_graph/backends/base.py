@@ -43,6 +43,10 @@ class GenerationRequest:
     seed: int | None = None
     request_id: str = ""
     logprobs: Literal["full", "sampled"] = "full"
+    # text-only backends (an external model, ``text_only = True``): the rendered prompt, sent as text
+    # (``prompt_ids`` is then empty), and the stop strings the server applies
+    prompt_text: str | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Completion:
     logprobs: tuple[float, ...]  # one per completion token
     finish_reason: FinishReason
     weight_version: int = 0
+    text: str | None = None  # a text-only backend's answer (then no ids and no log-probs)
 
 
 @runtime_checkable

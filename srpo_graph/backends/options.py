@@ -64,3 +64,18 @@ class SGLangOptions(BackendOptions):
         "readable by the server; each policy saves into its own subfolder <policy>. Default: RUN_DIR/weights. "
         "Only folders srpo-graph wrote there (listed in its .srpo-graph-weights.json) are ever replaced or deleted.",
         json_schema_extra={"train_only": True})
+
+
+class OpenAIOptions(BackendOptions):
+    """An OpenAI-compatible chat-completions endpoint (text in and out; never trained).
+
+    In a workflow, an external policy declares these itself (``openai("url", model=.., ...)``);
+    this section serves ``srpo-graph run --backend openai`` on a workflow of plain policies, each
+    policy's model string then being the endpoint's ``model`` name.
+    """
+
+    url: str = Field("http://127.0.0.1:30000/v1", description="API base URL (`/chat/completions` is appended).")
+    api_key_env: str | None = Field(None, description="Environment variable holding the API key (never the key itself).")
+    timeout: float = Field(60.0, gt=0, le=3600, description="Seconds per request, (0, 3600].")
+    retries: int = Field(2, ge=0, le=10, description="Further attempts after a failed request, [0, 10].")
+    concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight at once, [1, 1024].")

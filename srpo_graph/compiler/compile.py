@@ -16,7 +16,9 @@ What it does, in order:
 2. **Select episodes and events**: a failed episode is dropped or scored 0
    (``CompileConfig.failed``), a truncated one kept, dropped or penalized
    (``CompileConfig.truncated``), each counted and marked in ``episode_status``; a transition
-   whose consumed output is missing or aborted is dropped whole, never shrunk (counted).
+   whose consumed output is missing or aborted is dropped whole, never shrunk (counted);
+   outputs of frozen policies (``CompileConfig.frozen_policies``) stay members but are not
+   packed, and a firing with only frozen members is not an event (counted).
 3. **Returns and advantages**: returns follow provenance (``RETURNS``, :func:`provenance_children`:
    an event is credited with its own reward, its causal descendants' rewards and the terminal
    reward, never a parallel branch's); advantages in ``advantages.py``.
@@ -166,6 +168,7 @@ class _Event:
     ret: float
     turn: int  # earlier firings of this transition in its episode
     member_turn: list[int]  # per member: earlier outputs of its agent in its episode
+    frozen: int = 0  # members of frozen policies, not in ``members`` (not packed)
 
 
 def _index(table: dict[str, int], key: str) -> int:
@@ -204,6 +207,7 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
     workflow = ""
     first_seen: dict[tuple[str, int], str] = {}
     first_workflow: tuple[str, str, str] | None = None
+    frozen = frozenset(config.frozen_policies)
     for i, ep in enumerate(episodes):
         loc = where[i] if where is not None else f"episode {i} (task {ep.task_id!r}, sample {ep.sample})"
         _validate(ep, loc)
@@ -253,7 +257,15 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
                     raise _fail(loc, f"transitions[{k}].consumed", f"transition {t.id!r} consumes a missing or aborted output")
                 stats.dropped_incomplete_events += 1
                 continue
-            events.append(_Event(e, t, members, returns[t.id], turn, [output_turn[m.id] for m in members]))
+            # frozen members are part of the action (completeness above, provenance) but carry no
+            # log-ratio: they are not packed. A firing with no trainable member is not an event.
+            trained = [m for m in members if m.policy not in frozen and m.source != "text"]
+            if not trained:
+                stats.frozen_only_events += 1
+                continue
+            stats.frozen_members += len(members) - len(trained)
+            events.append(_Event(e, t, trained, returns[t.id], turn, [output_turn[m.id] for m in trained],
+                                 len(members) - len(trained)))
 
     group_names = list(groups)
     table = EventTable(
@@ -309,7 +321,7 @@ def _pack(events: list[_Event], advantage: torch.Tensor, member_advantage: torch
                                           "member_temperature", "member_allowed", "member_agent", "member_max_tokens",
                                           "member_top_k", "member_top_p")}
     st: dict[str, list] = {k: [] for k in ("set_size", "set_expected_size", "set_reward", "set_episode",
-                                           "set_transition", "set_prestate")}
+                                           "set_transition", "set_prestate", "set_frozen_size")}
     for s, ev in enumerate(events):
         n_tok = 0
         for j, o in enumerate(ev.members):
@@ -338,6 +350,7 @@ def _pack(events: list[_Event], advantage: torch.Tensor, member_advantage: torch
             ("set_reward", ev.ret), ("set_episode", ev.episode),
             ("set_transition", _index(transitions, ev.transition.name)),
             ("set_prestate", prestates.setdefault((ev.episode, min(o.step for o in ev.members)), len(prestates))),
+            ("set_frozen_size", ev.frozen),
         ):
             st[name].append(value)
         set_ids.append(ev.transition.id)

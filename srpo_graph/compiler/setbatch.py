@@ -51,6 +51,8 @@ class CompileStats:
     zero_variance_events: int = 0
     singleton_events: int = 0
     dropped_zero_variance_events: int = 0
+    frozen_only_events: int = 0  # firings whose every member is a frozen policy's: not events
+    frozen_members: int = 0  # members of kept events sampled from frozen policies (not packed)
     events: int = 0
     members: int = 0
     tokens: int = 0
@@ -144,7 +146,9 @@ class SetBatch:
         each member was sampled with, Dr. GRPO's constant denominator), episode_status [E]
         (int8; ``EPISODE_STATUS``: 0 ok, 1 truncated, 2 failed and scored 0); member_top_k
         (int64), member_top_p (float32) [M]: the top-k / top-p the trainer re-applies to recompute
-        a member recorded under the ``sampled`` log-prob convention (0 / 1 = none).
+        a member recorded under the ``sampled`` log-prob convention (0 / 1 = none);
+        set_frozen_size [S] (int64; members of the set sampled from frozen or external policies:
+        part of the action, not packed, no log-ratio; ``set_size`` counts the packed ones).
     """
 
     input_ids: torch.Tensor = _dim("T", torch.int64)
@@ -187,6 +191,7 @@ class SetBatch:
     member_top_k: torch.Tensor = _dim("M", torch.int64, optional=True)
     member_top_p: torch.Tensor = _dim("M", torch.float32, optional=True)
     episode_status: torch.Tensor = _dim("E", torch.int8, optional=True)
+    set_frozen_size: torch.Tensor = _dim("S", torch.int64, optional=True)
     agents: list[str] = field(default_factory=list)
     member_ids: list[str] = field(default_factory=list)
     set_ids: list[str] = field(default_factory=list)
@@ -209,6 +214,8 @@ class SetBatch:
             self.member_top_p = torch.ones(self.member_set.numel(), dtype=torch.float32)
         if self.episode_status is None:
             self.episode_status = torch.zeros(self.episode_reward.numel(), dtype=torch.int8)
+        if self.set_frozen_size is None:  # no frozen policy: every member of a set is packed
+            self.set_frozen_size = torch.zeros(self.set_size.numel(), dtype=torch.int64)
 
     @property
     def member_completion_tokens(self) -> torch.Tensor:

@@ -199,10 +199,31 @@ class LoraExpr:
 
 
 @dataclass(frozen=True)
-class PolicyDecl:
-    name: Name
-    model: StringLit | LoraExpr
+class OpenaiArg:
+    """``model="name"``, ``api_key_env="VAR"``, ``timeout=60`` ... (keys and values checked by the checker)."""
+
+    key: Name
+    value: StringLit | NumberLit
     span: Span
+
+
+@dataclass(frozen=True)
+class OpenaiExpr:
+    """``openai("http://host:port/v1", model="name", ...)``: a model behind an OpenAI-compatible endpoint."""
+
+    url: StringLit
+    args: tuple[OpenaiArg, ...]
+    span: Span
+
+
+@dataclass(frozen=True)
+class PolicyDecl:
+    """``policy p = "model"``, ``= lora(...)`` or ``= openai(...)``; ``frozen`` after it: never trained."""
+
+    name: Name
+    model: StringLit | LoraExpr | OpenaiExpr
+    span: Span
+    frozen: Span | None = None  # where the `frozen` keyword is, when written
 
 
 # agent items

@@ -83,8 +83,19 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def policy_decl(self, meta, children):
-        model = children[1] if isinstance(children[1], ast.LoraExpr) else self._string(children[1])
-        return ast.PolicyDecl(self._name(children[0]), model, self._span(meta))
+        model = children[1] if isinstance(children[1], (ast.LoraExpr, ast.OpenaiExpr)) else self._string(children[1])
+        frozen = tok_span(children[2], self.path) if len(children) > 2 and children[2] is not None else None
+        return ast.PolicyDecl(self._name(children[0]), model, self._span(meta), frozen)
+
+    @v_args(meta=True)
+    def openai_expr(self, meta, children):
+        return ast.OpenaiExpr(self._string(children[0]), tuple(children[1:]), self._span(meta))
+
+    @v_args(meta=True)
+    def openai_arg(self, meta, children):
+        v = children[1]
+        return ast.OpenaiArg(self._name(children[0]), v if isinstance(v, ast.NumberLit) else self._string(v),
+                             self._span(meta))
 
     @v_args(meta=True)
     def lora_expr(self, meta, children):

@@ -23,6 +23,7 @@ from srpo_graph.lang import ast
 from srpo_graph.lang.adapters import check_lora
 from srpo_graph.lang.agents import DEFAULT_EXTRACTORS, build_agent
 from srpo_graph.lang.callables import import_module, python_module_name, return_annotation, wf_type_of
+from srpo_graph.lang.external import check_external_agent, check_not_trained, check_openai
 from srpo_graph.lang.scope import MAX_COUNT, Scope, Uses, close_names
 from srpo_graph.lang.transitions import build_transition
 from srpo_graph.workflow import Import, Policy, TextType, Workflow, source_hash
@@ -205,10 +206,14 @@ class _Checker(Scope):
             if isinstance(it.model, ast.StringLit):
                 if not it.model.value.strip():
                     self.err("empty model name", it.model.span, 'use "tiny", a Hugging Face name or a local path')
-                full[it.name.value] = Policy(name=it.name.value, model=it.model.value, span=it.span)
+                full[it.name.value] = Policy(name=it.name.value, model=it.model.value, span=it.span,
+                                             frozen=it.frozen is not None)
+            elif isinstance(it.model, ast.OpenaiExpr):  # external: never a base (check_not_trained)
+                full[it.name.value] = check_openai(self, it)
         adapters = {it.name.value: it.model.base.value for it in decls if isinstance(it.model, ast.LoraExpr)}
         for it in decls:  # declaration order; a lora(...) adapter needs every full policy first
             self.policies[it.name.value] = full.get(it.name.value) or check_lora(self, it, full, adapters)
+        check_not_trained(self, decls, self.policies)
         agents = [it for it in items if isinstance(it, ast.AgentDecl)]
         transitions = [it for it in items if isinstance(it, ast.TransitionDecl)]
         for node in agents + transitions:
@@ -225,6 +230,8 @@ class _Checker(Scope):
             for i in t.items:
                 if isinstance(i, ast.ToolItem):
                     self._tool_name(i)
+        for a in agents:
+            check_external_agent(self, a, self.policies)
         built_agents = [x for x in (build_agent(self, a) for a in agents) if x is not None]
         built_transitions = [x for x in (build_transition(self, t) for t in transitions) if x is not None]
         start, reward, max_steps = self._top_level(items)

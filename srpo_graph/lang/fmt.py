@@ -124,10 +124,15 @@ ACTIVATIONS: dict[type, Callable[[Any], str]] = {
 }
 
 
-def fmt_policy_model(m: ast.StringLit | ast.LoraExpr) -> str:
-    """``"tiny"``, or ``lora("base", r=16, alpha=32, targets=[q_proj, v_proj])`` as written."""
+def fmt_policy_model(m: ast.StringLit | ast.LoraExpr | ast.OpenaiExpr) -> str:
+    """``"tiny"``, ``lora("base", r=16, alpha=32, targets=[q_proj, v_proj])`` or ``openai("url", model="m")`` as written."""
     if isinstance(m, ast.StringLit):
         return encode_string(m.value)
+    if isinstance(m, ast.OpenaiExpr):
+        parts = [encode_string(m.url.value)] + [
+            f"{a.key.value}={fmt_value(a.value) if isinstance(a.value, ast.NumberLit) else encode_string(a.value.value)}"
+            for a in m.args]
+        return f"openai({', '.join(parts)})"
     args = [encode_string(m.base.value)]
     for a in m.args:
         v = a.value
@@ -157,7 +162,7 @@ TRANSITION_ITEMS: dict[type, Callable[[Any], str]] = {
 }
 TOP_LINES: dict[type, Callable[[Any], str]] = {  # one-line top-level items (the three blocks: _Emitter.run)
     ast.ImportStmt: lambda i: f"import {i.dotted}" + (f" as {i.alias.value}" if i.alias else ""),
-    ast.PolicyDecl: lambda i: f"policy {i.name.value} = {fmt_policy_model(i.model)}",
+    ast.PolicyDecl: lambda i: f"policy {i.name.value} = {fmt_policy_model(i.model)}" + (" frozen" if i.frozen else ""),
     ast.StartStmt: lambda i: f"start: {_names(i.agents)}",
     ast.RewardStmt: lambda i: f"reward: {fmt_call(i.call)}",
     ast.MaxStepsStmt: lambda i: f"max_steps: {i.value.value}",

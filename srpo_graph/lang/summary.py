@@ -41,6 +41,25 @@ def _adapter_lines(w: Workflow) -> list[str]:
     return ["  adapters:    " + "\n               ".join(rows)] if rows else []
 
 
+def _training_lines(w: Workflow) -> list[str]:
+    """Which agents train and which do not (shown when a policy is declared frozen or external)."""
+    if not any(p.frozen or p.external is not None for p in w.policies):
+        return []
+
+    def agents_of(names) -> str:
+        return ", ".join(f"{a.name} [{a.policy}]" for a in w.agents if a.policy in names) or "none"
+
+    kind = {p.name: "external" if p.external is not None else "frozen" for p in w.policies
+            if p.name in w.untrained_policies}
+    trained = agents_of(set(w.trained_policies))
+    frozen = agents_of({n for n, k in kind.items() if k == "frozen"})
+    external = agents_of({n for n, k in kind.items() if k == "external"})
+    rows = [f"trains {trained}"] if w.trained_policies else ["trains nothing (`train` refuses this workflow)"]
+    rows += [f"frozen {frozen}"] if frozen != "none" else []
+    rows += [f"external (frozen) {external}"] if external != "none" else []
+    return ["  training:    " + "\n               ".join(rows)]
+
+
 def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: str = "") -> str:
     """A few lines: agents and policies, transitions with set sizes, routers, the episode bound.
 
@@ -68,6 +87,7 @@ def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: st
     lines = [f"{w.name}  ({w.path})" + (f"  {w.description}" if w.description else "")]
     lines.append("  policies:    " + ", ".join(f"{p.name} = {p.label()}" for p in w.policies))
     lines.extend(_adapter_lines(w))
+    lines.extend(_training_lines(w))
     agents = [f"{a.name} [{a.policy}] -> {type_str(a.output)}" for a in w.agents]
     lines.append("  agents:      " + ("\n               ".join(agents) if agents else "none"))
     rows = []

@@ -127,7 +127,7 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
 
     wf = load_workflow(workflow_file)
     tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
-    chosen = {p.name: p.model for p in wf.policies}
+    chosen = {p.name: p.model for p in wf.policies if p.external is None}  # external: their own endpoint
     chosen.update(parse_model_overrides(models, list(chosen)))
     options = _options_from_flags(backend_kind, backend_flags)
     if backend_spec(backend_kind).in_process:
@@ -138,10 +138,17 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
             torch.set_num_threads(threads or 1)
     by_model = {m: load_backend(backend_kind, m, options, device=device) for m in dict.fromkeys(chosen.values())}
     backends = {p: by_model[m] for p, m in chosen.items()}
+    from srpo_graph.backends.openai import OpenAIBackend
+
+    external = {p.name: OpenAIBackend(p.external) for p in wf.policies if p.external is not None}
+    backends.update(external)
+    by_model.update({f"external:{n}": b for n, b in external.items()})  # closed with the others
     console = Console(stderr=True)
     try:
+        # an external endpoint that fails or stalls fails its episodes (URL named), the run goes on
         result = run_streaming(wf, tasks, backends, Path(out_file), console, samples=samples, seed=seed,
-                               progress=not quiet, max_concurrent=max_concurrent)
+                               progress=not quiet, max_concurrent=max_concurrent,
+                               on_backend_error="fail" if external else "raise")
     finally:
         for b in by_model.values():
             b.close()

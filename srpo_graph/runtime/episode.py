@@ -57,6 +57,7 @@ class Sampled:
     finish_reason: str
     text: str  # decoded from the kept ids, for extraction and display only
     policy_version: int
+    source: str = "tokens"  # "text": a text-only backend's answer (trace ``Output.source``)
 
 
 def at_node(node: Any, message: str) -> str:
@@ -180,7 +181,7 @@ class EpisodeRun:
             allowed_token_ids=None if req.allowed_token_ids is None else list(req.allowed_token_ids),
             max_tokens=int(req.max_new_tokens), activated_by=self.activator.pop(agent.name, None),
             top_k=int(req.top_k), top_p=float(req.top_p), logprob_mode=req.logprobs,
-            text=sampled.text, value=value, finish_reason=sampled.finish_reason,
+            text=sampled.text, value=value, finish_reason=sampled.finish_reason, source=sampled.source,
         ))
         if error is not None:
             self.fail(error)

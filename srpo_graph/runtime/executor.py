@@ -214,11 +214,12 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
             prompts[i] = ids
     batches: dict[int, list[tuple[EpisodeRun, AgentPlan, GenerationRequest]]] = {}
     issued: dict[int, int] = {}  # episode -> requests made this round: each output its own seed
-    for (ep, plan, _), prompt in zip(rendered, prompts):
+    for (ep, plan, text), prompt in zip(rendered, prompts):
         k = issued.get(id(ep), 0)
         issued[id(ep)] = k + 1
         n = len(ep.outputs) + k
-        req = plan.request(prompt, seed=output_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}")
+        req = plan.request(prompt, seed=output_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}",
+                           prompt_text=text)
         batches.setdefault(id(backends[plan.agent.policy]), []).append((ep, plan, req))
     for items in batches.values():
         policy0 = items[0][1].agent.policy
@@ -253,6 +254,9 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
                 continue
             stats["tokens"] += len(comp.completion_ids)
             if ep.done:
+                continue
+            if plan.tokenizer is None:  # a text-only (external) answer: recorded as text, no ids
+                ep.add_output(plan.agent.name, Sampled(req, (), (), comp.finish_reason, comp.text or "", 0, "text"))
                 continue
             ids, lps, finish, text = trim_at_stop(plan, checked_completion(comp, req, vocab_size=vocab_size))
             version = versions.get(plan.agent.policy, default_version)

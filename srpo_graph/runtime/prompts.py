@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.episode import at_node
 from srpo_graph.workflow import Agent, Workflow
 
 _CACHE_LIMIT = 100_000  # entries per cache before it is emptied (bounded memory on long runs)
@@ -110,6 +111,8 @@ class AgentPlan:
 
     def encode_many(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
         """Ids of many prompts; the ones not seen yet are tokenized in one batched call."""
+        if self.tokenizer is None:  # a text-only backend (an external model): no ids, the text is sent
+            return [() for _ in texts]
         cache = self._cache
         todo = list(dict.fromkeys(t for t in texts if t not in cache))
         if todo:
@@ -119,12 +122,15 @@ class AgentPlan:
                 cache[text] = tuple(ids)
         return [cache[t] for t in texts]
 
-    def request(self, prompt_ids: tuple[int, ...], *, seed: int, request_id: str) -> GenerationRequest:
+    def request(self, prompt_ids: tuple[int, ...], *, seed: int, request_id: str,
+                prompt_text: str | None = None) -> GenerationRequest:
         s = self.agent.sampling
         return GenerationRequest(
             prompt_ids=prompt_ids, max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
             top_k=s.top_k, stop_token_ids=self.stop_token_ids, allowed_token_ids=self.allowed_token_ids,
             seed=seed, request_id=request_id, logprobs=s.logprobs,
+            prompt_text=prompt_text if self.tokenizer is None else None,
+            stop=self.stop_strings if self.tokenizer is None else (),
         )
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -146,6 +152,13 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
     plans = {}
     for agent in workflow.agents:
         tok = backends[agent.policy].tokenizer
+        if tok is None:  # a text-only backend (an external model): stops go as strings
+            if agent.sampling.allow is not None or agent.sampling.top_k:  # the checker refuses these for
+                # openai(...) policies; `run --backend openai` on a local policy's agent gets here
+                raise RuntimeFailure(at_node(agent, f"agent {agent.name!r} uses `allow`/`top_k`, which the text-only "
+                                                    f"backend of policy {agent.policy!r} cannot honour"))
+            plans[agent.name] = AgentPlan(agent, None, None, (), tuple(agent.sampling.stop))
+            continue
         allowed = None
         if agent.sampling.allow is not None:
             ids = [(s, single_token_id(tok, s)) for s in agent.sampling.allow]

@@ -52,7 +52,10 @@ def output_problems(o: Any) -> Iterator[tuple[str, str]]:
     >>> list(output_problems(o))
     [('logprobs[0]', "output 'o0': logprobs[0] = 0.5 is not a finite log-probability")]
     """
-    if not o.prompt_ids:
+    if getattr(o, "source", "tokens") == "text":  # an external model's answer: text only, no ids
+        if o.prompt_ids or o.completion_ids or o.logprobs:
+            yield "source", f"output {o.id!r}: a text-only output (source 'text') records no token ids or log-probs"
+    elif not o.prompt_ids:
         yield "prompt_ids", f"output {o.id!r}: empty prompt_ids"
     if len(o.logprobs) != len(o.completion_ids):
         yield "logprobs", f"output {o.id!r}: {len(o.logprobs)} logprobs for {len(o.completion_ids)} completion tokens"
@@ -150,6 +153,9 @@ class Output(_Frozen):
     text: str
     value: JsonValue = None
     finish_reason: Literal["stop", "length", "abort"] = "stop"
+    # "text": an external (OpenAI-compatible) model's answer, recorded as text only -- no prompt or
+    # completion ids, no log-probs (backends/openai.py says why); always from a frozen policy
+    source: Literal["tokens", "text"] = "tokens"
 
     @model_validator(mode="after")
     def _rules(self) -> "Output":  # Note [One copy of the trace rules]

@@ -148,6 +148,11 @@ class LossConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to a reference policy (GRPO: 0.04); 0 = off.")
     kl_mismatch_weight: bool = Field(False, description=(
         "Also multiply the KL term by the set-level mismatch weight (off: the KL regularizes every token as sampled)."))
+    frozen_in_k: bool = Field(False, description=(
+        "Count the members of frozen/external policies in K for the set log-ratio scale K^(-alpha) "
+        "(their log-ratio is 0 either way). False (default) = K counts the trainable members only, so a "
+        "solver whose output a frozen verifier reads is normalized as if alone (docs/algorithm.md, "
+        "'Frozen members'); True = K is the whole active set's size."))
     mismatch: Mismatch = Field(Mismatch.NONE, description="Set-level sampler/trainer mismatch correction: none | tis | mask.")
     mismatch_threshold: float = Field(2.0, gt=1.0, description="C: the TIS cap and the mask's upper bound on exp(H_e).")
     mismatch_low: float | None = Field(None, gt=0.0, lt=1.0, description="The mask's lower bound; None = 1/C.")
@@ -192,13 +197,14 @@ class _Ctx:
     comp_mem: torch.Tensor  # [C] their members (non-decreasing)
     mem_set: torch.Tensor  # [M]
     K: torch.Tensor  # [S] set sizes (members present), float
+    K_scale: torch.Tensor  # [S] the K of the K^(-alpha) scale: K, plus frozen members with frozen_in_k
     mem_len: torch.Tensor  # [M] completion tokens per member, float
     set_len: torch.Tensor  # [S] completion tokens per set, float
     num_sets: int
     num_members: int
 
 
-def _context(b: SetBatch, dt: torch.dtype) -> _Ctx:
+def _context(b: SetBatch, dt: torch.dtype, frozen_in_k: bool = False) -> _Ctx:
     """Completion-token positions and per-member / per-set sizes, computed once per call.
 
     ``nonzero`` is the only host sync of the loss path (its output size is data-dependent);
@@ -215,7 +221,9 @@ def _context(b: SetBatch, dt: torch.dtype) -> _Ctx:
                                        output_size=comp.numel())
     mem_len_f = mem_len.to(dt)
     set_len = torch.zeros(b.num_sets, dtype=dt, device=mask.device).index_add_(0, b.member_set, mem_len_f)
-    return _Ctx(comp, comp_mem, b.member_set, b.set_size.to(dt), mem_len_f, set_len, b.num_sets, b.num_members)
+    K = b.set_size.to(dt)
+    K_scale = K + b.set_frozen_size.to(device=K.device, dtype=dt) if frozen_in_k else K
+    return _Ctx(comp, comp_mem, b.member_set, K, K_scale, mem_len_f, set_len, b.num_sets, b.num_members)
 
 
 @dataclass
@@ -250,7 +258,7 @@ def _member_log_ratio(d: torch.Tensor, ctx: _Ctx, cfg: LossConfig) -> torch.Tens
 
 
 def _set_items(ctx: _Ctx, cfg: LossConfig) -> _Items:
-    scale = ctx.K.clamp(min=1).pow(-cfg.alpha)
+    scale = ctx.K_scale.clamp(min=1).pow(-cfg.alpha)  # frozen members: Note [Frozen members] in docs/algorithm.md
 
     def aggregate(d: torch.Tensor) -> torch.Tensor:
         ell = _member_log_ratio(d, ctx, cfg)
@@ -453,7 +461,7 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
         raise ValueError("kl_coef > 0 needs ref_logprobs (the reference policy's log-probs)")
     dt = torch.promote_types(new_logprobs.dtype, torch.float32)
     D = loss_denominator(b, config) if denominator is None else float(denominator)
-    ctx = _context(b, dt)
+    ctx = _context(b, dt, config.frozen_in_k)
 
     new_c = new_logprobs.index_select(0, ctx.comp).to(dt)  # [C]; backward: one index_add
     old_c = b.old_logprobs.index_select(0, ctx.comp).to(dt)

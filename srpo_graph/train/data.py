@@ -131,7 +131,8 @@ def override_workflow(
         return workflow
     data = workflow.model_dump()
     for pol in data["policies"]:
-        pol["model"] = models.get(pol["name"], models.get("*", pol["model"]))
+        if pol.get("external") is None:  # an external policy is its endpoint, not a model to swap
+            pol["model"] = models.get(pol["name"], models.get("*", pol["model"]))
     for agent in data["agents"]:
         s = agent["sampling"]
         if max_tokens is not None:

@@ -123,9 +123,14 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
     tasks = load_tasks(tasks_path, wf)[:num_tasks]
     t0 = time.perf_counter()
     with server_scope():  # servers launched for this source stop with it
-        slots = _build_slots(wf, cfg, _device(cfg), source.checkpoint, DistInfo())
-        res = run(wf, tasks, {s.name: s.backend for s in slots}, samples=samples, seed=seed, progress=progress,
-                  on_backend_error="fail" if backend_spec(cfg.rollout.backend).remote else "raise")
+        from srpo_graph.train import frozen as frozen_policies
+
+        frozen_local, frozen = frozen_policies.load_frozen(wf, cfg, _device(cfg))  # frozen / external policies
+        slots, frozen_backends = _build_slots(wf, cfg, _device(cfg), source.checkpoint, DistInfo(), frozen_local)
+        frozen.update(frozen_backends)
+        res = run(wf, tasks, {**frozen, **{s.name: s.backend for s in slots}}, samples=samples, seed=seed,
+                  progress=progress, on_backend_error="fail" if backend_spec(cfg.rollout.backend).remote
+                  or any(p.external is not None for p in wf.policies) else "raise")
     rep = score(wf, res.episodes, tasks, samples=samples, seed=seed, threshold=threshold, ks=ks, label=source.label,
                 seconds=time.perf_counter() - t0)
     return rep, list(res.episodes)

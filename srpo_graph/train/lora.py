@@ -244,6 +244,8 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
                                       resume_from=resume_from)
     slots = []
     for pol in wf.policies:
+        if pol.name in wf.untrained_policies and pol.name not in wf.frozen_bases:
+            continue  # declared frozen or external: train/frozen.py
         shared = bases.get(pol.adapter.base if pol.adapter is not None else pol.name)
         model: Any
         ref: Any

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -40,6 +40,7 @@ from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
 from srpo_graph.train import checkpoint as ckpt
+from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
@@ -163,7 +164,10 @@ def _device(config: TrainConfig) -> str:
     return config.rollout.device
 
 
-def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None, dist: DistInfo) -> list[PolicySlot]:
+def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None, dist: DistInfo,
+                 frozen: Sequence[TrainedPolicy] = ()) -> tuple[list[PolicySlot], dict[str, Any]]:
+    """The trained policies' slots, and the frozen local policies' backends (``frozen``: built with
+    the same ``for_training`` call, so e.g. SGLang servers get distinct ports)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -178,6 +182,8 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         slots = lora.build_slots(wf, config, device, resume_from, dist, make_slot=PolicySlot,
                                  lr_lambda=_lr_lambda(config, updates_total))
     for pol in wf.policies if not slots else ():
+        if pol.name in wf.untrained_policies:  # frozen / external: train/frozen.py, no slot
+            continue
         base = resolve_model(pol.model)
         path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -200,19 +206,26 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         trained = [TrainedPolicy(s.name, s.base, s.replica if s.replica is not None else s.model, s.tokenizer, device)
                    for s in slots]
         options = getattr(config.rollout, config.rollout.backend)
-        backends = spec.for_training(trained, options, Path(config.run_dir or "runs"))
+        if frozen and lora.uses_adapters(wf) and not spec.in_process:
+            raise ConfigError.at("field `rollout.backend`", "frozen policies beside LoRA adapters need the "
+                                 "transformers backend", fix='rollout.backend = "transformers"')
+        backends = spec.for_training([*trained, *frozen], options, Path(config.run_dir or "runs"))
         for s in slots:
             s.backend = backends[s.name]
-    return slots
+        return slots, {p.name: backends[p.name] for p in frozen}
+    return slots, {}
 
 
-def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False):
+def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
+             frozen: dict[str, Any] | None = None):
     data = None
     stats = None
-    if dist.is_main:
-        res = run_episodes(wf, tasks, {s.name: s.backend for s in slots}, samples=samples, seed=seed,
-                           policy_versions={s.name: s.version for s in slots}, progress=progress,
-                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote else "raise")
+    if dist.is_main:  # frozen policies sample too, always at version 0 (never synced)
+        res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
+                           seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
+                           progress=progress,
+                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote
+                           or any(p.external is not None for p in wf.policies) else "raise")
         stats = res.stats
         check_failure_budget(stats, config)  # a dead/hung server: fail its episodes, or stop clearly
         if not dist.enabled:  # one process: the episodes as they are (compile validates them once)
@@ -272,6 +285,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     wf_base = load_workflow(workflow_path)
     wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
                            logprobs=config.rollout.logprobs)
+    frozen_policies.check_something_trains(wf, workflow_path)
     wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
     run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
     task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
@@ -281,7 +295,11 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         resolved["eval_tasks"] = Path(config.rollout.eval_tasks).resolve()
     config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update=resolved)})
     resume_from = _choose_checkpoint(run_dir, announce=dist.is_main) if resume else None
-    slots = _build_slots(wf, config, device, resume_from, dist)
+    if resume_from is not None:  # before loading anything: the frozen policies must be the run's
+        frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
+    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) if dist.is_main else ([], {})
+    slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
+    frozen.update(frozen_backends)
     state = ckpt.LoopState(step=0, cursor=0)
     if resume_from is not None:
         state = ckpt.load_checkpoint(
@@ -295,7 +313,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                                  f"({workflow_path})", fix="resume with the .wf file the run was started with")
         for s in slots:
             s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
-    compile_cfg = config.compile.model_copy(update={"policies": tuple(p.name for p in wf.policies)})
+    compile_cfg = config.compile.model_copy(update={"policies": tuple(s.name for s in slots),
+                                                    "frozen_policies": frozen_policies.frozen_policies(wf)})
     writer = None
     if dist.is_main:
         if resume_from is None:  # before anything is written: a refused folder keeps all it had
@@ -317,18 +336,19 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
-                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist)
+                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist, frozen)
                 record, episodes = result.record, result.episodes
                 state.step = step
                 rewards.append(record["reward"])
                 if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
                     t0 = time.perf_counter()
-                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist, config.eval.samples)
+                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist,
+                                      config.eval.samples, frozen=frozen)
                     record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())  # eval/reward = Avg@k, Pass@k
                     record["time/eval"] = time.perf_counter() - t0
                     evals.append((step, record["eval/reward"]))
                 state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
-                                   workflow=wf.name)
+                                   workflow=wf.name, frozen=frozen_policies.pointers(wf))
                 if writer is not None:
                     writer.log(record)
                     if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
@@ -445,13 +465,14 @@ def transition_set_sizes(episodes: list[Episode]) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sorted(sizes.items())}
 
 
-def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist) -> StepResult:
+def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist, frozen=None) -> StepResult:
     r = config.rollout
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     idx = task_indices(len(train_tasks), state.cursor, r.tasks_per_step, config.seed)
     state.cursor += 1  # batches of tasks consumed
-    episodes, stats = _rollout(wf, [train_tasks[i] for i in idx], slots, config, config.seed * 1_000_003 + step, dist, r.samples)
+    episodes, stats = _rollout(wf, [train_tasks[i] for i in idx], slots, config, config.seed * 1_000_003 + step, dist,
+                               r.samples, frozen=frozen)
     timings["rollout"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     batch = compile_batch(episodes, compile_cfg)

@@ -30,7 +30,9 @@ def policy_caption(w: Workflow, name: str) -> str:
     pol = w.policy_by_name.get(name)
     if pol is not None and pol.adapter is not None:
         return f"{name}: lora r={pol.adapter.r} on {pol.adapter.base}"
-    return f"{name} (frozen)" if name in w.frozen_bases else name
+    if pol is not None and pol.external is not None:
+        return f"{name} (external, frozen)"
+    return f"{name} (frozen)" if name in w.frozen_bases or (pol is not None and pol.frozen) else name
 
 
 def sizes_label(sizes: tuple[int, ...]) -> str:
