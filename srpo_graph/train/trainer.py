@@ -47,6 +47,7 @@ from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distrib
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.progress import ProgressBar
+from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
 from srpo_graph.train.sglang_rollout import (
     agent_mismatch,
@@ -273,6 +274,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                            logprobs=config.rollout.logprobs)
     wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
     run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
+    if resume:  # before tasks, checkpoints and models: another .wf is named as such, nothing else
+        check_resumed_workflow(run_dir, wf, workflow_path)
     task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
     # stored resolved, so `--resume` works from any working directory
     resolved = {"tasks": task_path.resolve()}
@@ -304,6 +307,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
                                                "overwrite": False}),
                      run_dir / "config.toml")
+        if resume_from is None:
+            record_workflow(run_dir, wf, workflow_path)
         truncate_after(run_dir / "metrics.jsonl", state.step)
         writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
                                purge_step=state.step + 1 if resume_from is not None else None)
