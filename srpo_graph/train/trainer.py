@@ -56,6 +56,7 @@ from srpo_graph.train.sglang_rollout import (
     server_scope,
     with_backend_defaults,
 )
+from srpo_graph.train.transition_metrics import transition_metrics
 from srpo_graph.train.update import recompute_old_logprobs, update_policies
 
 
@@ -473,6 +474,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
     record["events"] = batch.num_sets
     record["set_size"] = transition_set_sizes(episodes)
+    record.update(transition_metrics(wf, episodes))  # reward/<transition>[/<label>], route/<router>/<label>
     record["tokens"] = batch.num_tokens
     record["advantage"] = summarize(batch.set_advantage.tolist())
     for k, v in batch.stats.to_dict().items():
