@@ -135,11 +135,23 @@ def _activation_events(w: Workflow) -> list[frozenset[str]]:
     return events
 
 
-def _is_multi(w: Workflow, act: ActivateRoute) -> bool:
-    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
-    t = agent.output if agent is not None else None
-    for f in act.on.path[1:]:
+def _route_type(w: Workflow, act: ActivateRoute):
+    """The type a route reads: an agent's output, a tool's result (``-> Literal[...]``) or a task
+    field, then its record fields."""
+    head, *fields = act.on.path
+    if head == "task" and fields:
+        t = dict(w.task_fields).get(fields.pop(0))
+    else:
+        agent = {a.name: a for a in w.agents}.get(head)
+        tools = {tc.name: tc.type for tr in w.transitions for tc in tr.tools}
+        t = agent.output if agent is not None else tools.get(head)
+    for f in fields:
         t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
+    return t
+
+
+def _is_multi(w: Workflow, act: ActivateRoute) -> bool:
+    t = _route_type(w, act)
     return isinstance(t, ChoiceType) and t.multi
 
 
@@ -202,7 +214,8 @@ def _check_availability(w: Workflow, trans: list[Transition], events, sink: Diag
         for r in uses.reward_refs.get(t.name, []):
             need(r, t_out[t.name], f"transition '{t.name}' gives its reward")
         if t.name in uses.route_refs:
-            need(uses.route_refs[t.name], t_in[t.name], f"transition '{t.name}' routes")
+            # its own tools run before it routes (a route on a tool's `-> Literal[...]` result)
+            need(uses.route_refs[t.name], t_out[t.name], f"transition '{t.name}' routes")
     enders = [t.name for t in trans if isinstance(t.activate, ActivateEnd) or (
         isinstance(t.activate, ActivateRoute) and (any(END in ts for _, ts in t.activate.cases)
                                                    or len(t.activate.cases) < _num_options(w, t.activate)))]
@@ -244,10 +257,7 @@ def _produced_by_every_episode(w: Workflow, trans: list[Transition]) -> frozense
 
 
 def _num_options(w: Workflow, act: ActivateRoute) -> int:
-    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
-    t = agent.output if agent is not None else None
-    for f in act.on.path[1:]:
-        t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
+    t = _route_type(w, act)
     return len(t.options) if isinstance(t, ChoiceType) else 0
 
 

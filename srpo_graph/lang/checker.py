@@ -302,7 +302,8 @@ class _Checker(Scope):
             t = wf_type_of(ann)
             if t is None:
                 self.err(f"tool {i.call.module.value}.{i.call.function.value} has no usable return annotation",
-                         i.call.span, "annotate its return type (str, int, float, bool, list[...] or dict)",
+                         i.call.span, "annotate its return type (str, int, float, bool, list[...], dict, or "
+                         "Literal[\"a\", \"b\"] for a choice a route can read: distinct identifier labels)",
                          "bad-signature")
         self.tool_types[name.value] = t if t is not None else TextType()
 
