@@ -124,7 +124,7 @@ def _activation_events(w: Workflow) -> list[frozenset[str]]:
             groups = [frozenset(targets) - {END} for _, targets in act.cases]
             multi = _is_multi(w, act)
             if multi and len(groups) <= MAX_ROUTE_SUBSETS:
-                for k in range(1, len(groups) + 1):
+                for k in range(1, min(len(groups), _max_picks(w, act)) + 1):
                     for combo in combinations(groups, k):
                         events.append(frozenset().union(*combo))
             elif multi:
@@ -148,6 +148,21 @@ def _route_type(w: Workflow, act: ActivateRoute):
     for f in fields:
         t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
     return t
+
+
+def _max_picks(w: Workflow, act: ActivateRoute) -> int:
+    """How many labels one firing of a ``choices`` router can pick: every label, except for an
+    agent read by ``std.digit_choices`` whose ``allow`` list holds single digits only -- each
+    generated token is then one index digit, so ``max_tokens`` digits pick at most that many
+    labels (``max_tokens: 1`` makes it a one-label router)."""
+    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
+    if agent is None or len(act.on.path) > 1 or (agent.extractor.module, agent.extractor.function) != (
+            "srpo_graph.std", "digit_choices"):
+        return len(act.cases)
+    allow = agent.sampling.allow
+    if not allow or not all(len(x) == 1 and x.isdigit() for x in allow):
+        return len(act.cases)
+    return max(1, min(len(act.cases), agent.sampling.max_tokens))
 
 
 def _is_multi(w: Workflow, act: ActivateRoute) -> bool:
@@ -280,7 +295,11 @@ def _firing_bound(g: nx.MultiDiGraph, w: Workflow) -> tuple[int, str]:
     for n in nx.topological_sort(simple):
         preds = [paths[p] for p in simple.predecessors(n)]
         if n != "start" and preds:
-            paths[n] = max(preds) if full.get(n) else sum(preds)
+            if n in full and not full[n]:  # once per activation event of its agents: per source, not per agent
+                sources = {s for a in simple.predecessors(n) for s in simple.predecessors(a)}
+                paths[n] = sum(paths[s] for s in sources)
+            else:
+                paths[n] = max(preds) if full.get(n) else sum(preds)
     every_branch = sum(paths[t.name] for t in w.transitions)
     consumer = {a: t.name for t in w.transitions for a in t.consume}
     by_name = {t.name: t for t in w.transitions}
