@@ -103,7 +103,7 @@ def test_the_graph_rules_hold_for_a_tool_route(tmp_path, activate, rounds, messa
 def test_an_unhandled_label_is_warned_and_ends_the_episode(tmp_path):
     path = _loop(tmp_path, "route verdict { again -> a }")
     result = check_module(parse(path.read_text(), str(path)))
-    warns = result.warnings
+    warns = [d for d in result.warnings if d.code != "tiny-greedy"]  # the tiny model's own advice
     assert [d.code for d in warns] == ["route-default"] and "no case for 'stop'" in warns[0].message
     assert dict(result.workflow.transition_by_name["judge"].activate.cases)["stop"] == ("end",)
 
