@@ -42,7 +42,7 @@ def model_advice(workflow: Workflow) -> list[Diagnostic]:
                 "base cannot learn (docs/lora.md)", p.span,
                 f"base it on a trained model: `tiny-reason` or a real one (in a run: rollout.models={{\"{p.adapter.base}\""
                 "=\"tiny-reason\"})", "warning", "tiny-lora"))
-    bases = {p.adapter.base: [] for p in workflow.policies if p.adapter is not None}
+    bases: dict[str, list[str]] = {p.adapter.base: [] for p in workflow.policies if p.adapter is not None}
     for p in workflow.policies:
         if p.adapter is not None:
             bases[p.adapter.base].append(p.name)
