@@ -98,7 +98,9 @@ def _options_from_flags(kind: str, flags: dict):
 
 @click.command("run")
 @click.argument("workflow_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="JSONL task file.")
+@click.option("--tasks", "tasks_file", required=True, type=click.Path(),
+              help="Task file: JSONL, or through Hugging Face `datasets` a .parquet file or a save_to_disk folder "
+                   "(FOLDER@split for a DatasetDict).")
 @click.option("--samples", default=8, show_default=True, help="Episodes per task (the group size G).")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Trace JSONL to write.")
 @click.option("--backend", "backend_kind", type=click.Choice(_backend_names()), default="transformers", show_default=True,

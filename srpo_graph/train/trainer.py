@@ -311,8 +311,15 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         if resume_from is None:
             record_workflow(run_dir, wf, workflow_path)
         truncate_after(run_dir / "metrics.jsonl", state.step)
+        sinks = []
+        if config.logging.wandb:  # optional extra: Weights & Biases (train/wandb_log.py)
+            from srpo_graph.train.wandb_log import WandbSink
+
+            lg = config.logging
+            sinks.append(WandbSink(run_dir, project=lg.wandb_project, entity=lg.wandb_entity, name=lg.wandb_name,
+                                   config=config.model_dump(mode="json")))
         writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
-                               purge_step=state.step + 1 if resume_from is not None else None)
+                               purge_step=state.step + 1 if resume_from is not None else None, sinks=sinks)
     rewards: list[float] = [r for r in state.extra.get("rewards", [])]
     evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
     last_ckpt = str(resume_from) if resume_from else None
