@@ -271,12 +271,12 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     dist = init_distributed(device)
     torch.manual_seed(config.seed)
     wf_base = load_workflow(workflow_path)
+    if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
+        check_resumed_workflow(Path(config.run_dir), wf_base, workflow_path)  # named as such, nothing else
     wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
                            logprobs=config.rollout.logprobs)
     wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
     run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
-    if resume:  # before tasks, checkpoints and models: another .wf is named as such, nothing else
-        check_resumed_workflow(run_dir, wf, workflow_path)
     task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
     # stored resolved, so `--resume` works from any working directory
     resolved = {"tasks": task_path.resolve()}

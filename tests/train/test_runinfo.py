@@ -37,3 +37,17 @@ def test_an_edited_file_of_the_same_name_resumes_with_a_note(tmp_path, capsys):
     check_resumed_workflow(tmp_path, wf, SEQ)
     assert "changed since this run started" in capsys.readouterr().err
     assert recorded_workflow(tmp_path / "none") is None
+
+
+def test_train_names_the_runs_workflow_before_overrides_or_tasks(tmp_path):
+    """`train --resume` with another .wf: the run's workflow is named even when the saved config's
+    model overrides and task file belong to the run's workflow, not the one given."""
+    from srpo_graph.train.config import validate
+    from srpo_graph.train.trainer import train
+
+    record_workflow(tmp_path, load_workflow(PIPE), PIPE)
+    cfg = validate({"run_dir": str(tmp_path), "rollout": {"models": {"solver": "tiny"},
+                                                          "tasks": str(tmp_path / "math_only.jsonl")}})
+    with pytest.raises(ConfigError, match=r"this run trained workflow 'math_pipeline' \(file .*math_pipeline\.wf\), "
+                                          r"not 'coord_seq'"):
+        train(SEQ, cfg, resume=True)
