@@ -129,10 +129,15 @@ def digit_choice(text: str, *options: str) -> str:
 
 
 def digit_choices(text: str, *options: str) -> list[str]:
-    """A subset written as a bit mask of digits (``13`` = options 1 and 3): for tiny models.
+    """A subset written as the options' index digits, 0-based (``02`` = the first and the third
+    option; order and repeats do not matter, digits past the last option are ignored): for tiny
+    models. Each digit is one token with an ``allow`` list of digits, so ``max_tokens`` bounds how
+    many options one output can pick, and ``check`` proves the set sizes with that bound.
 
     >>> digit_choices("02", "a", "b", "c")
     ['a', 'c']
+    >>> digit_choices("221", "a", "b", "c")
+    ['b', 'c']
     """
     idx = sorted({int(c) for c in text if c.isdigit() and int(c) < len(options)})
     if not idx:

@@ -189,7 +189,11 @@ def _firing_bound(g: nx.MultiDiGraph, w: Workflow) -> tuple[int, str]:
     for n in nx.topological_sort(simple):
         preds = [paths[p] for p in simple.predecessors(n)]
         if n != "start" and preds:
-            paths[n] = max(preds) if full.get(n) else sum(preds)
+            if n in full and not full[n]:  # once per activation event of its agents: per source, not per agent
+                sources = {s for a in simple.predecessors(n) for s in simple.predecessors(a)}
+                paths[n] = sum(paths[s] for s in sources)
+            else:
+                paths[n] = max(preds) if full.get(n) else sum(preds)
     every_branch = sum(paths[t.name] for t in w.transitions)
     consumer = {a: t.name for t in w.transitions for a in t.consume}
     by_name = {t.name: t for t in w.transitions}

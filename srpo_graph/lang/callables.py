@@ -126,12 +126,31 @@ def wf_type_of(ann: Any) -> WfType | None:
     if ann in simple:
         return simple[ann]
     origin = typing.get_origin(ann) or ann
-    if origin in (list, tuple, Sequence):
+    if origin is typing.Literal:
+        return _choice_of(ann)
+    if origin in (list, tuple, Sequence, set, frozenset):
         args = typing.get_args(ann)
         item = wf_type_of(args[0]) if args else None
-        return ListType(item=item) if item is not None else None
+        if isinstance(item, ChoiceType) and not item.multi:  # list[Literal[...]]: a subset of labels
+            return ChoiceType(options=item.options, multi=True)
+        return ListType(item=item) if item is not None and origin is not set and origin is not frozenset else None
     if origin in (dict, Mapping):
         return RecordType(fields=())
+    return None
+
+
+def _choice_of(ann: Any) -> ChoiceType | None:
+    """``Literal["stop", "again"]`` -> ``choice[stop, again]``: labels are distinct identifiers
+    (a route case names them), else None.
+
+    >>> type_str(_choice_of(typing.Literal["stop", "again"]))
+    'choice[stop, again]'
+    >>> _choice_of(typing.Literal["a b"]) is None, _choice_of(typing.Literal[1, 2]) is None
+    (True, True)
+    """
+    values = typing.get_args(ann)
+    if values and all(isinstance(v, str) and v.isidentifier() for v in values) and len(set(values)) == len(values):
+        return ChoiceType(options=tuple(values))
     return None
 
 

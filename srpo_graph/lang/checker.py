@@ -132,6 +132,7 @@ def check_module(module: ast.Module, source: str | None = None, *, base_dir: str
     >>> [d.code for d in r.warnings], r.max_firings, r.bound_reason
     (['unconsumed'], 0, 'the graph is acyclic')
     """
+    from srpo_graph.lang.advice import model_advice
     from srpo_graph.lang.analysis import analyze
 
     source = module.source if source is None else source
@@ -149,7 +150,7 @@ def check_module(module: ast.Module, source: str | None = None, *, base_dir: str
         workflow = Workflow(**{**fields, "transitions": tuple(result.transitions), "source_hash": source_hash(source)})
     except ValidationError as exc:  # a bug in the checker, never the user's: still no raw traceback
         raise WorkflowCheckError.at(str(module.path), f"internal check failure: {exc.errors()[0]['msg']}") from None
-    return CheckResult(workflow, ck.sink.warnings, result.max_firings, result.bound_reason)
+    return CheckResult(workflow, ck.sink.warnings + model_advice(workflow), result.max_firings, result.bound_reason)
 
 
 # Graph rules judge the graph the declarations describe; while a name or type is wrong (a typo
@@ -312,7 +313,8 @@ class _Checker(Scope):
             t = wf_type_of(ann)
             if t is None:
                 self.err(f"tool {i.call.module.value}.{i.call.function.value} has no usable return annotation",
-                         i.call.span, "annotate its return type (str, int, float, bool, list[...] or dict)",
+                         i.call.span, "annotate its return type (str, int, float, bool, list[...], dict, or "
+                         "Literal[\"a\", \"b\"] for a choice a route can read: distinct identifier labels)",
                          "bad-signature")
         self.tool_types[name.value] = t if t is not None else TextType()
 

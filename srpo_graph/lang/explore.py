@@ -53,12 +53,35 @@ class Exploration:
 
 
 def subject_type(w: Workflow, act: ActivateRoute) -> Any:
-    """The type of a route's subject (an agent's output or one of its record fields), or None."""
-    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
-    t = agent.output if agent is not None else None
-    for f in act.on.path[1:]:
+    """The type of a route's subject -- an agent's output, a tool's result (``-> Literal[...]``)
+    or a task field -- then its record fields; None when unknown."""
+    head, *fields = act.on.path
+    if head == "task" and fields:
+        t = dict(w.task_fields).get(fields.pop(0))
+    else:
+        agent = {a.name: a for a in w.agents}.get(head)
+        tools = {tc.name: tc.type for tr in w.transitions for tc in tr.tools}
+        t = agent.output if agent is not None else tools.get(head)
+    for f in fields:
         t = t.field_type(f) if t is not None and hasattr(t, "field_type") else None
     return t
+
+
+def max_picks(w: Workflow, act: ActivateRoute) -> int:
+    """How many labels one firing of a ``choices`` router can pick: every label, except for an
+    agent read by ``std.digit_choices`` whose ``allow`` list holds single digits only -- each
+    generated token is then one index digit, so ``max_tokens`` digits pick at most that many
+    labels (``max_tokens: 1`` makes it a one-label router)."""
+    agent = {a.name: a for a in w.agents}.get(act.on.path[0])
+    t = subject_type(w, act)
+    n = len(t.options) if isinstance(t, ChoiceType) else len(act.cases)
+    if agent is None or len(act.on.path) > 1 or (agent.extractor.module, agent.extractor.function) != (
+            "srpo_graph.std", "digit_choices"):
+        return n
+    allow = agent.sampling.allow
+    if not allow or not all(len(x) == 1 and x.isdigit() for x in allow):
+        return n
+    return max(1, min(n, agent.sampling.max_tokens))
 
 
 def route_values(w: Workflow, act: ActivateRoute) -> tuple[list[Any], bool]:
@@ -69,7 +92,8 @@ def route_values(w: Workflow, act: ActivateRoute) -> tuple[list[Any], bool]:
     if not t.multi:
         return list(t.options), True
     if len(t.options) <= MAX_ROUTE_SUBSETS:
-        return [list(c) for k in range(1, len(t.options) + 1) for c in combinations(t.options, k)], True
+        picks = max_picks(w, act)
+        return [list(c) for k in range(1, picks + 1) for c in combinations(t.options, k)], True
     return [*([o] for o in t.options), list(t.options)], False
 
 

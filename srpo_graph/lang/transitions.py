@@ -119,7 +119,7 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
         return ActivateRoute(on=on, cases=())
     if not isinstance(t, ChoiceType):
         scope.err(f"cannot route on '{on}': it is {type_str(t)}, not a choice", act.on.span,
-                 "route on an output declared `choice[...]` or `choices[...]`", "type-mismatch")
+                 "route on a value of type `choice[...]` or `choices[...]` (an agent's output, or a tool annotated `-> Literal[...]`)", "type-mismatch")
         return ActivateRoute(on=on, cases=())
     cases: list[tuple[str, tuple[str, ...]]] = []
     if act.cases is None:

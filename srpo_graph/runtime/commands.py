@@ -6,6 +6,7 @@ transformers) happen inside the commands so ``srpo-graph check`` starts fast.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -97,7 +98,9 @@ def _options_from_flags(kind: str, flags: dict):
 
 @click.command("run")
 @click.argument("workflow_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--tasks", "tasks_file", required=True, type=click.Path(exists=True, dir_okay=False), help="JSONL task file.")
+@click.option("--tasks", "tasks_file", required=True, type=click.Path(),
+              help="Task file: JSONL, or through Hugging Face `datasets` a .parquet file or a save_to_disk folder "
+                   "(FOLDER@split for a DatasetDict).")
 @click.option("--samples", default=8, show_default=True, help="Episodes per task (the group size G).")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Trace JSONL to write.")
 @click.option("--backend", "backend_kind", type=click.Choice(_backend_names()), default="transformers", show_default=True,
@@ -198,6 +201,37 @@ def run_streaming(wf, tasks, backends, out: Path, console, **run_kw):
     return result
 
 
+def prompt_models(traces_file: Path, workflow_file: str | None, models: tuple[str, ...],
+                  policies: list[str]) -> dict[str, str]:
+    """Which model's tokenizer decodes each policy's prompts for ``show``: ``--model`` flags, over
+    ``--workflow``'s policy declarations, else the run folder's (a trace in ``RUN/traces/``: the
+    ``.wf`` its ``workflow.json`` names, with ``config.toml``'s ``rollout.models``)."""
+    import tomllib
+
+    from srpo_graph.lang import load_workflow
+
+    out: dict[str, str] = {}
+    run_dir = traces_file.resolve().parent.parent if traces_file.resolve().parent.name == "traces" else None
+    wf_path = workflow_file
+    if wf_path is None and run_dir is not None and (run_dir / "workflow.json").is_file():
+        try:
+            wf_path = json.loads((run_dir / "workflow.json").read_text(encoding="utf-8")).get("file")
+        except (OSError, ValueError):
+            wf_path = None
+    if wf_path is not None and Path(wf_path).is_file():
+        out.update({p.name: p.model for p in load_workflow(wf_path).policies})
+        if workflow_file is None and run_dir is not None and (run_dir / "config.toml").is_file():
+            try:
+                overrides = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8"))
+                overrides = overrides.get("rollout", {}).get("models", {}) or {}
+            except (OSError, ValueError):
+                overrides = {}
+            for pol, name in overrides.items():
+                out.update({p: name for p in out} if pol == "*" else {pol: name})
+    out.update(parse_model_overrides(models, sorted(set(policies) | set(out))))
+    return out
+
+
 @click.command("show")
 @click.argument("traces_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--episode", "index", type=int, default=None, help="Show only this episode (0-based line).")
@@ -205,11 +239,17 @@ def run_streaming(wf, tasks, backends, out: Path, console, **run_kw):
 @click.option("--workflow", "workflow_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The .wf the traces came from: --html then draws each episode on its routing graph.")
 @click.option("--max", "max_shown", default=5, show_default=True, help="Episodes printed when --episode is not given.")
-def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
-    """Print episodes readably: who said what, which transition consumed which outputs, rewards."""
+@click.option("--model", "models", multiple=True,
+              help="Tokenizer to decode prompts with: NAME for every policy, or POLICY=NAME (repeatable). "
+                   "Default: the --workflow's policies, else the run folder's workflow (RUN/traces/*.jsonl).")
+@click.option("--no-prompt", "hide_prompt", is_flag=True, default=False,
+              help="Do not print the decoded prompt of each output.")
+def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hide_prompt):
+    """Print episodes readably: each output's decoded prompt and text, which transition consumed which
+    outputs, rewards."""
     from rich.console import Console
 
-    from srpo_graph.runtime.show import episode_html, print_episode
+    from srpo_graph.runtime.show import PromptDecoder, episode_html, print_episode
     from srpo_graph.runtime.trace import read_trace_set
 
     episodes = read_trace_set(traces_file)  # the rules compile applies: show never shows a file compile rejects
@@ -220,10 +260,17 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
     else:
         chosen = list(enumerate(episodes))[:max_shown]
     console = Console()
+    decode = None
+    if not hide_prompt:
+        policies = sorted({o.policy for _, ep in chosen for o in ep.outputs})
+        decode = PromptDecoder(prompt_models(Path(traces_file), workflow_file, models, policies))
     for i, ep in chosen:
-        print_episode(console, ep, i)
+        print_episode(console, ep, i, decode)
     if index is None and len(episodes) > max_shown:
         console.print(f"... {len(episodes) - max_shown} more episodes (use --episode N)")
+    if decode is not None and decode.missing:
+        console.print(f"[dim]prompts of policy {', '.join(sorted(decode.missing))} not decoded: no local tokenizer "
+                      "known for it (pass --workflow WF or --model [POLICY=]NAME; --no-prompt hides prompts)[/]")
     if html_file:
         wf = None
         if workflow_file:
@@ -233,7 +280,7 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown):
             other = sorted({ep.workflow.name for _, ep in chosen} - {wf.name})
             if other:
                 raise ConfigError(f"--workflow {workflow_file} is workflow {wf.name!r}; the episodes ran {other}")
-        page = episode_html([ep for _, ep in chosen], Path(traces_file).name, workflow=wf)
+        page = episode_html([ep for _, ep in chosen], Path(traces_file).name, workflow=wf, decode=decode)
         Path(html_file).write_text(page, encoding="utf-8")
         console.print(f"wrote {html_file}")
 

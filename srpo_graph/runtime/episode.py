@@ -24,7 +24,7 @@ from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.errors import Diagnostic, RuntimeFailure
 from srpo_graph.lang import firing
 from srpo_graph.lang.callables import import_module
-from srpo_graph.runtime.render import State, call_args
+from srpo_graph.runtime.render import State, call_args, choice_problem
 from srpo_graph.runtime.trace import MAX_ABS_REWARD, Episode, Output, TransitionRecord, WorkflowRef
 from srpo_graph.workflow import END, ActivateRoute, Call, Transition, Workflow
 
@@ -254,6 +254,8 @@ class EpisodeRun:
                 try:
                     args, kwargs = call_args(tc.call, state)
                     results[tc.name] = state.vars[tc.name] = fn(*args, **kwargs)
+                    if (problem := choice_problem(tc.type, results[tc.name])) is not None:
+                        raise ValueError(problem)  # a `-> Literal[...]` tool outside its labels
                 except Exception as exc:  # noqa: BLE001 - the episode fails, naming this tool and its line
                     raise _ToolFailed(tc, exc) from exc
             return results

@@ -19,9 +19,9 @@ import json
 from collections import Counter, defaultdict
 from typing import Any
 
-from srpo_graph.runtime.trace import Episode
+from srpo_graph.runtime.trace import Episode, TransitionRecord
 from srpo_graph.viz.render import Usage, to_svg
-from srpo_graph.workflow import Workflow
+from srpo_graph.workflow import ActivateRoute, Workflow
 
 
 def used_parts(workflow: Workflow, ep: Episode) -> tuple[Counter, Counter, set[tuple[str, str]]]:
@@ -47,6 +47,51 @@ def used_parts(workflow: Workflow, ep: Episode) -> tuple[Counter, Counter, set[t
         arcs |= {(agent_of[c], rec.name) for c in rec.consumed if c in agent_of}
         arcs |= {(rec.name, a) for a in rec.activated}
     return agents, fired, arcs
+
+
+def route_labels(workflow: Workflow, ep: Episode, rec: TransitionRecord) -> list[str] | None:
+    """The label(s) a router's firing ``rec`` routed on, read back from the trace: the value of
+    the route's subject -- the consumed output of that agent, or that tool's result (``fields``
+    of a record followed) -- as a list (one label for ``choice``, the subset for ``choices``).
+    None when ``rec``'s transition is not a router or the subject is not in the trace (a task
+    field); ``[]`` for a missing value (the route then activated `end`).
+
+    >>> from srpo_graph.lang import parse, check
+    >>> from srpo_graph.runtime.trace import Output, WorkflowRef
+    >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" '
+    ...                 'output: choice[a, end] } transition t { consume: a activate: route a max_rounds: 2 } start: a'))
+    >>> o = Output(id="o0", agent="a", policy="p", step=0, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+    ...            text="end", value="end")
+    >>> r = TransitionRecord(id="t0", name="t", step=0, consumed=["o0"], activated=["end"])
+    >>> ep = Episode(workflow=WorkflowRef(name="w", hash="h"), task_id="x", group_id="g", sample=0, seed=0,
+    ...              outputs=[o], transitions=[r], reward=0.0, status="ok")
+    >>> route_labels(w, ep, r)
+    ['end']
+    """
+    t = workflow.transition_by_name.get(rec.name)
+    if t is None or not isinstance(t.activate, ActivateRoute):
+        return None
+    head, *fields = t.activate.on.path
+    by_id = {o.id: o for o in ep.outputs}
+    value: Any
+    consumed = [by_id[c] for c in rec.consumed if c in by_id and by_id[c].agent == head]
+    if consumed:
+        value = consumed[-1].value
+    elif rec.tool_results is not None and head in rec.tool_results:
+        value = rec.tool_results[head]
+    elif head in workflow.agent_by_name:  # an agent's value from an earlier firing: its last output so far
+        before = [o for o in ep.outputs if o.agent == head and o.step <= rec.step]
+        if not before:
+            return None
+        value = before[-1].value
+    else:
+        return None
+    for f in fields:
+        value = value.get(f) if isinstance(value, dict) else None
+    if value is None:
+        return []
+    labels = value if isinstance(value, list) else [value]
+    return [str(v) for v in labels]
 
 
 def _short(value: Any, limit: int = 18) -> str:
@@ -91,4 +136,4 @@ def episode_svg(workflow: Workflow, ep: Episode) -> str:
     return svg[svg.index("<svg"):]  # the element, without the XML prolog and doctype
 
 
-__all__ = ["episode_svg", "usage", "used_parts"]
+__all__ = ["episode_svg", "route_labels", "usage", "used_parts"]

@@ -122,3 +122,24 @@ def _arg(e: Ref | Literal_, state: State) -> Any:
         return e.value
     value = state.lookup(e)
     return None if value is _ABSENT else value
+
+
+def choice_problem(t: Any, value: Any) -> str | None:
+    """Why ``value`` is not a value of ``t`` when ``t`` is a choice type (a tool annotated
+    ``-> Literal[...]`` or ``-> list[Literal[...]]``), else None. ``None`` is allowed: a route
+    on a missing value activates ``end``.
+
+    >>> from srpo_graph.workflow import ChoiceType
+    >>> choice_problem(ChoiceType(options=("stop", "again")), "again") is None
+    True
+    >>> choice_problem(ChoiceType(options=("stop", "again")), "halt")
+    "returned 'halt', not one of its labels ['stop', 'again']"
+    """
+    from srpo_graph.workflow import ChoiceType
+
+    if not isinstance(t, ChoiceType) or value is None:
+        return None
+    labels = value if t.multi and isinstance(value, (list, tuple)) else [value]
+    if (t.multi and not isinstance(value, (list, tuple))) or any(v not in t.options for v in labels):
+        return f"returned {value!r}, not {'a list of' if t.multi else 'one of'} its labels {list(t.options)}"
+    return None

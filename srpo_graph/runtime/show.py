@@ -2,18 +2,26 @@
 
 Runtime stage. Consumes :class:`~srpo_graph.runtime.trace.Episode` objects; produces text for a
 terminal or an HTML document (with the workflow, each episode is also drawn on its graph). Events are shown in order: each output (agent, policy, step,
+the prompt it was given -- its prompt ids decoded with its policy's tokenizer, so a template's
+``{ref?}`` holes appear filled in, and a chat agent's conversation as its template rendered it --,
 text, extracted value, tokens, summed log-prob) and each transition (the outputs it consumed --
 its active set --, tool results, reward, what it activated).
+
+The prompt is decoded from the ids recorded (never re-rendered from the template), by a
+:class:`PromptDecoder` given ``{policy: model}``; a policy whose tokenizer is not on this machine
+shows its prompt as a count of ids.
 """
 
 from __future__ import annotations
 
 import html
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from srpo_graph.runtime.trace import Episode
+from srpo_graph.runtime.trace import Episode, Output
 from srpo_graph.workflow import Workflow
+
+Decoder = Callable[[Output], "str | None"]  # an output's decoded prompt, or None (no tokenizer)
 
 _STATUS_COLOR = {"ok": "green", "truncated": "yellow", "failed": "red"}
 
@@ -22,6 +30,32 @@ def _short(value: Any, limit: int = 160) -> str:
     s = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     s = s.replace("\n", "⏎")
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+class PromptDecoder:
+    """Decodes an output's ``prompt_ids`` with its policy's tokenizer, each loaded once (locally only).
+
+    Args:
+        models: ``{policy: model}`` (a ``.wf``'s ``policy`` declarations, or ``--model``); a
+            policy absent from it, or whose tokenizer is not on this machine, decodes to None.
+    """
+
+    def __init__(self, models: Mapping[str, str]):
+        self.models = dict(models)
+        self._tokenizers: dict[str, Any] = {}
+        self.missing: set[str] = set()  # policies seen without a tokenizer
+
+    def __call__(self, o: Output) -> str | None:
+        if o.policy not in self._tokenizers:
+            from srpo_graph.runtime.tokens import cached_tokenizer
+
+            model = self.models.get(o.policy)
+            self._tokenizers[o.policy] = cached_tokenizer(model) if model is not None else None
+        tok = self._tokenizers[o.policy]
+        if tok is None:
+            self.missing.add(o.policy)
+            return None
+        return tok.decode(o.prompt_ids, skip_special_tokens=False)
 
 
 def timeline(ep: Episode) -> list[tuple[str, Any]]:
@@ -38,8 +72,9 @@ def timeline(ep: Episode) -> list[tuple[str, Any]]:
     return [(kind, obj) for *_, kind, obj in sorted(events, key=lambda e: e[:3])]
 
 
-def print_episode(console: Any, ep: Episode, index: int | None = None) -> None:
-    """Print one episode with rich."""
+def print_episode(console: Any, ep: Episode, index: int | None = None, decode: Decoder | None = None) -> None:
+    """Print one episode with rich; with ``decode``, each output's prompt too (None = hidden)."""
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
 
@@ -51,10 +86,16 @@ def print_episode(console: Any, ep: Episode, index: int | None = None) -> None:
     for kind, obj in timeline(ep):
         if kind == "output":
             lp = sum(obj.logprobs)
+            prompt = ""
+            if decode is not None:
+                text = decode(obj)
+                prompt = (f"[dim]prompt ({len(obj.prompt_ids)} ids, no local tokenizer for {escape(obj.policy)})[/]\n"
+                          if text is None else f"[blue]prompt[/] [dim]│[/] {escape(text)}\n[blue]output[/] [dim]│[/] ")
             table.add_row(
                 str(obj.step), f"[cyan]{obj.id}[/] [bold]{obj.agent}[/]",
                 f"[dim]{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+{len(obj.completion_ids)} tok, "
-                f"logp {lp:.2f}, {obj.finish_reason}[/]\n{_short(obj.text)!s} [magenta]→ {_short(obj.value)}[/]",
+                f"logp {lp:.2f}, {obj.finish_reason}[/]\n{prompt}{escape(_short(obj.text))} "
+                f"[magenta]→ {escape(_short(obj.value))}[/]",
             )
         else:
             members = ", ".join(f"{c} ({outs[c].agent})" if c in outs else c for c in obj.consumed)
@@ -76,7 +117,8 @@ def print_episode(console: Any, ep: Episode, index: int | None = None) -> None:
     console.print(Panel(body, title=title, title_align="left"))
 
 
-def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", workflow: Workflow | None = None) -> str:
+def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", workflow: Workflow | None = None,
+                 decode: Decoder | None = None) -> str:
     """A self-contained HTML page showing each episode as an event timeline.
 
     Args:
@@ -84,6 +126,7 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
         title: the page title.
         workflow: when given, each episode is also drawn on its routing graph
             (:func:`~srpo_graph.runtime.episode_view.episode_svg`), next to its timeline.
+        decode: when given, each output's decoded prompt is shown (a folded block, open).
     Returns:
         The HTML text.
 
@@ -98,6 +141,7 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
         "td,th{border-bottom:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}"
         ".out{background:#f4f8ff}.tr{background:#fffbea}.ok{color:#080}.truncated{color:#a60}.failed{color:#c00}"
         "code{white-space:pre-wrap}.dim{color:#777;font-size:90%}"
+        ".prompt{margin-bottom:4px}.prompt code{display:block;background:#fff;border-left:3px solid #9bd;padding:2px 6px}"
         ".row{display:flex;gap:2em;align-items:flex-start}.row table{flex:1}.graph{flex:none}",
         "</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
@@ -120,8 +164,15 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
         parts.append("<table><tr><th>step</th><th>event</th><th>details</th></tr>")
         for kind, obj in timeline(ep):
             if kind == "output":
+                prompt = ""
+                if decode is not None:
+                    text = decode(obj)
+                    prompt = (f"<div class='dim'>prompt: {len(obj.prompt_ids)} ids (no local tokenizer for policy "
+                              f"{html.escape(obj.policy)})</div>" if text is None else
+                              f"<details class='prompt' open><summary>prompt</summary><code>{html.escape(text)}"
+                              "</code></details>")
                 parts.append(
-                    f"<tr class='out'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.agent)}</b></td><td>"
+                    f"<tr class='out'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.agent)}</b></td><td>{prompt}"
                     f"<code>{html.escape(obj.text)}</code> → <b>{html.escape(_short(obj.value))}</b>"
                     f"<div class='dim'>{html.escape(obj.policy)} v{obj.policy_version} · {len(obj.prompt_ids)} prompt"
                     f" + {len(obj.completion_ids)} completion tokens · logp {sum(obj.logprobs):.3f} ·"

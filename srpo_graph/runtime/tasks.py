@@ -1,4 +1,4 @@
-"""Task files: one JSON object per line, validated against the workflow's ``task`` block.
+"""Task files: one JSON object per line (or a dataset's rows), validated against the workflow's ``task`` block.
 
 Runtime stage. Consumes a JSONL file and a :class:`~srpo_graph.workflow.Workflow`; produces
 :class:`Task` objects. A line may carry an ``id`` (string or integer); otherwise the task is
@@ -86,47 +86,68 @@ def load_tasks(path: str | os.PathLike, workflow: Workflow | None = None) -> lis
     """Read and validate a task file.
 
     Args:
-        path: a JSONL file, one task object per line (blank lines are skipped).
+        path: a JSONL file, one task object per line (blank lines are skipped); or, through
+            Hugging Face ``datasets`` (the optional extra ``datasets``), a ``.parquet`` file or a
+            folder written by ``Dataset.save_to_disk`` (a ``DatasetDict``'s ``train`` split, or
+            ``FOLDER@split``), one task per row (:mod:`srpo_graph.runtime.hf_tasks`).
         workflow: when given, every ``task`` field it declares is required and type-checked.
     Returns:
         The tasks in file order.
     Raises:
         RuntimeFailure: unreadable file, bad JSON, a missing/ill-typed field or a duplicate id,
-            naming ``path:line`` and the field.
+            naming ``path:line`` (``path:row N`` for a dataset) and the field.
     """
+    from srpo_graph.runtime.hf_tasks import is_dataset_path, read_dataset_rows
+
+    if is_dataset_path(path):
+        dataset_rows, where = read_dataset_rows(path)
+        return tasks_from_rows(dataset_rows, workflow, Path(str(path).split("@")[0]), where, unit="row")
     p = Path(path)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise RuntimeFailure.at(str(p), f"cannot read task file: {exc}") from None
+
+    def json_rows():
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RuntimeFailure.at(f"{p}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
+            yield lineno, data
+
+    return tasks_from_rows(json_rows(), workflow, p, lambda n: f"{p}:{n}", unit="line")
+
+
+def tasks_from_rows(rows: Any, workflow: Workflow | None, p: Path, where: Any, unit: str = "line") -> list[Task]:
+    """Validate ``(number, object)`` rows as tasks; ``where(number)`` names a row in errors
+    (``file:line`` for JSONL, ``file:row N`` for a dataset); a task without ``id`` is called
+    ``<stem>-<number>``."""
     fields = dict(workflow.task_fields) if workflow is not None else {}
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RuntimeFailure.at(f"{p}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
+    for lineno, data in rows:
         if not isinstance(data, dict):
-            raise RuntimeFailure.at(f"{p}:{lineno}", f"a task must be a JSON object, got {type(data).__name__}")
+            raise RuntimeFailure.at(where(lineno), f"a task must be a JSON object, got {type(data).__name__}")
+        data = dict(data)
         raw_id = data.pop("id", None)
         if raw_id is not None and (isinstance(raw_id, bool) or not isinstance(raw_id, (str, int))):
-            raise RuntimeFailure.at(f"{p}:{lineno}", f"field id: must be a string or an integer, got {raw_id!r}")
+            raise RuntimeFailure.at(where(lineno), f"field id: must be a string or an integer, got {raw_id!r}")
         task_id = str(raw_id) if raw_id is not None else f"{p.stem}-{lineno}"
         for name, t in fields.items():
             if name not in data:
                 raise RuntimeFailure.at(
-                    f"{p}:{lineno}",
+                    where(lineno),
                     f"field {name}: missing (workflow {workflow.name!r} declares"  # type: ignore[union-attr]
                     f" task {{ {name}: {type_str(t)} }})",
                 )
             problem = type_problem(data[name], t)
             if problem:
-                raise RuntimeFailure.at(f"{p}:{lineno}", f"field {name}: {problem}")
+                raise RuntimeFailure.at(where(lineno), f"field {name}: {problem}")
         if task_id in seen:
-            raise RuntimeFailure.at(f"{p}:{lineno}", f"field id: {task_id!r} already used on line {seen[task_id]}")
+            raise RuntimeFailure.at(where(lineno), f"field id: {task_id!r} already used on {unit} {seen[task_id]}")
         seen[task_id] = lineno
         tasks.append(Task(id=task_id, fields=data))
     if not tasks:

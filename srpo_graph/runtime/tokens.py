@@ -79,3 +79,28 @@ def _is_tiny(workflow: Workflow, policy: str) -> bool:
 def check_local_tokens(workflow: Workflow) -> list[Diagnostic]:
     """:func:`token_diagnostics` with :func:`local_tokenizers` (what ``srpo-graph check`` runs)."""
     return token_diagnostics(workflow, local_tokenizers(workflow))
+
+
+def cached_tokenizer(model: str) -> Any | None:
+    """The tokenizer of a policy's ``model`` string when it is on this machine, else None.
+
+    ``tiny`` (built in code, seconds), a recipe already built (never built here: that takes
+    minutes), a local folder, or a hub name already in the Hugging Face cache
+    (``local_files_only``): never a download.
+    """
+    from srpo_graph.backends.recipes import RECIPES, default_dir
+    from srpo_graph.backends.tiny import load_tokenizer
+
+    try:
+        if model == TINY:
+            return load_tokenizer(resolve_model(model))
+        if model in RECIPES:
+            built = default_dir(model)
+            return load_tokenizer(built) if any(built.glob("tokenizer*")) else None
+        if Path(model).is_dir():
+            return load_tokenizer(model)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except Exception:  # noqa: BLE001 - no local copy (or a damaged one): the caller says prompts stay undecoded
+        return None

@@ -41,7 +41,8 @@ class _RolloutFields(_Section):
 
     tasks: Path | None = Field(
         None,
-        description="Training task file (JSONL). Default: the file in the workflow's `tasks/` folder whose "
+        description="Training task file: JSONL, or (extra `datasets`) a .parquet file or a `save_to_disk` folder "
+        "(`FOLDER@split` for a DatasetDict). Default: the file in the workflow's `tasks/` folder whose "
         "name matches the workflow (e.g. coord_par3.wf -> tasks/coord.jsonl) and whose fields fit it.",
     )
     eval_tasks: Path | None = Field(
@@ -178,6 +179,11 @@ class LoggingConfig(_Section):
     traces_every: int = Field(25, ge=0, description="Write the step's episodes to RUN_DIR/traces/step_N.jsonl every N steps (and step 1); 0 = never.")
     progress: bool = Field(True, description="Show progress (rank 0 only): a rich bar in a terminal (fewer columns when "
                           "narrow), plain lines every ~steps/20 steps when stdout is not a terminal.")
+    wandb: bool = Field(False, description="Also log every metric to Weights & Biases (the optional extra `wandb`; "
+                        "`WANDB_MODE=offline` writes RUN_DIR/wandb for a later `wandb sync`). Off by default.")
+    wandb_project: str = Field("srpo-graph", min_length=1, description="The W&B project of the run (with logging.wandb).")
+    wandb_entity: str | None = Field(None, description="The W&B entity (team or user); None = your default.")
+    wandb_name: str | None = Field(None, description="The W&B run name; None = the run folder's name.")
 
 
 class DebugConfig(_Section):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 # Fields that depend on wall-clock time: excluded when comparing runs for equality.
 TIMING_PREFIXES = ("time/", "throughput/")
@@ -53,13 +53,17 @@ class MetricsWriter:
         tensorboard: also write TensorBoard event files under ``run_dir/tensorboard``.
         purge_step: on resume, the first step to be written again: TensorBoard hides the
             events at and after it that an interrupted run had written.
+        sinks: more places each record goes to, each with ``log(flat, step)`` and ``close()``
+            (e.g. :class:`~srpo_graph.train.wandb_log.WandbSink`).
     """
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, purge_step: int | None = None):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, purge_step: int | None = None,
+                 sinks: Sequence[Any] = ()):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a", encoding="utf-8")
         self._tb = None
+        self._sinks = list(sinks)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -76,12 +80,16 @@ class MetricsWriter:
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        for sink in self._sinks:
+            sink.log(flat, step)
         return flat
 
     def close(self) -> None:
         self._fh.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self._sinks:
+            sink.close()
 
     def __enter__(self) -> "MetricsWriter":
         return self

@@ -1,6 +1,6 @@
 """Trainer stage: PNG plots of a run, drawn from ``RUN_DIR/metrics.jsonl`` (matplotlib, Agg).
 
-Consumes the metric records; produces ``RUN_DIR/plots/{reward,clip,ratio,kl,grad_norm}.png``.
+Consumes the metric records; produces ``RUN_DIR/plots/{reward,transition_rewards,routes,clip,ratio,kl,grad_norm}.png``.
 Each plot is declared in :data:`PLOTS` as a title, a y-label and the regular expressions of the
 metric names it draws, so a new diagnostic of the objective shows up without code changes
 (e.g. every ``loss/clip_frac_upper/k3`` is one line of the clip plot).
@@ -30,6 +30,10 @@ class PlotSpec:
 PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("reward.png", "Episode reward (train rollouts and held-out eval)", "mean reward",
              (r"^reward$", r"^eval/reward$")),
+    PlotSpec("transition_rewards.png", "Reward per transition (and per route label of a router)", "mean reward",
+             (r"^reward/[^/]+(/[^/]+)?$",)),
+    PlotSpec("routes.png", "Route choices: share of each router's firings per label", "share of firings",
+             (r"^route/[^/]+/[^/]+$",)),
     PlotSpec("clip.png", "Clip fraction by set size", "fraction of events clipped",
              (r"^loss/clip_(upper|lower)/k\d+$",)),
     PlotSpec("clip_epochs.png", "Clip fraction per inner epoch (epoch 1 starts at ratio 1)", "fraction of items clipped",

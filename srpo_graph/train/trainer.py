@@ -49,6 +49,7 @@ from srpo_graph.train.evaluate import score
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.progress import ProgressBar
+from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
 from srpo_graph.train.sglang_rollout import (
     agent_mismatch,
@@ -57,6 +58,7 @@ from srpo_graph.train.sglang_rollout import (
     server_scope,
     with_backend_defaults,
 )
+from srpo_graph.train.transition_metrics import transition_metrics
 from srpo_graph.train.update import recompute_old_logprobs, update_policies
 
 
@@ -283,6 +285,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     dist = init_distributed(device)
     torch.manual_seed(config.seed)
     wf_base = load_workflow(workflow_path)
+    if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
+        check_resumed_workflow(Path(config.run_dir), wf_base, workflow_path)  # named as such, nothing else
     wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
                            logprobs=config.rollout.logprobs)
     frozen_policies.check_something_trains(wf, workflow_path)
@@ -324,9 +328,18 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
                                                "overwrite": False}),
                      run_dir / "config.toml")
+        if resume_from is None:
+            record_workflow(run_dir, wf, workflow_path)
         truncate_after(run_dir / "metrics.jsonl", state.step)
+        sinks = []
+        if config.logging.wandb:  # optional extra: Weights & Biases (train/wandb_log.py)
+            from srpo_graph.train.wandb_log import WandbSink
+
+            lg = config.logging
+            sinks.append(WandbSink(run_dir, project=lg.wandb_project, entity=lg.wandb_entity, name=lg.wandb_name,
+                                   config=config.model_dump(mode="json")))
         writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
-                               purge_step=state.step + 1 if resume_from is not None else None)
+                               purge_step=state.step + 1 if resume_from is not None else None, sinks=sinks)
     rewards: list[float] = [r for r in state.extra.get("rewards", [])]
     evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
     last_ckpt = str(resume_from) if resume_from else None
@@ -490,6 +503,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
     record["events"] = batch.num_sets
     record["set_size"] = transition_set_sizes(episodes)
+    record.update(transition_metrics(wf, episodes))  # reward/<transition>[/<label>], route/<router>/<label>
     record["tokens"] = batch.num_tokens
     record["advantage"] = summarize(batch.set_advantage.tolist())
     for k, v in batch.stats.to_dict().items():

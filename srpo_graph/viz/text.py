@@ -69,6 +69,7 @@ def to_dot(w: Workflow) -> str:
                    f" label={_q(a.name + chr(10) + policy_caption(w, a.policy))}];")
     for t in w.transitions:
         label = f"{t.name}\\n{sizes_label(t.set_sizes)}" + (f"\\nmax_rounds {t.max_rounds}" if t.max_rounds else "")
+        label += "".join(f"\\ntool {tc.name} = {tc.call.qualname}" for tc in t.tools)  # tools on their transition
         out.append(f'  {_q(t.name)} [shape=box, style=filled, fillcolor="#333333", fontcolor=white, height=0.25,'
                    f' label="{label}"];')
     for u, v, data in w.graph().edges(data=True):
@@ -95,7 +96,8 @@ def to_mermaid(w: Workflow) -> str:
     for a in w.agents:
         out.append(f'  {ident[a.name]}("{a.name}<br/><small>{policy_caption(w, a.policy)}</small>")')
     for t in w.transitions:
-        out.append(f'  {ident[t.name]}[["{t.name} {sizes_label(t.set_sizes)}"]]')
+        tools = "".join(f"<br/>tool {tc.name} = {tc.call.qualname}" for tc in t.tools)  # tools on their transition
+        out.append(f'  {ident[t.name]}[["{t.name} {sizes_label(t.set_sizes)}{tools}"]]')
     for u, v, data in w.graph().edges(data=True):
         arrow = {"start": "-.->", "consume": "-->", "activate": "==>", "route": "-.->"}[data["kind"]]
         label = f"|{data['label']}|" if data["kind"] == "route" else ""

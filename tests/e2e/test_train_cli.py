@@ -34,6 +34,11 @@ def test_cli_trains_then_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+    # another .wf (other task fields too): the run's own workflow is named first, nothing else
+    proc = _cli("workflows/math_pipeline.wf", "--resume", str(run), "--steps", "4")
+    assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "this run trained workflow 'coord_seq' (file " in proc.stderr and "coord_seq.wf" in proc.stderr
+    assert "task" not in proc.stderr.split("this run trained")[0]
     # a fresh run in the used folder is refused and loses nothing; --overwrite replaces it
     before = {p: p.read_bytes() for p in (run / "metrics.jsonl", run / "config.toml")}
     proc = _cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), *small)
