@@ -46,6 +46,7 @@ from srpo_graph.train.data import default_task_file, override_workflow, split_ta
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
 from srpo_graph.train.plots import draw_plots
+from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
 from srpo_graph.train.runlock import lock_run_dir
 from srpo_graph.train.sglang_rollout import (
@@ -202,6 +203,9 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         backends = spec.for_training(trained, options, Path(config.run_dir or "runs"))
         for s in slots:
             s.backend = backends[s.name]
+    if config.optim.gradient_checkpointing:  # train/precision.py
+        for s in slots:
+            enable_gradient_checkpointing(s.model)
     return slots
 
 
@@ -474,7 +478,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             record[f"compile/{k}"] = v
     if batch.num_sets:
-        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout)
+        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout, autocast=config.optim.autocast)
         record["mismatch"] = {**mismatch, **agent_mismatch(batch)}  # + per agent: {agent}/mean_abs, max_abs
         timings["old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -482,7 +486,8 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
             slots, batch, config.loss,
             epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
             seed=config.seed * 1_000_003 + step, dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy,
-            layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite)
+            layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite,
+            autocast=config.optim.autocast)
         state.skipped_updates += upd.skipped_updates
         record["loss"] = upd.loss
         record.update({f"loss/{k}": v for k, v in upd.diagnostics.items()})
