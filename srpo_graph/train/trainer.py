@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
-from srpo_graph.backends.tiny import load_tokenizer
 from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.errors import ConfigError, SrpoGraphError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces

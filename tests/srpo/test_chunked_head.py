@@ -26,7 +26,7 @@ LAYOUTS = ["packed", "padded", "prefix"]
 def models():
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
     assert tiny.config.tie_word_embeddings and tiny.lm_head.weight is tiny.get_input_embeddings().weight

@@ -25,7 +25,7 @@ from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update
 def model():
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     return AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
 
