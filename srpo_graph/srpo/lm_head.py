@@ -170,10 +170,9 @@ def chunk_rows(vocab: int, rows: int | None = None) -> int:
     return max(1, rows if rows else HEAD_CHUNK_ELEMENTS // vocab)
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temp: torch.Tensor,
+def _chunk_logits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, temp: torch.Tensor,
                   mask_: Masker, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows [start, end) of the sampler's logits: the head in ``dtype``, float32, / T, masked."""
-    w = weight.to(dtype)
+    """Rows [start, end) of the sampler's logits: the head (``w``, already in ``dtype``), float32, / T, masked."""
     logits = F.linear(h[start:end].to(dtype), w, None if bias is None else bias.to(dtype))
     scaled = logits.float() / temp[start:end].unsqueeze(1)
     mask_(scaled, start, end)
@@ -190,9 +189,10 @@ class HeadLogSoftmax(torch.autograd.Function):
         lp = torch.empty(n, dtype=torch.float32, device=h.device)
         ent, lse = torch.empty_like(lp), torch.empty_like(lp)
         with torch.autocast(h.device.type, enabled=False):
+            w = weight.to(dtype)  # one cast per call (none when the weight is in ``dtype``)
             for s in range(0, n, rows):
                 e = min(n, s + rows)
-                scaled = _chunk_logits(h, weight, bias, temp, mask_, s, e, dtype)
+                scaled = _chunk_logits(h, w, bias, temp, mask_, s, e, dtype)
                 lse_c = torch.logsumexp(scaled, dim=-1)
                 lse[s:e] = lse_c
                 lp[s:e] = scaled.gather(1, target[s:e].unsqueeze(1)).squeeze(1) - lse_c
@@ -218,7 +218,7 @@ class HeadLogSoftmax(torch.autograd.Function):
                 e = min(n, s + ctx.rows)
                 g_lp = grad_lp[s:e].unsqueeze(1)
                 # d lp / d scaled = onehot(target) - softmax; d scaled / d logits = 1 / T (0 where masked: p = 0)
-                g = _chunk_logits(h, weight, bias, temp, ctx.mask_, s, e, dtype)
+                g = _chunk_logits(h, w, bias, temp, ctx.mask_, s, e, dtype)
                 g.sub_(lse[s:e].unsqueeze(1)).exp_().mul_(-g_lp)
                 g.scatter_add_(1, target[s:e].unsqueeze(1), g_lp)
                 g.div_(temp[s:e].unsqueeze(1))
@@ -226,8 +226,11 @@ class HeadLogSoftmax(torch.autograd.Function):
                 del g
                 if grad_h is not None:
                     grad_h[s:e] = (gd @ w).to(h.dtype)
-                if grad_w is not None:
-                    grad_w.add_((gd.t() @ h[s:e].to(dtype)).to(acc))
+                if grad_w is not None:  # in place: no [V, H] temporary per chunk
+                    if acc == dtype:
+                        grad_w.addmm_(gd.t(), h[s:e].to(dtype))
+                    else:  # a [V, H] product in the compute dtype, added into the float32 sum
+                        grad_w.add_(gd.t() @ h[s:e].to(dtype))
                 if grad_b is not None:
                     grad_b.add_(gd.sum(0).to(acc))
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
