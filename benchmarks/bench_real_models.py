@@ -58,6 +58,8 @@ def one(spec: dict) -> dict:
     torch.manual_seed(0)
     cfg = build_config("qwen2.5", spec["size"], spec["vocab"])
     cfg.vocab_size = spec["vocab"]
+    if spec.get("layers", 2) != 2:
+        cfg = type(cfg)(**{**cfg.to_dict(), "num_hidden_layers": spec["layers"], "layer_types": None})
     dtype = getattr(torch, spec.get("dtype", "float32"))
     model = AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     if spec.get("ckpt"):
@@ -87,7 +89,9 @@ def one(spec: dict) -> dict:
     rss1 = _rss()
     opt.step()
     rss2 = _rss()
-    return {**spec, "params": params, "completion_tokens": int(b.loss_mask.sum()), "stream_tokens": b.num_tokens,
+    adam_exact = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                     if torch.is_tensor(t) and t.dim() > 0)
+    return {**spec, "adam_exact": adam_exact, "params": params, "completion_tokens": int(b.loss_mask.sum()), "stream_tokens": b.num_tokens,
             "peak": high1 - rss0, "new_high_water": high1 > high0, "grads": grads, "adam": rss2 - rss1,
             "weights": sum(p.numel() * p.element_size() for p in model.parameters()), "seconds": t1 - t0}
 
@@ -105,8 +109,6 @@ def configs(tokens: int) -> list[dict]:
         tag = " + bf16" if extra.get("bf16") else " + ckpt"
         out.append({"name": f"mid shape, V=151,936, chunked{tag}", "size": "mid", "vocab": 151_936, "head": "chunked",
                     "tokens": tokens, **extra})
-    out.append({"name": "mid shape, V=151,936, whole + bf16", "size": "mid", "vocab": 151_936, "head": "whole",
-                "tokens": tokens, "bf16": True})
     for extra in ({}, {"bf16": True}, {"ckpt": True}):  # per-token slopes (twice the tokens), mid size
         tag = " + bf16" if extra.get("bf16") else " + ckpt" if extra.get("ckpt") else ""
         for t in (tokens, 2 * tokens):
@@ -114,6 +116,9 @@ def configs(tokens: int) -> list[dict]:
                 continue  # measured above
             out.append({"name": f"mid, V=1,600, chunked{tag}, {t} tokens", "size": "mid", "vocab": 1_600,
                         "head": "chunked", "tokens": t, **extra})
+    for tag, extra in (("", {}), (" + bf16", {"bf16": True}), (" + ckpt", {"ckpt": True})):  # per-layer costs
+        out.append({"name": f"mid 4 layers, V=1,600, chunked{tag}, {2 * tokens} tokens", "size": "mid", "vocab": 1_600,
+                    "head": "chunked", "tokens": 2 * tokens, "layers": 4, **extra})
     out.append({"name": "mid, bf16 weights", "size": "mid", "vocab": 1_600, "head": "chunked", "tokens": tokens,
                 "dtype": "bfloat16"})
     return out
@@ -159,16 +164,20 @@ def costs(res: list[dict], tokens: int) -> dict:
         return (hi["peak"] - lo["peak"]) / (hi["stream_tokens"] - lo["stream_tokens"])
 
     out: dict = {}
+    for tag in ("", " + bf16", " + ckpt"):  # two more layers at the same tokens: what one layer holds per token
+        two, four = by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"], by[f"mid 4 layers, V=1,600, chunked{tag}, {2 * tokens} tokens"]
+        out[f"activations, bytes per token per layer (mid shape{tag or ', float32'})"] = \
+            (four["peak"] - four["grads"] - two["peak"] + two["grads"]) / (2 * two["stream_tokens"])
     for tag in ("", " + bf16", " + ckpt"):
         lo = by[f"mid, V=1,600, chunked{tag}, {tokens} tokens"] if tag else by["mid, V=1,600, chunked"]
-        out[f"activations, bytes per token per layer (mid shape{tag or ', float32'})"] = \
-            slope(lo, by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"]) / 2  # 2 layers
+        out[f"peak bytes per token, 2 layers (mid shape{tag or ', float32'})"] = \
+            slope(lo, by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"])
     whole, chunked = by["mid shape, V=151,936, whole"], by["mid shape, V=151,936, chunked"]
     out["whole minus chunked at V=151,936, bytes per completion token"] = \
         (whole["peak"] - chunked["peak"]) / whole["completion_tokens"]
     for label, r in (("bfloat16", by["mid, bf16 weights"]), ("float32", by["mid, V=1,600, chunked"])):
         out[f"{label} weights: bytes per parameter (weights, gradients, Adam states)"] = \
-            [r["weights"] / r["params"], r["grads"] / r["params"], r["adam"] / r["params"]]
+            [r["weights"] / r["params"], r["grads"] / r["params"], r.get("adam_exact", r["adam"]) / r["params"]]
     return out
 
 
@@ -198,8 +207,14 @@ def main() -> None:
         print(f"{r['name']}: peak {_mib(r['peak'])}, grads {_mib(r['grads'])}, adam {_mib(r['adam'])}, "
               f"{r['seconds']:.1f} s", flush=True)
         res.append(r)
-    if args.only:
-        return
+    if args.only:  # merged into the last full run's results (same names replaced)
+        from _perfdoc import read_result
+
+        old = (read_result("real_models") or {}).get("runs", [])
+        names = {r["name"] for r in res}
+        res = [r for r in old if r["name"] not in names] + res
+        order = [c["name"] for c in configs(args.tokens)]
+        res.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
     c = costs(res, args.tokens)
     body = report(res, args.tokens) + "\n\nDerived (docs/gpu.md's memory table uses these):\n\n" + "\n".join(
         f"- {k}: " + (", ".join(f"{x:.2f}" for x in v) if isinstance(v, list) else f"{v / 1024:,.1f} KiB")

@@ -213,24 +213,23 @@ class HeadLogSoftmax(torch.autograd.Function):
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         dtype, n = ctx.dtype, h.shape[0]
         with torch.autocast(h.device.type, enabled=False):
-            w = weight.to(dtype)
+            # the logits recomputed in the forward's dtype; the gradients' matmuls in the weight's (no [V, H]
+            # product in another dtype to hold), accumulated in float32 for half-precision weights
+            w_fwd = weight.to(dtype)
             for s in range(0, n, ctx.rows):
                 e = min(n, s + ctx.rows)
                 g_lp = grad_lp[s:e].unsqueeze(1)
                 # d lp / d scaled = onehot(target) - softmax; d scaled / d logits = 1 / T (0 where masked: p = 0)
-                g = _chunk_logits(h, w, bias, temp, ctx.mask_, s, e, dtype)
+                g = _chunk_logits(h, w_fwd, bias, temp, ctx.mask_, s, e, dtype)
                 g.sub_(lse[s:e].unsqueeze(1)).exp_().mul_(-g_lp)
                 g.scatter_add_(1, target[s:e].unsqueeze(1), g_lp)
                 g.div_(temp[s:e].unsqueeze(1))
-                gd = g.to(dtype)
+                gd = g.to(acc)
                 del g
                 if grad_h is not None:
-                    grad_h[s:e] = (gd @ w).to(h.dtype)
+                    grad_h[s:e] = (gd.to(weight.dtype) @ weight).to(h.dtype)
                 if grad_w is not None:  # in place: no [V, H] temporary per chunk
-                    if acc == dtype:
-                        grad_w.addmm_(gd.t(), h[s:e].to(dtype))
-                    else:  # a [V, H] product in the compute dtype, added into the float32 sum
-                        grad_w.add_(gd.t() @ h[s:e].to(dtype))
+                    grad_w.addmm_(gd.t(), h[s:e].to(acc))
                 if grad_b is not None:
                     grad_b.add_(gd.sum(0).to(acc))
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),

@@ -139,3 +139,16 @@ def test_names_resolve_and_the_cli_builds_them(tmp_path, monkeypatch):
     assert resolve_model("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
     bad = CliRunner().invoke(cli, ["init-model", "--model", "qwen9-huge"])
     assert bad.exit_code != 0 and "unknown model 'qwen9-huge'" in bad.output
+
+
+def test_autotokenizer_agrees_with_the_explicit_load(built):
+    """What a server loads (``AutoTokenizer``, which may pick the family's own class) encodes and
+    decodes as ``load_tokenizer`` does."""
+    from transformers import AutoTokenizer
+
+    fam, path, tok = built
+    auto = AutoTokenizer.from_pretrained(str(path))
+    for text in TEXTS + ["<|im_start|>user\nhi<|im_end|>", "<|start_header_id|>x<|eot_id|>"]:
+        ids = tok.encode(text)
+        assert auto.encode(text) == ids and auto.decode(ids) == tok.decode(ids), (fam, text)
+    assert auto.chat_template == tok.chat_template
