@@ -149,10 +149,10 @@ def study_workloads(rounds: int) -> list[str]:
     forward+backward padded vs prefix. Markdown lines."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from srpo_graph.backends.recipes import ensure_recipe_model
     from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.compiler.compile import CompileConfig, compile
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models.recipes import ensure_recipe_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.srpo.logprobs import _shared_prefixes
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
     from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS, choose_layout
 
     path = ensure_tiny_model()

@@ -59,7 +59,7 @@ def workflow_text(n: int, kind: str, model: str) -> str:
 
 def large_model() -> str:
     """A randomly initialised local Llama (hidden 512, 4 layers; the tiny tokenizer), built once."""
-    from srpo_graph.backends.tiny import default_dir
+    from srpo_graph.models.tiny import default_dir
 
     out = default_dir().parent / "bench-llama-h512"
     if (out / "config.json").is_file():
@@ -68,7 +68,7 @@ def large_model() -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from srpo_graph.backends import resolve_model
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     tiny = resolve_model("tiny")
     tok = load_tokenizer(tiny)

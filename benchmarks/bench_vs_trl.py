@@ -118,7 +118,7 @@ def run_trl(steps: int, scale: int) -> dict:
     sys.path.insert(0, str(WORKLOAD.parent))
     from bench_rewards import digit_share
 
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
 
     path = ensure_tiny_model()
     tok = load_tokenizer(path)

@@ -113,10 +113,10 @@ def profile_rollout(name: str, task_file: str, repeats: int) -> dict:
 def profile_compile(repeats: int) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
     from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.compiler.compile import CompileConfig, compile
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
 

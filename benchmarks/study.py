@@ -96,7 +96,7 @@ class Plan:
     def key(self, workflow: str) -> str:
         """What a saved run of ``workflow`` must match to be reused: everything but the lists of cells,
         and the version of each pre-trained model the workflow runs (a rebuilt model invalidates its records)."""
-        from srpo_graph.backends.recipes import RECIPES
+        from srpo_graph.models.recipes import RECIPES
 
         d = asdict(self)
         # what selects cells, not how a cell runs (and fields added later: old records stay valid)
@@ -286,8 +286,8 @@ def _workflow(workflow: str):
 
 
 def recipes_of(workflow: str) -> tuple[str, ...]:
-    """The pre-trained recipe models (``backends.recipes.RECIPES``) the workflow's policies name."""
-    from srpo_graph.backends.recipes import RECIPES
+    """The pre-trained recipe models (``models.recipes.RECIPES``) the workflow's policies name."""
+    from srpo_graph.models.recipes import RECIPES
 
     return tuple(sorted({p.model for p in _workflow(workflow).policies if p.model in RECIPES}))
 
@@ -534,7 +534,7 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     """
     import torch
 
-    from srpo_graph.backends.recipes import ensure_recipe_model, recipe_info
+    from srpo_graph.models.recipes import ensure_recipe_model, recipe_info
 
     torch.set_num_threads(1)
     runs_dir.mkdir(parents=True, exist_ok=True)

@@ -10,4 +10,4 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[dev,wandb,datasets]"  # the extras: their tests run in CI
 # The tiny default model is built in code (no hub): make it once so later commands start fast.
-"$PY" -c "from srpo_graph.backends.tiny import ensure_tiny_model; print('setup: tiny model at', ensure_tiny_model())"
+"$PY" -c "from srpo_graph.models.tiny import ensure_tiny_model; print('setup: tiny model at', ensure_tiny_model())"

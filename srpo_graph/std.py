@@ -307,7 +307,7 @@ def retrieve(query: str, k: int = 2, corpus: str = "") -> str:
 
 def _bm25(docs: list[dict]):
     """A BM25 index over ``{"title", "text"}`` passages, as :func:`retrieve` builds one (private: not a
-    ``.wf`` function; ``backends.recipes`` retrieves from its renamed worlds with it)."""
+    ``.wf`` function; ``models.recipes`` retrieves from its renamed worlds with it)."""
     from rank_bm25 import BM25Okapi
 
     return BM25Okapi([_norm(d["title"] + " " + d["text"]).split() for d in docs])

@@ -19,14 +19,15 @@ RANK = {
     "workflow": 0,
     "std": 0,
     "lang": 1,
-    "viz": 2,
-    "backends": 2,
-    "runtime": 3,
-    "compiler": 4,
-    "srpo": 5,
-    "train": 6,
-    "lsp": 7,  # the editor's language server: lang (and viz) behind an LSP front end
-    "cli": 8,
+    "models": 2,
+    "viz": 3,
+    "backends": 3,
+    "runtime": 4,
+    "compiler": 5,
+    "srpo": 6,
+    "train": 7,
+    "lsp": 8,  # the editor's language server: lang (and viz) behind an LSP front end
+    "cli": 9,
 }
 # workflow.py draws itself in notebooks through a lazy import of viz (inside a method).
 ALLOWED = {("workflow", "viz")}

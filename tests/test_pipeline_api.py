@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 import srpo_graph as sg
-from srpo_graph.backends.tiny import ensure_tiny_model
 from srpo_graph.backends.transformers import TransformersBackend
+from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.srpo.logprobs import packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator

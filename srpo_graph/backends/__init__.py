@@ -33,25 +33,21 @@ def resolve_model(name: str) -> str:
     """The path or hub name to load for a policy's ``model`` string.
 
     Args:
-        name: ``"tiny"`` (built on first use), a recipe of ``backends.recipes.RECIPES`` such as
-            ``"tiny-reason"`` (pre-trained locally on first use, a few minutes), a local path or
-            a Hugging Face name.
+        name: ``"tiny"`` (built on first use), a recipe of ``models.recipes.RECIPES`` such as
+            ``"tiny-reason"`` (pre-trained locally on first use, a few minutes), a model of
+            ``models.architectures.LOCAL_MODELS`` such as ``"qwen3-test"`` (built on first use), a
+            local path or a Hugging Face name.
     Returns:
-        ``name`` unchanged, except ``"tiny"`` and recipe names -> the built model's directory.
+        ``name`` unchanged, except the locally built models' names -> their directory.
 
     >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
     'Qwen/Qwen2.5-0.5B-Instruct'
     """
-    if name == TINY:
-        from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models import local_model_path
 
-        return str(ensure_tiny_model())
-    from srpo_graph.backends.recipes import RECIPES
-
-    if name in RECIPES:  # a small model pre-trained locally (``srpo-graph init-model --recipe NAME``)
-        from srpo_graph.backends.recipes import ensure_recipe_model
-
-        return str(ensure_recipe_model(name))
+    path = local_model_path(name)  # tiny, a recipe, or a Qwen/Llama-shaped model built here
+    if path is not None:
+        return str(path)
     return name
 
 
@@ -123,7 +119,7 @@ def _transformers_training(policies: Sequence[TrainedPolicy], options: Transform
 
 def _sglang(model: str, options: SGLangOptions, *, device: str = "cpu", **kw: Any):
     from srpo_graph.backends.sglang import SGLangBackend
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     path = resolve_model(model)
     if "vocab_size" not in kw:  # logit rows, for `allow:` (the tokenizer may have fewer entries)

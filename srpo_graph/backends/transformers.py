@@ -79,7 +79,7 @@ class TransformersBackend:
         from transformers.utils import logging as hf_logging
 
         from srpo_graph.backends import resolve_model
-        from srpo_graph.backends.tiny import load_tokenizer
+        from srpo_graph.models.tiny import load_tokenizer
 
         path = resolve_model(name_or_path)
         hf_logging.disable_progress_bar()

@@ -29,7 +29,7 @@ _KEYS = ("r", "alpha", "targets", "dropout")
 
 
 def _home() -> Path:
-    # the same folder as srpo_graph.backends.tiny.default_dir (lang may not import backends)
+    # the same folder as srpo_graph.models.tiny.default_dir (lang may not import backends)
     home = os.environ.get("SRPO_GRAPH_HOME")
     return Path(home) if home else Path.home() / ".cache" / "srpo-graph"
 

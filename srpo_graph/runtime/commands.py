@@ -292,12 +292,32 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hi
 @click.option("--recipe", "recipe", default=None, metavar="NAME",
               help="Build a small model pre-trained locally instead (tiny-reason, tiny-search; minutes on 1 thread), "
                    "cached like the tiny model; policies name it as `policy m = \"NAME\"`.")
-def init_model_cmd(directory, show_vocab, recipe):
+@click.option("--model", "local", default=None, metavar="NAME",
+              help="Build a Qwen/Llama-shaped model with a byte-level BPE tokenizer and its chat template instead: "
+                   "FAMILY-SIZE, FAMILY one of qwen2.5, qwen3, llama3 and SIZE one of test, mid, scale "
+                   "(e.g. qwen3-test); cached like the tiny model; policies name it as `policy m = \"NAME\"`.")
+def init_model_cmd(directory, show_vocab, recipe, local):
     """Build the tiny default model into DIRECTORY (default: the cache used for policy "tiny")."""
-    from srpo_graph.backends.tiny import ROLE_TOKENS, SPECIAL_TOKENS, VOCAB, ensure_tiny_model
+    from srpo_graph.models.tiny import ROLE_TOKENS, SPECIAL_TOKENS, VOCAB, ensure_tiny_model
 
+    if local is not None:
+        from srpo_graph.models.architectures import LOCAL_MODELS, ensure_local_model, local_info
+
+        if local not in LOCAL_MODELS:
+            raise click.BadParameter(f"unknown model {local!r} (known: {', '.join(LOCAL_MODELS)})", param_hint="--model")
+        path = ensure_local_model(local, directory)
+        info = local_info(path)
+        click.echo(f"{local} ready at {path}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
+                   f"rows ({info['tokenizer_size']:,} tokens in the tokenizer)")
+        if show_vocab:
+            from srpo_graph.models.tiny import load_tokenizer
+
+            tok = load_tokenizer(path)
+            for t, i in sorted(tok.get_added_vocab().items(), key=lambda kv: kv[1]):
+                click.echo(f"  {i:6d}  {t!r}")
+        return
     if recipe is not None:
-        from srpo_graph.backends.recipes import RECIPES, ensure_recipe_model, recipe_info
+        from srpo_graph.models.recipes import RECIPES, ensure_recipe_model, recipe_info
 
         if recipe not in RECIPES:
             raise click.BadParameter(f"unknown recipe {recipe!r} (known: {', '.join(RECIPES)})", param_hint="--recipe")

@@ -23,7 +23,7 @@ TINY = "tiny"
 
 def local_tokenizers(workflow: Workflow) -> dict[str, Any]:
     """A tokenizer for every policy whose model is on this machine (``tiny`` or a folder)."""
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     out = {}
     for pol in workflow.policies:
@@ -88,8 +88,8 @@ def cached_tokenizer(model: str) -> Any | None:
     minutes), a local folder, or a hub name already in the Hugging Face cache
     (``local_files_only``): never a download.
     """
-    from srpo_graph.backends.recipes import RECIPES, default_dir
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.recipes import RECIPES, default_dir
+    from srpo_graph.models.tiny import load_tokenizer
 
     try:
         if model == TINY:

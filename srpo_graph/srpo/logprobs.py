@@ -54,6 +54,14 @@ import numpy as np
 import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
+from srpo_graph.srpo.lm_head import (
+    FLOOR,
+    SelectedLogSoftmax,
+    head_logprobs,
+    hidden_states_of,
+    output_head,
+    sampler_mask,
+)
 
 
 def _policy_rows(batch: SetBatch, policy: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,71 +73,6 @@ def _policy_rows(batch: SetBatch, policy: int) -> tuple[torch.Tensor, torch.Tens
     local_off = torch.cumsum(lengths, 0) - lengths
     idx = starts[seg] + torch.arange(int(lengths.sum()), device=starts.device) - local_off[seg]
     return idx, members[seg]
-
-
-def _allowed_mask(batch: SetBatch, vocab: int, device: torch.device) -> torch.Tensor:
-    """[A, V] bool: row a marks the allowed tokens of table row a."""
-    num = batch.allowed_offsets.numel() - 1
-    mask = torch.zeros(num, vocab, dtype=torch.bool, device=device)
-    if num:
-        lengths = batch.allowed_offsets[1:] - batch.allowed_offsets[:-1]
-        rows = torch.repeat_interleave(torch.arange(num), lengths.cpu()).to(device)
-        mask[rows, batch.allowed_ids.to(device)] = True
-    return mask
-
-
-_FLOOR = -1e4  # the log-prob of a token the current policy's own top-k / top-p now excludes
-
-
-def _truncate_(scaled: torch.Tensor, b: SetBatch, tmem: torch.Tensor) -> None:
-    """The ``sampled`` log-prob convention (backends/sampling.py Note [Log-probs of record]): rows of
-    members recorded under top-k / top-p get the same filters applied to their own distribution,
-    in place, so the log-softmax renormalizes over what was kept. A sampled token the filters now
-    exclude gets a finite floor (no gradient), not -inf."""
-    top_k = b.member_top_k.index_select(0, tmem)
-    top_p = b.member_top_p.index_select(0, tmem)
-    rows = ((top_k > 0) | (top_p < 1.0)).nonzero().squeeze(1)
-    if not rows.numel():
-        return
-    from srpo_graph.backends.sampling import truncation_mask
-
-    with torch.no_grad():
-        sub = scaled[rows]
-        drop = truncation_mask(torch.log_softmax(sub, dim=-1), top_k[rows], top_p[rows].to(sub.dtype))
-    scaled.index_put_((rows,), sub.masked_fill(drop, float("-inf")))
-
-
-class _SelectedLogSoftmax(torch.autograd.Function):
-    """``log_softmax(x)[r, target[r]]`` and the (detached) entropy of each row, fused.
-
-    Saves only ``x`` and the row log-sum-exps; backward builds one [c, V] block,
-    ``g * (onehot(target) - softmax(x))``, in place. A plain ``log_softmax`` + ``gather``
-    keeps the [c, V] output for backward and builds two more blocks in it (the gather's
-    scatter and the log-softmax gradient); the row-wise passes here are chunked.
-    """
-
-    CHUNK = 256  # rows per pass of the forward's temporaries ([CHUNK, V] each)
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lse = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
-        ent = torch.empty_like(lse)
-        for rows, xs in zip(torch.arange(x.shape[0], device=x.device).split(_SelectedLogSoftmax.CHUNK),
-                            x.split(_SelectedLogSoftmax.CHUNK)):
-            lse_c = torch.logsumexp(xs, dim=-1)
-            lse[rows] = lse_c
-            ent[rows] = torch.special.entr((xs - lse_c.unsqueeze(1)).exp_()).sum(-1)  # -p log p, 0 where p = 0
-        lp = x.gather(1, target.unsqueeze(1)).squeeze(1) - lse
-        ctx.save_for_backward(x, lse, target)
-        ctx.mark_non_differentiable(ent)
-        return lp, ent
-
-    @staticmethod
-    def backward(ctx, grad_lp: torch.Tensor, grad_ent: torch.Tensor) -> tuple[torch.Tensor, None]:
-        x, lse, target = ctx.saved_tensors
-        grad = (x - lse.unsqueeze(1)).exp_().mul_(-grad_lp.unsqueeze(1))
-        grad.scatter_add_(1, target.unsqueeze(1), grad_lp.unsqueeze(1))
-        return grad, None
 
 
 Layout = Literal["auto", "packed", "padded", "prefix"]
@@ -502,7 +445,8 @@ def _repeat_cache(cache, rows: torch.Tensor):
 
 
 def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layout: Layout = "auto",
-                    bucket_overhead: int = BUCKET_OVERHEAD_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+                    bucket_overhead: int = BUCKET_OVERHEAD_TOKENS, head_chunk: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of every completion token under its member's policy.
 
     Args:
@@ -515,13 +459,17 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layou
             [Layouts]. The results do not depend on it (up to float rounding).
         bucket_overhead: the padded and prefix layouts' cost of one more forward, in token slots
             (:func:`length_buckets`); 0 = a bucket per distinct length.
+        head_chunk: completion rows per chunk of the lm_head + log-softmax (Note [Chunked head]
+            in ``lm_head.py``): None = about 2**24 logits per chunk, 0 = no chunking (the whole
+            [completion tokens, V] block, held for backward). Same results either way.
     Returns:
         (logprobs [T], entropy [T]) float32 on the models' device; 0 on prompt tokens.
         ``logprobs`` carries gradients; ``entropy`` is computed from the same distribution,
         detached (a diagnostic). Memory: the lm_head and the log-softmax run on completion
-        positions only (hidden states are gathered there first), so the vocabulary-sized
-        blocks are [completion tokens, vocab] per forward, never [tokens, vocab]; size
-        micro-batches (``micro_batch_tokens``) for them.
+        positions only (hidden states are gathered there first), ``head_chunk`` rows at a
+        time in forward and backward, so no [tokens, V] block is held (models whose head is
+        not a plain Linear, e.g. FSDP-sharded or LoRA-wrapped, get the whole [completion
+        tokens, V] block per forward: size micro-batches for them).
     Raises:
         ValueError: a member's policy id has no model; an unknown ``layout``.
     """
@@ -534,32 +482,32 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layou
     if used and max(used) >= len(models):
         raise ValueError(f"batch uses policy id {max(used)} ({b.policies[max(used)]!r}) but only {len(models)} models given")
     lp_parts, ent_parts, where_parts = [], [], []
-    allow = None
+    allow: list[torch.Tensor] = []  # the [A, V] allowed-token mask, built on first use
     for p in used:
         model = models[p]
         chosen = choose_layout(model, layout)
-        if chosen == "packed":
-            scored = _packed_forward(model, b, p)
-        elif chosen == "prefix":
-            scored = _prefix_forward(model, b, p, bucket_overhead)
-        else:
-            scored = _padded_forward(model, b, p, bucket_overhead)
+        head = output_head(model) if head_chunk != 0 else None  # Note [Chunked head]
+        with hidden_states_of(head):  # with a head: ``logits`` below are hidden states [c, H]
+            if chosen == "packed":
+                scored = _packed_forward(model, b, p)
+            elif chosen == "prefix":
+                scored = _prefix_forward(model, b, p, bucket_overhead)
+            else:
+                scored = _padded_forward(model, b, p, bucket_overhead)
         for logits, where, tmem in scored:
-            # a fresh [c, V] tensor of the sampler's logits (temperature, then constraint);
-            # ``logits`` is dropped so only this block stays alive
-            scaled = logits.float() / b.member_temperature.index_select(0, tmem).unsqueeze(1)
-            del logits
-            allowed_row = b.member_allowed.index_select(0, tmem)
-            constrained = (allowed_row >= 0).nonzero().squeeze(1)
-            if constrained.numel():  # mask only the constrained rows ([c', V], not [c, V])
-                if allow is None or allow.shape[1] != scaled.shape[1]:
-                    allow = _allowed_mask(b, scaled.shape[1], device)
-                outside = ~allow[allowed_row[constrained]]
-                # in place: ``scaled`` is a fresh tensor that no backward formula reads
-                scaled.index_put_((constrained,), scaled[constrained].masked_fill(outside, float("-inf")))
-            _truncate_(scaled, b, tmem)
-            lp, ent = _SelectedLogSoftmax.apply(scaled, b.input_ids.index_select(0, where))
-            lp_parts.append(lp.clamp(min=_FLOOR))  # only a now-excluded token can be below it
+            target = b.input_ids.index_select(0, where)
+            temp = b.member_temperature.index_select(0, tmem)
+            mask_ = sampler_mask(b, tmem, allow)
+            if head is not None:
+                lp, ent = head_logprobs(logits, head, target, temp, mask_, head_chunk)
+            else:
+                # a fresh [c, V] tensor of the sampler's logits (temperature, then constraint);
+                # ``logits`` is dropped so only this block stays alive
+                scaled = logits.float() / temp.unsqueeze(1)
+                del logits
+                mask_(scaled, 0, scaled.shape[0])  # in place: ``scaled`` is a fresh tensor that no backward formula reads
+                lp, ent = SelectedLogSoftmax.apply(scaled, target)
+            lp_parts.append(lp.clamp(min=FLOOR))  # only a now-excluded token can be below it
             ent_parts.append(ent)
             where_parts.append(where)
     if where_parts:

@@ -145,6 +145,14 @@ class OptimConfig(_Section):
         "members with the same prompt (the G samples of a task) share one prompt forward through the KV cache, "
         "`auto` = packed for flash/flex attention, else prefix for a model that takes a KV cache, else padded. "
         "See docs/performance.md (P5).")
+    autocast: Literal["off", "bfloat16"] = Field(
+        "off", description="Run the update's forwards (and the old log-probs') under `torch.autocast` in this dtype: "
+        "matmuls in bf16, weights, gradients and Adam states in `rollout.dtype`, the log-softmax in float32 "
+        "(train/precision.py). Saves activation memory and time on hardware with bf16 units; see docs/performance.md (P8).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in backward instead of keeping them "
+        "(transformers' `GradientCheckpointingLayer`, non-reentrant): activation memory of one layer instead of all, "
+        "for about one more forward. Turns the `prefix` layout off (it needs the KV cache): `auto` picks `padded`.")
 
     @field_validator("betas")
     @classmethod

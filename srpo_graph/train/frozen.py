@@ -81,7 +81,7 @@ def load_frozen(wf: Workflow, config: Any, device: str) -> tuple[list[TrainedPol
     import torch
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     out: dict[str, Any] = {}
     local: list[TrainedPolicy] = []

@@ -226,7 +226,7 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
     from transformers import AutoModelForCausalLM
 
     from srpo_graph.backends import resolve_model
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.train import checkpoint as ckpt
 
     if config.strategy == "fsdp" and dist.enabled:
@@ -294,7 +294,7 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.train import checkpoint as ckpt
 
     hf_logging.disable_progress_bar()

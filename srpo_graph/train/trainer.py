@@ -32,10 +32,10 @@ from typing import Any, Sequence
 import torch
 
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
-from srpo_graph.backends.tiny import load_tokenizer
 from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.errors import ConfigError, SrpoGraphError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
@@ -48,6 +48,7 @@ from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distrib
 from srpo_graph.train.evaluate import score
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
 from srpo_graph.train.plots import draw_plots
+from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
 from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
@@ -204,6 +205,7 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
             ref = ref.to(device).eval()
             ref.requires_grad_(False)
         slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, None, ref, replica=replica))
+    frozen_backends: dict[str, Any] = {}
     if dist.is_main:  # only rank 0 samples, so only rank 0 builds backends (and starts servers)
         trained = [TrainedPolicy(s.name, s.base, s.replica if s.replica is not None else s.model, s.tokenizer, device)
                    for s in slots]
@@ -214,8 +216,11 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         backends = spec.for_training([*trained, *frozen], options, Path(config.run_dir or "runs"))
         for s in slots:
             s.backend = backends[s.name]
-        return slots, {p.name: backends[p.name] for p in frozen}
-    return slots, {}
+        frozen_backends = {p.name: backends[p.name] for p in frozen}
+    if config.optim.gradient_checkpointing:  # train/precision.py
+        for s in slots:
+            enable_gradient_checkpointing(s.model)
+    return slots, frozen_backends
 
 
 def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
@@ -510,7 +515,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             record[f"compile/{k}"] = v
     if batch.num_sets:
-        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout)
+        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout, autocast=config.optim.autocast)
         record["mismatch"] = {**mismatch, **agent_mismatch(batch)}  # + per agent: {agent}/mean_abs, max_abs
         timings["old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -518,7 +523,8 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
             slots, batch, config.loss,
             epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
             seed=config.seed * 1_000_003 + step, dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy,
-            layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite)
+            layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite,
+            autocast=config.optim.autocast)
         state.skipped_updates += upd.skipped_updates
         record["loss"] = upd.loss
         record.update({f"loss/{k}": v for k, v in upd.diagnostics.items()})

@@ -39,6 +39,7 @@ from srpo_graph.srpo.logprobs import Layout, packed_logprobs
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
 from srpo_graph.train import fsdp as fsdp_mod
 from srpo_graph.train.distributed import DistInfo, all_reduce_sum
+from srpo_graph.train.precision import update_forward
 from srpo_graph.train.strategies import make_strategy
 
 
@@ -93,17 +94,19 @@ def diagnostics_to_dict(diag: Any, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch, *, layout: Layout = "auto") -> tuple[SetBatch, dict[str, float]]:
+def recompute_old_logprobs(models: Sequence[Any], batch: SetBatch, *, layout: Layout = "auto",
+                           autocast: str = "off") -> tuple[SetBatch, dict[str, float]]:
     """``batch`` with ``old_logprobs`` recomputed by the current models, and the mismatch stats.
 
-    ``layout``: the log-prob forward's micro-batch layout (``packed_logprobs``; same results).
+    ``layout``: the log-prob forward's micro-batch layout (``packed_logprobs``; same results);
+    ``autocast``: ``off`` or ``bfloat16`` (train/precision.py), as in the update.
 
     Returns:
         (batch, {"mean_abs": ..., "max_abs": ...}) where the mismatch is |old - sampler| over
         completion tokens.
     """
     parts = []
-    with torch.no_grad():
+    with torch.no_grad(), update_forward(models, autocast):
         for micro in batch.micro_batches():
             lp, _ = packed_logprobs(models, micro, layout=layout)
             parts.append(lp.detach().float().cpu())
@@ -209,6 +212,7 @@ def update_policies(
     strategy: str = "ddp",
     layout: Layout = "auto",
     rollback_nonfinite: bool = True,
+    autocast: str = "off",
 ) -> UpdateResult:
     """Run the epochs x mini-batches update on ``batch`` (old_logprobs already set).
 
@@ -230,6 +234,8 @@ def update_policies(
         rollback_nonfinite: keep a copy of the stepped policies' weights and Adam state during each
             optimizer step so a step that makes a weight non-finite is undone (costs that copy's
             memory); off: such a step stops the update with ``FloatingPointError``.
+        autocast: ``off`` or ``bfloat16``: the forwards under bf16 autocast (train/precision.py);
+            checkpointed layers (``enable_gradient_checkpointing``) are checkpointed either way.
     Returns:
         UpdateResult.
     """
@@ -261,10 +267,11 @@ def update_policies(
                 if micro is None:  # this rank's shard has fewer micro-batches: forwards with weight 0
                     result.padding_forwards += strat.backward_padding(plan)
                     continue
-                new_lp, entropy = packed_logprobs(run_models, micro, layout=layout)
+                with update_forward(run_models, autocast):
+                    new_lp, entropy = packed_logprobs(run_models, micro, layout=layout)
                 ref_lp = None
                 if ref_models is not None:
-                    with torch.no_grad():
+                    with torch.no_grad(), update_forward(ref_models, autocast):
                         ref_lp, _ = packed_logprobs(ref_models, micro, layout=layout)
                 loss, diag = srpo_loss(new_lp, micro, loss_config, denominator=denom,
                                        ref_logprobs=ref_lp, entropy=entropy)

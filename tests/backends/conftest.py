@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     return ensure_tiny_model(tmp_path_factory.mktemp("tinyb") / "tiny")
 

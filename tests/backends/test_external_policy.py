@@ -103,7 +103,7 @@ def chat_server(tmp_path_factory):
     from sglang_servers import _free_port, require_sglang
 
     from srpo_graph.backends.sglang_server import CPU_TEMPLATE, start_server
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     require_sglang()
     recipe = CPU_TEMPLATE + f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"

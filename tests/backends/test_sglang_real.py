@@ -35,7 +35,7 @@ ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (measured max 0.007)
 
 @pytest.fixture(scope="module")
 def tok(tiny_dir):
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     return load_tokenizer(str(tiny_dir))
 

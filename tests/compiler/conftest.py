@@ -9,8 +9,8 @@ import pytest
 def tiny_backend(tmp_path_factory):
     import torch
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
     from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     torch.set_num_threads(1)
     return TransformersBackend.from_pretrained(str(ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")))

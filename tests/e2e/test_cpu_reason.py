@@ -36,7 +36,7 @@ def reason_model(tmp_path_factory):
     Yields {recipe: its directory}."""
     from dataclasses import replace
 
-    from srpo_graph.backends import recipes
+    from srpo_graph.models import recipes
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SRPO_GRAPH_HOME", str(tmp_path_factory.mktemp("home")))
@@ -192,8 +192,8 @@ def _rollout(workflow: str, reason_model, samples: int = 4):
     """Real episodes of ``workflow``: 4 tasks x ``samples``, sampled by its models (the shrunk recipes)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
     from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.tiny import ensure_tiny_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
 

@@ -58,7 +58,7 @@ start: a
 def tiny_backend():
     import torch
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
     from srpo_graph.backends.transformers import TransformersBackend
 
     torch.set_num_threads(1)

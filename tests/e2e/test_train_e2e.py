@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from srpo_graph.backends.tiny import ensure_tiny_model
+from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.config import load_toml, validate
 from srpo_graph.train.metrics import deterministic_fields, read_metrics

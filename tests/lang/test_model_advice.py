@@ -53,7 +53,7 @@ def test_the_tiny_model_copies_the_prompts_last_token_greedily():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
 
     path = ensure_tiny_model()
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), load_tokenizer(path)

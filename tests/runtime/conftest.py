@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # runtime_workflows, failing_too
 def tiny_backend(tmp_path_factory):
     import torch
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
     from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     torch.set_num_threads(1)
     path = ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")

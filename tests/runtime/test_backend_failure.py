@@ -67,7 +67,7 @@ def test_any_backend_exception_becomes_a_backend_error(tmp_path, error):
     """A backend raising anything mid-run: the run raises BackendError naming the policy."""
     import runtime_workflows as wfs
 
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import Task
 

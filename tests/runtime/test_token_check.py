@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from srpo_graph.backends.tiny import ROLE_TOKENS, VOCAB
 from srpo_graph.cli import app
 from srpo_graph.lang import check, parse
+from srpo_graph.models.tiny import ROLE_TOKENS, VOCAB
 from srpo_graph.runtime.tokens import local_tokenizers, token_diagnostics
 
 WF = '''workflow w

@@ -30,8 +30,8 @@ def _task_file(wf) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny():
-    from srpo_graph.backends.tiny import ensure_tiny_model
     from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     return TransformersBackend.from_pretrained(str(ensure_tiny_model()))
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srpo_graph.backends.tiny import ensure_tiny_model
 from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.lang import load_workflow
+from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.srpo.logprobs import packed_logprobs

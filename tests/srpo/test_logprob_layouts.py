@@ -31,7 +31,7 @@ def models():
     """The built-in tiny model (Llama) and a small Qwen2 (biased q/k/v projections, grouped kv heads)."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
     torch.manual_seed(0)

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def models():
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
     torch.manual_seed(0)
@@ -90,10 +90,10 @@ def test_gradient_reaches_only_each_members_own_policy(models):
 
 
 def test_real_traces_from_the_tiny_model_recompute_to_the_sampler_logprobs(models, tmp_path):
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
     from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.compiler.setbatch import SetBatch
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import Task
     from srpo_graph.runtime.trace import read_traces, write_traces

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from srpo_graph.backends.tiny import ensure_tiny_model
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
+from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.train import distributed, fsdp
 from srpo_graph.train.distributed import init_distributed, shutdown

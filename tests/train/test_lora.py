@@ -76,7 +76,7 @@ def _episodes(wf, models, tok, samples: int = 4):
 
 
 def test_sampler_logprobs_match_the_trainer_with_adapters_switched(mixed):
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     shared = _shared(mixed)
     models = _models(mixed, shared)
@@ -92,7 +92,7 @@ def test_sampler_logprobs_match_the_trainer_with_adapters_switched(mixed):
 
 
 def test_a_joint_event_updates_both_adapters_and_never_the_base(mixed):
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     shared = _shared(mixed)
     models = _models(mixed, shared)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
 from srpo_graph.errors import ConfigError
+from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
 from srpo_graph.train import checkpoint as ck
 
 

@@ -37,7 +37,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert r1["loss"] == pytest.approx(r2["loss"], abs=1e-6)
     for p in ("p0", "p1"):
         assert r1["grad_norm"][p] == pytest.approx(r2["grad_norm"][p], rel=1e-5)
-    from srpo_graph.backends.tiny import ensure_tiny_model
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     base = load_file(ensure_tiny_model() / "model.safetensors")
     for i in range(2):

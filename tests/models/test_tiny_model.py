@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from srpo_graph.backends import resolve_model
-from srpo_graph.backends.tiny import VOCAB, ensure_tiny_model, is_tiny_dir, load_tokenizer
+from srpo_graph.models.tiny import VOCAB, ensure_tiny_model, is_tiny_dir, load_tokenizer
 
 
 def test_vocabulary_and_one_token_per_char(tiny_dir):

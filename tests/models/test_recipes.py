@@ -1,4 +1,4 @@
-"""The locally pre-trained recipe models (``backends/recipes.py``): SFT data, build, cache, CLI.
+"""The locally pre-trained recipe models (``models/recipes.py``): SFT data, build, cache, CLI.
 
 The real ``tiny-reason`` build takes minutes; here a shrunken copy of the recipe (same code, same
 data generator, a few SFT steps of a smaller network) is built into a temporary directory.
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from srpo_graph.backends import recipes as R
+from srpo_graph.models import recipes as R
 
 
 def _examples(seed: int = 0, num: int = 3000):

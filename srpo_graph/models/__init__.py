@@ -1,0 +1,50 @@
+"""Models built locally, in code, never downloaded (a stage of its own; used by backends, the CLI and tests).
+
+* ``tiny.py``: the tiny default model (``"tiny"``: char-level, Llama, ~130k parameters) and the
+  shared atomic build (``build_atomically``) and tokenizer loading (``load_tokenizer``);
+* ``recipes.py``: ``RECIPES``, small models pre-trained here (``"tiny-reason"``, ``"tiny-search"``);
+* ``chat_templates.py``: the Qwen2.5 / Qwen3 / Llama 3 chat templates and special tokens;
+* ``bpe.py``: byte-level BPE tokenizers trained here with those conventions;
+* ``architectures.py``: ``LOCAL_MODELS``, Qwen2 / Qwen3 / Llama models at the ``test``, ``mid``
+  and ``scale`` sizes (``"qwen3-test"``, ``"llama3-mid"``, ``"qwen2.5-scale"``, ...).
+
+:func:`local_model_path` maps every such name to its built directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def local_names() -> list[str]:
+    """Every name a policy can give to get a locally built model.
+
+    >>> local_names()[:3]
+    ['tiny', 'tiny-reason', 'tiny-search']
+    """
+    from srpo_graph.models.architectures import LOCAL_MODELS
+    from srpo_graph.models.recipes import RECIPES
+
+    return ["tiny", *RECIPES, *LOCAL_MODELS]
+
+
+def local_model_path(name: str) -> Path | None:
+    """The directory of the locally built model ``name`` (built on first use), or None when
+    ``name`` is not one (a local path or a hub name)."""
+    if name == "tiny":
+        from srpo_graph.models.tiny import ensure_tiny_model
+
+        return ensure_tiny_model()
+    from srpo_graph.models.recipes import RECIPES
+
+    if name in RECIPES:  # pre-trained here, minutes (``srpo-graph init-model --recipe NAME``)
+        from srpo_graph.models.recipes import ensure_recipe_model
+
+        return ensure_recipe_model(name)
+    from srpo_graph.models.architectures import LOCAL_MODELS
+
+    if name in LOCAL_MODELS:
+        from srpo_graph.models.architectures import ensure_local_model
+
+        return ensure_local_model(name)
+    return None

@@ -1,0 +1,83 @@
+"""The real SGLang CPU server serves the Qwen3- and Llama 3-shaped models built here
+(srpo_graph/models/architectures.py) with their byte-level BPE tokenizers: prompts rendered
+through each family's chat template go in as token ids, completion ids and log-probs come back,
+the log-probs match the trainer's fp32 forward (bf16 server, ATOL as in test_sglang_real.py), and a
+turn ends at the template's end-of-turn token.
+
+Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one server per family.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from srpo_graph.backends.base import GenerationRequest
+from srpo_graph.backends.sampling import scaled_logprobs
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_servers import require_sglang, start_real_server  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
+
+
+def _reference(model, prompt, completion, temperature, allowed=None):
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1: -1]
+    mask = None
+    if allowed is not None:
+        mask = torch.zeros_like(logits, dtype=torch.bool)
+        mask[:, list(allowed)] = True
+    lp = scaled_logprobs(logits, torch.full((logits.shape[0],), float(temperature)), mask)
+    return lp.gather(1, torch.tensor(list(completion))[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("name", ["qwen3-test", "llama3-test"])
+def test_sglang_serves_the_local_chat_models_token_in_token_out(name, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from srpo_graph.backends import load_backend
+    from srpo_graph.models.architectures import ensure_local_model
+    from srpo_graph.models.chat_templates import FAMILIES
+    from srpo_graph.models.tiny import load_tokenizer
+
+    require_sglang()
+    path = ensure_local_model(name, tmp_path / name)
+    tok = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    eot = tok.convert_tokens_to_ids(FAMILIES[name.split("-")[0]].eos)
+    prompts = []
+    for i in range(4):
+        ids = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": f"What is {i} + {i}?"}],
+                                      tokenize=True, add_generation_prompt=True)
+        prompts.append(tuple(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    server = start_real_server(path, tmp_path)
+    try:
+        b = load_backend("sglang", str(path), url=server.url, backoff=0.05)
+        reqs = [GenerationRequest(p, max_new_tokens=6, temperature=t) for p in prompts for t in (1.0, 0.7)]
+        gaps = []
+        for r, c in zip(reqs, b.generate(reqs)):
+            assert 1 <= len(c.completion_ids) <= 6 and len(c.logprobs) == len(c.completion_ids)
+            gaps.append(float((torch.tensor(c.logprobs) - _reference(model, r.prompt_ids, c.completion_ids,
+                                                                       r.temperature)).abs().max()))
+        assert max(gaps) < ATOL, gaps
+        # a turn ends at the end-of-turn token: allowed {a word, end of turn}, so it comes soon
+        word = tok.encode(" the", add_special_tokens=False)[0]
+        allowed = (word, eot)
+        ends = b.generate([GenerationRequest(p, max_new_tokens=40, temperature=1.0, allowed_token_ids=allowed,
+                                             stop_token_ids=(eot,)) for p in prompts])
+        for p, c in zip(prompts, ends):
+            assert set(c.completion_ids) <= set(allowed)
+            assert c.completion_ids[-1] == eot and eot not in c.completion_ids[:-1], c.completion_ids
+            ref = _reference(model, p, c.completion_ids, 1.0, allowed)
+            assert (torch.tensor(c.logprobs) - ref).abs().max() < ATOL
+        b.close()
+    finally:
+        server.stop()
+    assert not server.alive()
