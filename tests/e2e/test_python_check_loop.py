@@ -58,8 +58,8 @@ start: a
 def tiny_backend():
     import torch
 
-    from srpo_graph.models.tiny import ensure_tiny_model
     from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.tiny import ensure_tiny_model
 
     torch.set_num_threads(1)
     return TransformersBackend.from_pretrained(str(ensure_tiny_model()))
