@@ -8,7 +8,6 @@ extra fields are kept (a reward may read them). Errors name the file, the line a
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.jsonl import iter_lines
 from srpo_graph.workflow import (
     BoolType,
     ChoiceType,
@@ -91,24 +91,16 @@ def load_tasks(path: str | os.PathLike, workflow: Workflow | None = None) -> lis
     Returns:
         The tasks in file order.
     Raises:
-        RuntimeFailure: unreadable file, bad JSON, a missing/ill-typed field or a duplicate id,
+        RuntimeFailure: unreadable file, a line that is not UTF-8 or not JSON, an integer of more
+            than 100 digits, nesting deeper than 64, a missing/ill-typed field or a duplicate id,
             naming ``path:line`` and the field.
     """
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RuntimeFailure.at(str(p), f"cannot read task file: {exc}") from None
     fields = dict(workflow.task_fields) if workflow is not None else {}
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RuntimeFailure.at(f"{p}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
+    # the one JSONL reader (runtime/jsonl.py): UTF-8, JSON, integer size and depth limits, file:line
+    for lineno, data in iter_lines(p, RuntimeFailure, what="task file"):
         if not isinstance(data, dict):
             raise RuntimeFailure.at(f"{p}:{lineno}", f"a task must be a JSON object, got {type(data).__name__}")
         raw_id = data.pop("id", None)
