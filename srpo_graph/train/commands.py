@@ -100,16 +100,22 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
 
     Example: srpo-graph train workflows/coord_par3.wf --steps 50 optim.lr=2e-3 loss.eps_high=0.28
     """
-    if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
-        from srpo_graph.train.config import load_toml, validate
+    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
+    try:
+        if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
+            from srpo_graph.train.config import load_toml, validate
 
-        cfg = validate(load_toml(os.environ[LAUNCH_ENV]), os.environ[LAUNCH_ENV])
-        resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
-    else:
-        cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks,
-                           nproc=nproc, resume=resume)
-        if overwrite:
-            cfg = cfg.model_copy(update={"overwrite": True})
+            cfg = validate(load_toml(os.environ[LAUNCH_ENV]), os.environ[LAUNCH_ENV])
+            resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
+        else:
+            cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks,
+                               nproc=nproc, resume=resume)
+            if overwrite:
+                cfg = cfg.model_copy(update={"overwrite": True})
+    except KeyboardInterrupt:  # while reading the configuration: nothing was touched
+        click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again",
+                   err=True)
+        sys.exit(_interrupt_code())
     if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
         if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
             from srpo_graph.lang import load_workflow
@@ -126,7 +132,6 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             sys.exit(130)
         sys.exit(code)
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
         from srpo_graph.train.trainer import RunStopped, TrainingInterrupted, train
 
