@@ -154,7 +154,7 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     """
     from transformers import AutoConfig
 
-    from srpo_graph.backends.sglang_server import SGLangServer, launch_command
+    from srpo_graph.backends.sglang_server import SGLangServer, launch_command, launch_ports, refuse_connected
     from srpo_graph.errors import ConfigError
 
     full = [p.name for p in policies if not is_adapter_policy(p)]
@@ -167,13 +167,14 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
         groups.setdefault(id(p.model.shared_base), []).append(p)
     weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
     plan = []  # (policies of one base, its server or URL): every server starts before any is waited for
+    ports = launch_ports(options.port, len(groups)) if options.launch is not None else []
     for i, group in enumerate(groups.values()):
         base = next((p for p in group if p.model.lora_name is None), group[0])
         if options.launch is None:
             plan.append((group, options.urls.get(base.name, options.url)))
             continue
         cpu = options.launch == "cpu"
-        argv = launch_command(options.launch, group[0].model_path, options.port + i) + lora_flags(
+        argv = launch_command(options.launch, group[0].model_path, ports[i]) + lora_flags(
             [p.model for p in group], cpu)
         env = None
         if cpu:
@@ -181,8 +182,9 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
             shim.mkdir(parents=True, exist_ok=True)
             (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
             env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(shim)}
-        plan.append((group, SGLangServer(argv, options.port + i, log_path=run_dir / "sglang" / f"{base.name}.log",
+        plan.append((group, SGLangServer(argv, ports[i], log_path=run_dir / "sglang" / f"{base.name}.log",
                                          env=env).start()))
+    refuse_connected(options, [where for _, where in plan if isinstance(where, str)])
     backends: dict[str, Any] = {}
     for group, where in plan:
         url = where if isinstance(where, str) else where.wait_healthy(options.health_timeout).url
