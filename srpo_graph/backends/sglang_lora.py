@@ -24,7 +24,6 @@ stays ``default`` (its base never changes).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -117,9 +116,8 @@ class SGLangAdapterBackend(SGLangBackend):
             return
         if isinstance(model, (str, Path)):
             path = Path(model)
-        else:
-            path = self.weight_dir / f"v{version}"
-            shutil.rmtree(path, ignore_errors=True)
+        else:  # the one ownership rule of weight_dir.py: never over, never deleting, a folder not this run's
+            path = self.weights.claim(f"v{version}")
             model.save_pretrained(path)
         name, old = f"{self.adapter}@v{version}", self.lora_name
         if name == old:  # the same version again (a resume): replace it under its name
@@ -129,9 +127,8 @@ class SGLangAdapterBackend(SGLangBackend):
         self.lora_name, self.weight_version = name, version
         if old is not None:
             self._lora_call("/unload_lora_adapter", {"lora_name": old})
-            if not isinstance(model, (str, Path)):
-                previous = self.weight_dir / f"v{old.rsplit('@v', 1)[1]}"
-                shutil.rmtree(previous, ignore_errors=True)
+            if not isinstance(model, (str, Path)):  # the previous version goes, if this run wrote it
+                self.weights.keep_only({f"v{version}"})
 
     def _lora_call(self, route: str, body: dict[str, Any]) -> None:
         for worker in self.worker_urls:
@@ -155,6 +152,7 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     from transformers import AutoConfig
 
     from srpo_graph.backends.sglang_server import SGLangServer, launch_command, launch_ports, refuse_connected
+    from srpo_graph.backends.weight_dir import run_owner
     from srpo_graph.errors import ConfigError
 
     full = [p.name for p in policies if not is_adapter_policy(p)]
@@ -194,7 +192,8 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
             vocab = None
         for p in group:
             b = SGLangAdapterBackend(url, p.tokenizer, adapter=p.model.lora_name, timeout=options.timeout,
-                                     max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab)
+                                     max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab,
+                                     weight_owner=run_owner(run_dir))
             b.sync_weights(p.model, 0)  # the adapter as initialised (a resumed run syncs its own version next)
             backends[p.name] = b
     return backends

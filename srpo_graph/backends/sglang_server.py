@@ -416,7 +416,11 @@ def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
                                  "or let training start them (`rollout.sglang.launch=cpu`)")
         refuse_connected(options, [*urls.values(), *options.workers])
     weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
-    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n) for n in names}
+    from srpo_graph.backends.weight_dir import run_owner
+
+    owner = run_owner(run_dir)  # the one ownership rule of the weight folders (weight_dir.py)
+    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n, weight_owner=owner)
+            for n in names}
 
 
 atexit.register(stop_all)
