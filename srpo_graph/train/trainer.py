@@ -162,6 +162,9 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
     return slots
 
 
+_STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
+
+
 def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False):
     data = None
     stats = None
@@ -171,11 +174,19 @@ def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, 
                            on_backend_error="fail" if backend_spec(config.rollout.backend).remote else "raise",
                            deadlines=config.rollout.deadlines)
         stats = res.stats
-        check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget
+        try:
+            check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget
+        except FailureBudgetExceeded as exc:
+            if not dist.enabled:
+                raise
+            data = _STOP + exc.args[0].encode()  # every rank stops with it (none waits in a collective)
         if not dist.enabled:  # one process: the episodes as they are (compile validates them once)
             return list(res.episodes), stats
-        data = "\n".join(ep.to_json() for ep in res.episodes).encode()
+        if data is None:
+            data = "\n".join(ep.to_json() for ep in res.episodes).encode()
     data = broadcast_bytes(data, dist)
+    if data.startswith(_STOP):
+        raise FailureBudgetExceeded(data[len(_STOP):].decode())
     episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
     return episodes, stats
 
