@@ -158,7 +158,7 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     )
     for kind, msg in sorted(s.first_failure.items()):  # the first failure of each kind, once
         console.print(f"[yellow]{s.failed_by_kind[kind]} failed ({kind}), first:[/] {msg}", markup=True,
-                      highlight=False)
+                      highlight=False, soft_wrap=True)  # unwrapped: the .wf path stays one copyable word
     if s.episodes and s.failures == s.episodes:
         raise RuntimeFailure.at(str(workflow_file), f"every one of the {s.episodes} episodes failed (see above); "
                                 f"{out_file} holds them with their errors")

@@ -131,3 +131,23 @@ def test_one_signal_stops_run_while_a_tool_hangs(tmp_path, sig):
     assert time.monotonic() - t0 < 10
     assert proc.returncode != 0
     assert "Traceback" not in err, err[-2000:]
+
+
+def test_run_command_reports_each_kind_once_and_fails_when_every_episode_failed(tmp_path):
+    from click.testing import CliRunner
+
+    from srpo_graph.cli import app
+
+    path, _, line = make(tmp_path, reward="exit_reward")
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "target": 3}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["run", str(path), "--tasks", str(tasks), "--samples", "2", "--out", str(out),
+                                   "--quiet", "--deadline", "reward=5"])
+    assert res.exit_code == 5, res.output
+    assert f"2 failed (reward), first: {path}:{line}:9: error: terminal reward mine.exit_reward: SystemExit(0)" in \
+        res.output.replace("\n", " ")
+    assert "every one of the 2 episodes failed" in res.output
+    assert len(out.read_text().splitlines()) == 2  # the failed episodes are written, with their errors
+    bad = CliRunner().invoke(app, ["run", str(path), "--tasks", str(tasks), "--out", str(out), "--deadline", "rewad=5"])
+    assert bad.exit_code == 7 and "--deadline rewad=5: error: expected KIND=SECONDS" in bad.output
