@@ -47,6 +47,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward", ["raising_reward", "exit_reward"])
 def test_a_reward_failing_on_every_episode_stops_the_run_with_the_real_command(tmp_path, reward):
     path, _, line = make(tmp_path, reward=reward)
@@ -103,6 +104,7 @@ def test_the_budget_stop_is_a_run_stopped_in_process(tmp_path):
     assert "returned '1.0' (a str)" in info.value.advice(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_one_signal_stops_train_while_a_tool_hangs(tmp_path, sig):
     path, mod, _ = make(tmp_path, tool="hang")
