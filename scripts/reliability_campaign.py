@@ -12,6 +12,8 @@ Campaigns (each seeded, so a row can be reproduced):
 * ``traces``: random byte edits of valid trace lines (flip, delete, insert, duplicate a field,
   a numeric string, a huge integer, deep nesting); counted: lines read as episodes, lines
   rejected with a ``file:line`` TraceError, anything else (a crash).
+* ``tasks``: random edits of a task line (the trace edits, plus integers of 101-20,000 digits), read by
+  ``load_tasks``;
 * ``wf``: random edits of the example ``.wf`` files, checked in a subprocess under a timeout;
   counted: accepted, rejected with the project's errors, crashes, hangs, formatter round trips
   that changed the meaning.
@@ -152,6 +154,59 @@ def traces_campaign(rng: random.Random, n: int, tmp: Path) -> str:
             f"{rejected}; crashes {crashes} |")
 
 
+def _mutate_task(rng: random.Random, target: int) -> bytes:
+    op = rng.choice(["flip", "delete", "insert", "binary", "huge_int", "deep", "nan", "string"])
+    data: dict = {"id": f"t{target}", "target": target}
+    if op == "huge_int":
+        data["target"] = "@INT@"
+        digits = rng.choice([101, 4301, 20_000])
+        return json.dumps(data).replace('"@INT@"', "7" * digits).encode()
+    if op == "deep":
+        depth = rng.choice([65, 5000, 100_000])
+        data["extra"] = "@DEEP@"
+        return json.dumps(data).replace('"@DEEP@"', "[" * depth + "1" + "]" * depth).encode()
+    if op == "nan":
+        data["target"] = rng.choice([float("nan"), float("inf"), 1e300])
+    if op == "string":
+        data["target"] = str(target)
+    raw = bytearray(json.dumps(data).encode())
+    if op in ("flip", "delete", "insert", "binary"):
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(raw))
+            if op == "delete":
+                del raw[i]
+            elif op == "insert":
+                raw.insert(i, rng.choice(b'{}[]":,0123456789-.eE \\\xff\xc3'))
+            elif op == "binary":
+                raw[i] = rng.randrange(128, 256)
+            else:
+                raw[i] ^= 1 << rng.randrange(7)
+    return bytes(raw).replace(b"\n", b" ")
+
+
+def tasks_campaign(rng: random.Random, n: int, tmp: Path) -> str:
+    """Damaged task lines (issue 23, item 5) through ``load_tasks`` (the one JSONL reader)."""
+    from srpo_graph.errors import SrpoGraphError
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.runtime.tasks import load_tasks
+
+    wf = load_workflow(ROOT / "workflows" / "coord_seq.wf")
+    ok = rejected = crashes = 0
+    path = tmp / "tasks.jsonl"
+    for _ in range(n):
+        path.write_bytes(b'{"id": "first", "target": 1}\n' + _mutate_task(rng, rng.randrange(10)) + b"\n")
+        try:
+            load_tasks(path, wf)
+            ok += 1
+        except SrpoGraphError as exc:
+            rejected += str(exc).startswith(f"{path}:2")
+        except Exception:  # noqa: BLE001 - what the campaign counts
+            crashes += 1
+    return (f"| damaged task lines (bit flips, bytes deleted/inserted, binary, integers of 101 to 20,000 digits, "
+            f"nesting to 100,000, NaN/inf, numeric strings) after a good line | {n} | read as tasks {ok}; rejected "
+            f"naming `file:2` {rejected}; crashes {crashes} |")
+
+
 _WF_WORKER = r"""
 import json, sys
 from srpo_graph.errors import SrpoGraphError
@@ -255,10 +310,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default="checkpoint,traces,wf,kill9")
+    ap.add_argument("--only", default="checkpoint,traces,tasks,wf,kill9")
     args = ap.parse_args()
-    counts = {"checkpoint": 10, "traces": 200, "wf": 200, "kill9": 1} if args.quick else \
-        {"checkpoint": 100, "traces": 5000, "wf": 10000, "kill9": 8}
+    counts = {"checkpoint": 10, "traces": 200, "tasks": 200, "wf": 200, "kill9": 1} if args.quick else \
+        {"checkpoint": 100, "traces": 5000, "tasks": 5000, "wf": 10000, "kill9": 8}
     rng = random.Random(args.seed)
     print("| what was tried | times | what happened |\n|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="srpo-graph-faults-") as d:

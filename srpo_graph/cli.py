@@ -8,11 +8,29 @@ error class's code (2 for workflow errors, see ``srpo_graph.errors``).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-import click
 
-from srpo_graph.errors import SrpoGraphError
+def _interrupted_while_starting(signum, frame):  # noqa: ARG001 - a signal handler's signature
+    """Ctrl-C / SIGTERM while the command's modules are still importing: one line, no traceback."""
+    os.write(2, b"srpo-graph: interrupted while starting; nothing was done\n")
+    os._exit(128 + signum)
+
+
+# the console script (or `python -m srpo_graph.cli`): a signal in the first fraction of a second,
+# while click, pydantic and the stages import, must not print an import traceback (issue 23, item 4);
+# `main` puts Python's handlers back before the command runs. Importing this module from Python
+# (tests, notebooks) changes no handler.
+_AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "srpo-graph"
+if _AS_COMMAND:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    signal.signal(signal.SIGTERM, _interrupted_while_starting)
+
+import click  # noqa: E402 - after the start-up handlers
+
+from srpo_graph.errors import SrpoGraphError  # noqa: E402
 
 
 class _Group(click.Group):
@@ -56,6 +74,9 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
+    if _AS_COMMAND:  # the commands handle Ctrl-C / SIGTERM themselves from here on
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     app.main(args=argv, prog_name="srpo-graph")
 
 

@@ -8,8 +8,8 @@ all generated from the table, so a new backend's options are declared here once.
 A field's ``json_schema_extra``: ``{"cli": ["--url"]}`` adds short flag names for ``srpo-graph run``;
 ``{"train_only": True}`` keeps a field that only training uses (launching servers) off ``run``.
 
->>> SGLangOptions().url, SGLangOptions(launch="cpu").port
-('http://127.0.0.1:30000', 30000)
+>>> SGLangOptions().url, SGLangOptions(launch="cpu").port is None  # None: launched servers get free ports
+('http://127.0.0.1:30000', True)
 """
 
 from __future__ import annotations
@@ -49,9 +49,14 @@ class SGLangOptions(BackendOptions):
         "~/.cache/srpo-graph/sglang-venv), `gpu` (`python -m sglang.launch_server` defaults), or a command template "
         "with {model} and {port} (and {host}, {python}). None: connect to servers you started (`url(s)`).",
         json_schema_extra={"train_only": True})
-    port: int = Field(30000, ge=1024, le=65000, description="First port of launched servers; policy i (in "
-                      "declaration order) gets port + i. Launched servers listen on 127.0.0.1.",
-                      json_schema_extra={"train_only": True})
+    port: int | None = Field(None, ge=1024, le=65000, description="First port of launched servers; policy i (in "
+                             "declaration order) gets port + i, each refused (named) if already in use. None: free "
+                             "ports are picked. Launched servers listen on 127.0.0.1 and are checked to be the ones "
+                             "answering (a per-launch token in /server_info).", json_schema_extra={"train_only": True})
+    update_connected: bool = Field(False, description="Let training push weight updates into servers it did not "
+                                   "launch (`url`, `urls`, `workers`). Off: such a run is refused before anything is "
+                                   "written, since that server's weights would be replaced for everyone using it.",
+                                   json_schema_extra={"train_only": True})
     health_timeout: float = Field(600.0, gt=0.0, description="Seconds a launched server may take to answer /health 200.",
                                   json_schema_extra={"train_only": True})
     timeout: float = Field(300.0, gt=0.0, description="Deadline in seconds for one /generate request in all "

@@ -46,16 +46,16 @@ Note [Weight sync that loses nothing]
     server to be idle (a busy answer is retried until ``timeout``; a server without the route
     has nothing to flush).
     Every answer's ``meta_info.weight_version`` (and ``weight_versions`` per token span) is
-    read back: a completion spanning several versions reports the oldest. ``weight_dir`` keeps
-    a manifest (``.srpo-graph-weights.json``) of the folders this backend wrote; only those are
-    ever replaced or deleted (the newest two are kept), never anything else in the folder.
+    read back: a completion spanning several versions reports the oldest. ``weight_dir`` follows
+    the one ownership rule of ``weight_dir.py`` (a manifest naming the owning run and the folders
+    it wrote; only those are ever replaced or deleted, the newest two kept; a second live run on
+    the same folder is refused).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -70,7 +70,7 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 # by reference (= DisallowedTokensLogitsProcessor.to_str() in sglang 0.5.23); see Note above.
 _DISALLOW_CALLABLE = ("80049552000000000000008c2a73676c616e672e7372742e73616d706c696e672e637573746f6d5f6c6f6769745f"
                       "70726f636573736f72948c1f446973616c6c6f776564546f6b656e734c6f6769747350726f636573736f729493942e")
-MANIFEST = ".srpo-graph-weights.json"
+from srpo_graph.backends.weight_dir import MANIFEST, WeightFolder  # noqa: E402,F401 - MANIFEST: re-exported
 
 
 class BatchError(BackendError):
@@ -122,7 +122,7 @@ class SGLangBackend:
     def __init__(self, url: str, tokenizer: Any, *, timeout: float = 300.0, max_retries: int = 4,
                  backoff: float = 0.5, concurrency: int = 64, worker_urls: Sequence[str] | None = None,
                  weight_dir: str | Path | None = None, vocab_size: int | None = None, send_seed: bool = False,
-                 check_health: bool = True):
+                 check_health: bool = True, weight_owner: str | None = None):
         import httpx
 
         self.url = url.rstrip("/")
@@ -132,6 +132,7 @@ class SGLangBackend:
         self.timeout, self.max_retries, self.backoff = float(timeout), int(max_retries), float(backoff)
         self.worker_urls = [u.rstrip("/") for u in (worker_urls or [self.url])]
         self.weight_dir = Path(weight_dir) if weight_dir else Path.home() / ".cache" / "srpo-graph" / "sglang-weights"
+        self.weights = WeightFolder(self.weight_dir, weight_owner)  # who may write/delete there (weight_dir.py)
         self.vocab_size = int(vocab_size) if vocab_size else None
         self.send_seed = send_seed
         self.stats = {"requests": 0, "retries": 0, "retractions": 0, "failed": 0}
@@ -345,35 +346,14 @@ class SGLangBackend:
 
     # ------------------------------------------------------------------ weights
 
-    def _manifest(self) -> list[str]:
-        try:
-            data = json.loads((self.weight_dir / MANIFEST).read_text())
-            return [str(n) for n in data.get("written", [])]
-        except (OSError, ValueError, AttributeError):
-            return []
-
-    def _write_manifest(self, names: list[str]) -> None:
-        self.weight_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.weight_dir / f"{MANIFEST}.tmp"
-        tmp.write_text(json.dumps({"written": names}, indent=1))
-        tmp.replace(self.weight_dir / MANIFEST)
-
     def save_weights(self, model: Any, version: int) -> Path:
         """Save ``model`` (and the tokenizer) as ``weight_dir/v<version>``; record it in the manifest.
 
         Raises:
-            BackendError: that folder exists but was not written by this backend (it is left alone).
+            BackendError: that folder exists but was not written by srpo-graph (it is left alone), or
+                another live run owns the weight folder (``weight_dir.WeightFolder``).
         """
-        name = f"v{int(version)}"
-        path = self.weight_dir / name
-        written = self._manifest()
-        if path.exists():
-            if name not in written:
-                raise BackendError.at("sglang", f"{path} exists and was not written by srpo-graph (not in "
-                                      f"{self.weight_dir / MANIFEST}); refusing to replace it",
-                                      fix="point rollout.weight_dir at a folder of its own")
-            shutil.rmtree(path)
-        self._write_manifest(sorted(set(written) | {name}, key=_vkey))  # before writing: a crash leaves it known
+        path = self.weights.claim(f"v{int(version)}")
         model.save_pretrained(path, safe_serialization=True)
         if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
             self.tokenizer.save_pretrained(path)
@@ -397,12 +377,7 @@ class SGLangBackend:
             self._flush_cache(worker)
         self.weight_version = int(version)
         if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
-            keep = {f"v{int(version)}", f"v{int(version) - 1}"}
-            written = self._manifest()
-            for name in written:
-                if name not in keep:
-                    shutil.rmtree(self.weight_dir / name, ignore_errors=True)
-            self._write_manifest([n for n in written if n in keep])
+            self.weights.keep_only({f"v{int(version)}", f"v{int(version) - 1}"})
 
     def _flush_cache(self, worker: str) -> None:
         """Empty ``worker``'s prefix cache once it is idle (Note [Weight sync that loses nothing])."""
@@ -428,10 +403,3 @@ class SGLangBackend:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
-
-
-def _vkey(name: str) -> tuple[int, str]:
-    try:
-        return int(name[1:]), name
-    except ValueError:
-        return -1, name

@@ -24,7 +24,6 @@ stays ``default`` (its base never changes).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -117,9 +116,8 @@ class SGLangAdapterBackend(SGLangBackend):
             return
         if isinstance(model, (str, Path)):
             path = Path(model)
-        else:
-            path = self.weight_dir / f"v{version}"
-            shutil.rmtree(path, ignore_errors=True)
+        else:  # the one ownership rule of weight_dir.py: never over, never deleting, a folder not this run's
+            path = self.weights.claim(f"v{version}")
             model.save_pretrained(path)
         name, old = f"{self.adapter}@v{version}", self.lora_name
         if name == old:  # the same version again (a resume): replace it under its name
@@ -129,9 +127,8 @@ class SGLangAdapterBackend(SGLangBackend):
         self.lora_name, self.weight_version = name, version
         if old is not None:
             self._lora_call("/unload_lora_adapter", {"lora_name": old})
-            if not isinstance(model, (str, Path)):
-                previous = self.weight_dir / f"v{old.rsplit('@v', 1)[1]}"
-                shutil.rmtree(previous, ignore_errors=True)
+            if not isinstance(model, (str, Path)):  # the previous version goes, if this run wrote it
+                self.weights.keep_only({f"v{version}"})
 
     def _lora_call(self, route: str, body: dict[str, Any]) -> None:
         for worker in self.worker_urls:
@@ -154,7 +151,8 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     """
     from transformers import AutoConfig
 
-    from srpo_graph.backends.sglang_server import SGLangServer, launch_command
+    from srpo_graph.backends.sglang_server import SGLangServer, launch_command, launch_ports, refuse_connected
+    from srpo_graph.backends.weight_dir import run_owner
     from srpo_graph.errors import ConfigError
 
     full = [p.name for p in policies if not is_adapter_policy(p)]
@@ -167,13 +165,14 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
         groups.setdefault(id(p.model.shared_base), []).append(p)
     weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
     plan = []  # (policies of one base, its server or URL): every server starts before any is waited for
+    ports = launch_ports(options.port, len(groups)) if options.launch is not None else []
     for i, group in enumerate(groups.values()):
         base = next((p for p in group if p.model.lora_name is None), group[0])
         if options.launch is None:
             plan.append((group, options.urls.get(base.name, options.url)))
             continue
         cpu = options.launch == "cpu"
-        argv = launch_command(options.launch, group[0].model_path, options.port + i) + lora_flags(
+        argv = launch_command(options.launch, group[0].model_path, ports[i]) + lora_flags(
             [p.model for p in group], cpu)
         env = None
         if cpu:
@@ -181,8 +180,9 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
             shim.mkdir(parents=True, exist_ok=True)
             (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
             env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(shim)}
-        plan.append((group, SGLangServer(argv, options.port + i, log_path=run_dir / "sglang" / f"{base.name}.log",
+        plan.append((group, SGLangServer(argv, ports[i], log_path=run_dir / "sglang" / f"{base.name}.log",
                                          env=env).start()))
+    refuse_connected(options, [where for _, where in plan if isinstance(where, str)])
     backends: dict[str, Any] = {}
     for group, where in plan:
         url = where if isinstance(where, str) else where.wait_healthy(options.health_timeout).url
@@ -192,7 +192,8 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
             vocab = None
         for p in group:
             b = SGLangAdapterBackend(url, p.tokenizer, adapter=p.model.lora_name, timeout=options.timeout,
-                                     max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab)
+                                     max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab,
+                                     weight_owner=run_owner(run_dir))
             b.sync_weights(p.model, 0)  # the adapter as initialised (a resumed run syncs its own version next)
             backends[p.name] = b
     return backends

@@ -26,12 +26,20 @@ Recipes (``{model}``, ``{port}``, ``{host}`` and ``{python}`` are filled in):
 
 Every recipe adds ``--enable-custom-logit-processor`` (``allow:`` needs it, see
 ``sglang.py``) unless the template already has it.
+
+The launched server is the one answering (issue 23, item 1): a port left unset is a free one
+(:func:`launch_ports`), a given port already in use is refused naming it, and every launch carries
+a per-launch token (``--served-model-name srpo-graph-<token>``) that :meth:`SGLangServer.wait_healthy`
+finds in the answering server's ``/server_info`` -- another process answering on the port (its
+own server failed to bind) stops the run before anything is sent to it. Servers a run did not
+launch (``url``/``urls``) get no weight updates unless ``rollout.sglang.update_connected`` says so.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -49,6 +57,7 @@ CPU_TEMPLATE = ("{python} -m sglang.launch_server --model-path {model} --host {h
 GPU_TEMPLATE = "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
 PRESETS = {"cpu": CPU_TEMPLATE, "gpu": GPU_TEMPLATE}
 CUSTOM_LOGIT_FLAG = "--enable-custom-logit-processor"
+TOKEN_FLAG = "--served-model-name"  # carries the per-launch token, read back from /server_info
 
 _LIVE: dict[int, "SGLangServer"] = {}
 _LIVE_LOCK = threading.Lock()
@@ -122,6 +131,11 @@ class SGLangServer:
         self.log_path = Path(log_path) if log_path else Path(f"/tmp/srpo-graph-sglang-{self.port}.log")
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
+        if TOKEN_FLAG in self.argv[:-1]:  # the template names the model itself: that name identifies it
+            self.token = self.argv[self.argv.index(TOKEN_FLAG) + 1]
+        else:
+            self.token = f"srpo-graph-{secrets.token_hex(8)}"
+            self.argv += [TOKEN_FLAG, self.token]
 
     @property
     def pid(self) -> int | None:
@@ -165,7 +179,7 @@ class SGLangServer:
                                    f"log {self.log_path}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
-                    return self
+                    return self._verify_identity()
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
@@ -173,6 +187,35 @@ class SGLangServer:
                 raise BackendError(f"sglang: the server for {self.url} was not healthy after {timeout:g}s (stopped it); "
                                    f"log {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.5)
+
+    def _verify_identity(self) -> "SGLangServer":
+        """The server answering on the port must be this launch's: its ``/server_info`` holds the token.
+
+        Raises:
+            BackendError: another process answers there (this launch's process is stopped).
+        """
+        import httpx
+
+        text = ""
+        for route in ("/server_info", "/get_server_info"):
+            try:
+                answer = httpx.get(f"{self.url}{route}", timeout=10.0)
+            except httpx.HTTPError:
+                continue
+            if answer.status_code == 200:
+                text = answer.text
+                break
+        if self.token in text:
+            return self
+        mine = "exited" if self.proc is not None and self.proc.poll() is not None else "was stopped"
+        self.stop()
+        raise BackendError.at(
+            f"field `rollout.sglang.port` ({self.port})",
+            f"the server answering on {self.url} is not the one this run launched (its /server_info lacks this "
+            f"launch's token {self.token}): another process holds port {self.port}, and this run's server {mine} "
+            f"(log {self.log_path})",
+            why="training would sample from and push weight updates into someone else's server",
+            fix="leave rollout.sglang.port unset (a free port is picked), or choose a free one")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -241,6 +284,71 @@ def start_server(model: str, port: int, *, recipe: str = "cpu", host: str = "127
         raise
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the kernel's pick)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already binds ``host:port``."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, int(port)))
+        except OSError:
+            return True
+    return False
+
+
+def launch_ports(first: int | None, count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports for ``count`` launched servers: ``first + i`` when given (each must be free), else free ones.
+
+    Raises:
+        ConfigError: a given port is in use, named.
+    """
+    from srpo_graph.errors import ConfigError
+
+    if first is None:
+        ports: list[int] = []
+        while len(ports) < count:
+            port = free_port(host)
+            if port not in ports:
+                ports.append(port)
+        return ports
+    ports = [int(first) + i for i in range(count)]
+    taken = [p for p in ports if port_in_use(p, host)]
+    if taken:
+        raise ConfigError.at(f"field `rollout.sglang.port` ({first})",
+                             f"port {taken[0]} on {host} is already in use (another server -- maybe another run's "
+                             "SGLang -- listens there)",
+                             why="a launched server that cannot bind its port would leave training talking to "
+                             "the other one", fix="leave rollout.sglang.port unset (free ports are picked), or "
+                             "choose a free one")
+    return ports
+
+
+def refuse_connected(options: Any, urls: Sequence[str]) -> None:
+    """A run writes weights only into servers it launched, unless ``update_connected`` says so.
+
+    Raises:
+        ConfigError: naming the servers, before anything is written.
+    """
+    from srpo_graph.errors import ConfigError
+
+    if urls and not getattr(options, "update_connected", False):
+        raise ConfigError.at("field `rollout.sglang.update_connected`",
+                             f"training would push weight updates into {', '.join(sorted(set(urls)))}, a server "
+                             "this run did not launch",
+                             why="its weights would be replaced, for everyone else using it too",
+                             fix="let training start its own (`rollout.sglang.launch=cpu`), or, if the server is "
+                             "this run's to change, pass rollout.sglang.update_connected=true")
+
+
 def stop_all() -> None:
     """Stop every server this process started and has not stopped (the exit hook)."""
     with _LIVE_LOCK:
@@ -287,10 +395,12 @@ def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
                              fix="give each policy its own server in `rollout.sglang.urls`")
     models = {p.name: p.model_path for p in policies}
     if options.launch is not None:
+        ports = launch_ports(options.port, len(names))
         servers = [SGLangServer(
-            launch_command(options.launch, models[n], options.port + i), options.port + i,
+            launch_command(options.launch, models[n], port), port,
             log_path=run_dir / "sglang" / f"{n}.log",
-            env={"SGLANG_USE_CPU_ENGINE": "1"} if options.launch == "cpu" else None) for i, n in enumerate(names)]
+            env={"SGLANG_USE_CPU_ENGINE": "1"} if options.launch == "cpu" else None)
+            for n, port in zip(names, ports)]
         for s in servers:
             s.start()
         for s in servers:
@@ -304,8 +414,13 @@ def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
                                  f"{urls[shared[0]]}, which holds one set of weights",
                                  fix="one server per policy (`rollout.sglang.urls={name=URL,...}`), "
                                  "or let training start them (`rollout.sglang.launch=cpu`)")
+        refuse_connected(options, [*urls.values(), *options.workers])
     weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
-    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n) for n in names}
+    from srpo_graph.backends.weight_dir import run_owner
+
+    owner = run_owner(run_dir)  # the one ownership rule of the weight folders (weight_dir.py)
+    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n, weight_owner=owner)
+            for n in names}
 
 
 atexit.register(stop_all)

@@ -97,6 +97,14 @@ def route_values(w: Workflow, act: ActivateRoute) -> tuple[list[Any], bool]:
     return [*([o] for o in t.options), list(t.options)], False
 
 
+# Note [Unreadable route values]
+# A route reads an agent's output, and an extractor may fail to read it (value None): the runtime
+# then activates `end` only (firing.route_targets), and transitions still fire on the fresh
+# outputs left -- possibly with fewer members than usual. So that branch is explored too and its
+# set sizes are proved; what it makes available is not counted (a reader that then misses a value
+# fails its episode, naming it, as with any unreadable output), so no workflow is refused for it.
+
+
 def _meet(table: dict[str, frozenset[str]], key: str, have: frozenset[str]) -> None:
     table[key] = table[key] & have if key in table else have
 
@@ -106,37 +114,46 @@ def explore(w: Workflow) -> Exploration:
     ts = w.transitions
     bounded = firing.bounded_consumers(ts)
     index = {t.name: i for i, t in enumerate(ts)}
-    outcomes: list[list[tuple[str, ...]]] = []
+    outcomes: list[list[tuple[tuple[str, ...], bool]]] = []  # per transition: (targets, from an unreadable value)
     out = Exploration()
+    agents = {a.name for a in w.agents}
     for t in ts:
         fixed = firing.fixed_targets(t)
         if fixed is not None:
-            outcomes.append([fixed])
+            outcomes.append([(fixed, False)])
             continue
         assert isinstance(t.activate, ActivateRoute)
         values, exhaustive = route_values(w, t.activate)
         out.complete &= exhaustive
-        outcomes.append(list(dict.fromkeys(firing.route_targets(t.activate, v) for v in values)))
-    # a state at the top of the runtime's ``advance``: (pending, fresh, rounds, end activated, produced)
-    State = tuple[frozenset[str], frozenset[str], tuple[int, ...], bool, frozenset[str]]
-    start: State = (frozenset(w.start), frozenset(), (0,) * len(ts), False, frozenset())
+        routes = list(dict.fromkeys(firing.route_targets(t.activate, v) for v in values))
+        outcome = [(r, False) for r in routes]
+        if t.activate.on.path[0] in agents and (END,) not in routes:
+            # Note [Unreadable route values]: an agent's output may not parse (its value is None);
+            # the runtime then activates `end` only, and the fresh outputs left are still consumed
+            outcome.append(((END,), True))
+        outcomes.append(outcome)
+    # a state at the top of the runtime's ``advance``: (pending, fresh, rounds, end activated, produced,
+    # reached through an unreadable route value)
+    State = tuple[frozenset[str], frozenset[str], tuple[int, ...], bool, frozenset[str], bool]
+    start: State = (frozenset(w.start), frozenset(), (0,) * len(ts), False, frozenset(), False)
     seen: set[State] = {start}
     stack: list[State] = [start]
     while stack:
         if len(seen) > MAX_STATES:
             out.complete = False
             break
-        pending, fresh, rounds_t, end, produced = stack.pop()
+        pending, fresh, rounds_t, end, produced, unreadable = stack.pop()
         while True:
             candidates = [i for i, t in enumerate(ts) if any(a in fresh for a in t.consume)]
             ready = firing.first_ready(ts, candidates, fresh, pending)
             if ready is None:
                 if not pending:
-                    if end:  # ends ok (otherwise it stalls: failed)
+                    if end and not unreadable:  # ends ok (otherwise it stalls: failed)
                         out.at_end = produced if out.at_end is None else out.at_end & produced
                     break
                 for a in pending:  # one generation round: every pending agent, prompts rendered first
-                    _meet(out.before_agent, a, produced)
+                    if not unreadable:
+                        _meet(out.before_agent, a, produced)
                 produced, fresh, pending = produced | pending, fresh | pending, frozenset()
                 continue
             rounds = {x.name: rounds_t[i] for i, x in enumerate(ts)}
@@ -144,19 +161,21 @@ def explore(w: Workflow) -> Exploration:
             if firing.over_budget(ready, steps, rounds, w.max_steps):
                 break  # truncated
             out.set_sizes.setdefault(ready.name, set()).add(sum(a in fresh for a in ready.consume))
-            _meet(out.at_firing, ready.name, produced)
+            if not unreadable:
+                _meet(out.at_firing, ready.name, produced)
             fresh = fresh - set(ready.consume)
             produced = produced | {tc.name for tc in ready.tools}
             rounds[ready.name] += 1
             new_rounds = tuple(rounds[x.name] for x in ts)
-            for targets in outcomes[index[ready.name]]:
-                agents = [a for a in targets if a != END and a not in pending]
-                for a in agents:
+            for targets, from_none in outcomes[index[ready.name]]:
+                act = [a for a in targets if a != END and a not in pending]
+                for a in act:
                     if a in fresh:  # its older output is still unconsumed: it will be superseded
                         out.superseded[(ready.name, a)] = None
                 if firing.truncates_after(targets, steps + 1, rounds, w.max_steps, bounded):
                     continue
-                nxt: State = (pending | set(agents), fresh, new_rounds, end or END in targets, produced)
+                nxt: State = (pending | set(act), fresh, new_rounds, end or END in targets, produced,
+                              unreadable or from_none)
                 if nxt not in seen:
                     seen.add(nxt)
                     stack.append(nxt)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from srpo_graph.errors import ConfigError
+from srpo_graph.errors import ConfigError, RuntimeFailure
 
 
 def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[str, str]:
@@ -113,9 +113,12 @@ def _options_from_flags(kind: str, flags: dict):
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--deadline", "deadlines", multiple=True, metavar="KIND=SECONDS",
+              help="Seconds a user call may take, per kind: tool, reward, extractor (repeatable; defaults "
+                   "60/10/10). Past it the episode fails naming the call's .wf line.")
 @_backend_options
 def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, device, max_concurrent,
-            threads, quiet, **backend_flags):
+            threads, quiet, deadlines, **backend_flags):
     """Run every task SAMPLES times and write one trace line per episode.
 
     Episodes are appended to OUT (flushed) as soon as they finish, so a run that stops early
@@ -128,6 +131,7 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.tasks import load_tasks
 
+    limits = parse_deadlines(deadlines)
     wf = load_workflow(workflow_file)
     tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
     chosen = {p.name: p.model for p in wf.policies if p.external is None}  # external: their own endpoint
@@ -151,7 +155,7 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
         # an external endpoint that fails or stalls fails its episodes (URL named), the run goes on
         result = run_streaming(wf, tasks, backends, Path(out_file), console, samples=samples, seed=seed,
                                progress=not quiet, max_concurrent=max_concurrent,
-                               on_backend_error="fail" if external else "raise")
+                               on_backend_error="fail" if external else "raise", deadlines=limits)
     finally:
         for b in by_model.values():
             b.close()
@@ -162,9 +166,36 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
         f"({s.tokens_per_second:,.0f} tokens/s, {s.generate_calls} batches), failures {s.failures}, "
         f"truncated {s.truncated} -> {out_file}"
     )
-    failed = [e for e in result.episodes if e.status == "failed"]
-    if failed:
-        console.print(f"[yellow]first failure ({failed[0].task_id}/{failed[0].sample}):[/] {failed[0].error}")
+    for kind, msg in sorted(s.first_failure.items()):  # the first failure of each kind, once
+        console.print(f"[yellow]{s.failed_by_kind[kind]} failed ({kind}), first:[/] {msg}", markup=True,
+                      highlight=False, soft_wrap=True)  # unwrapped: the .wf path stays one copyable word
+    if s.episodes and s.failures == s.episodes:
+        raise RuntimeFailure.at(str(workflow_file), f"every one of the {s.episodes} episodes failed (see above); "
+                                f"{out_file} holds them with their errors")
+
+
+def parse_deadlines(items) -> object:
+    """``--deadline tool=5 --deadline reward=1`` -> ``Deadlines``.
+
+    Raises:
+        ConfigError: not ``KIND=SECONDS``, an unknown kind, or not a positive number.
+    """
+    from pydantic import ValidationError
+
+    from srpo_graph.runtime.usercode import Deadlines
+
+    given: dict[str, str] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep or kind.strip() not in Deadlines.model_fields:
+            raise ConfigError.at(f"--deadline {item}", "expected KIND=SECONDS with KIND one of "
+                                 f"{', '.join(Deadlines.model_fields)}", fix="e.g. --deadline reward=5")
+        given[kind.strip()] = value.strip()
+    try:
+        return Deadlines(**given)  # pydantic converts the strings
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise ConfigError.at(f"--deadline {e['loc'][0]}={given.get(str(e['loc'][0]))}", str(e["msg"])) from None
 
 
 def run_streaming(wf, tasks, backends, out: Path, console, **run_kw):

@@ -15,6 +15,7 @@ so no output is generated that no transition could consume.
 
 from __future__ import annotations
 
+import numbers
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from srpo_graph.lang import firing
 from srpo_graph.lang.callables import import_module
 from srpo_graph.runtime.render import State, call_args, choice_problem
 from srpo_graph.runtime.trace import MAX_ABS_REWARD, Episode, Output, TransitionRecord, WorkflowRef
+from srpo_graph.runtime.usercode import Deadlines, Overdue, UserTimeout
+from srpo_graph.runtime.usercode import call as call_user
 from srpo_graph.workflow import END, ActivateRoute, Call, Transition, Workflow
 
 _OUTPUT_ORDER = tuple(Output.model_fields)  # the order model_construct (and so model_dump) keeps
@@ -85,7 +88,8 @@ class Callables:
     transitions consume each agent (``consumers``), so readiness checks look at those only.
     """
 
-    def __init__(self, workflow: Workflow):
+    def __init__(self, workflow: Workflow, deadlines: Deadlines | None = None):
+        self.deadlines = deadlines or Deadlines()
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], Callable[..., Any] | Exception] = {}
         # agent -> indices (declaration order) of the transitions that consume it
@@ -136,6 +140,7 @@ class EpisodeRun:
         self.end_activated = False
         self.status: str | None = None  # set when the episode is over
         self.error: str | None = None
+        self.failure_kind: str | None = None  # one of usercode.FAILURE_KINDS once failed
         self.reward = 0.0
         self.waiting: tuple[Transition, list[str]] | None = None  # a firing whose tools run
         self._activate(self.wf.start)
@@ -159,16 +164,22 @@ class EpisodeRun:
     def add_output(self, agent_name: str, sampled: Sampled) -> None:
         """Accept the generation of a pending agent: extract its typed value, record the output."""
         agent = self.wf.agent_by_name[agent_name]
-        value, error = None, None
+        value, error, kind = None, None, "extractor"
         try:
-            fn = self.callables.get(agent.extractor)
-            args, kwargs = call_args(agent.extractor, self.state)
+            ex = agent.extractor
+            fn = self.callables.get(ex)
+            args, kwargs = call_args(ex, self.state)
+            what = f"extractor {ex.qualname} of agent {agent.name!r}"
             try:
-                value = fn(sampled.text, *args, **kwargs)
+                value = call_user(fn, [sampled.text, *args], kwargs, module=ex.module, what=what, kind="extractor",
+                                  deadlines=self.callables.deadlines)
             except ValueError:
                 value = None  # the output holds no such value: documented, not a failure
+        except UserTimeout as exc:
+            error, kind = at_node(agent.extractor, str(exc)), "timeout"
         except Exception as exc:  # noqa: BLE001
-            error = at_node(agent.extractor, f"extractor {agent.extractor.qualname} of agent {agent.name!r} raised {exc!r}")
+            error, kind = at_node(agent.extractor, f"extractor {agent.extractor.qualname} of agent {agent.name!r} "
+                                                   f"raised {exc!r}"), "extractor"
         req = sampled.request
         oid = f"o{len(self.outputs)}"
         # no re-validation here (it costs O(tokens) per output): every field is typed by
@@ -184,17 +195,19 @@ class EpisodeRun:
             text=sampled.text, value=value, finish_reason=sampled.finish_reason, source=sampled.source,
         ))
         if error is not None:
-            self.fail(error)
+            self.fail(error, kind)
             return
         self.pending.remove(agent.name)
         self.fresh.setdefault(agent.name, []).append(oid)
         self.state.values[agent.name] = value
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, kind: str = "workflow") -> None:
+        """End the episode as failed; ``kind`` is one of ``usercode.FAILURE_KINDS``."""
         if not self.done:
             self.status, self.error, self.reward, self.waiting = "failed", error, 0.0, None
+            self.failure_kind = kind
 
-    def advance(self) -> Callable[[], dict[str, Any]] | None:
+    def advance(self) -> "ToolJob | None":
         """Fire every ready transition; return a tool job to run (the episode then waits) or None."""
         consumers, transitions = self.callables.consumers, self.wf.transitions
         while self.status is None and self.waiting is None:
@@ -219,7 +232,7 @@ class EpisodeRun:
                 try:
                     job = self._tool_job(ready)
                 except Exception as exc:  # noqa: BLE001 - e.g. the tool's module does not import
-                    self.fail(at_node(ready, f"tool of transition {ready.name!r}: {exc}"))
+                    self.fail(at_node(ready, f"tool of transition {ready.name!r}: {exc}"), "tool")
                     return None
                 self.waiting = (ready, consumed)
                 return job
@@ -233,42 +246,34 @@ class EpisodeRun:
         transition, consumed = self.waiting
         self.waiting = None
         if error is not None:
-            if isinstance(error, _ToolFailed):
-                self.fail(at_node(error.tool, f"{error} (transition {transition.name!r})"))
+            if isinstance(error, UserTimeout):
+                node = getattr(error, "node", None) or transition
+                self.fail(at_node(node, f"{error} (transition {transition.name!r})"), "timeout")
+            elif isinstance(error, _ToolFailed):
+                self.fail(at_node(error.tool, f"{error} (transition {transition.name!r})"), "tool")
             else:
-                self.fail(at_node(transition, f"tool of transition {transition.name!r}: {error!r}"))
+                self.fail(at_node(transition, f"tool of transition {transition.name!r}: {error!r}"), "tool")
             return
         self.state.vars.update(results or {})
         self._complete_firing(transition, consumed, results)
 
     # ------------------------------------------------------------------ internals
 
-    def _tool_job(self, t: Transition) -> Callable[[], dict[str, Any]]:
-        # arguments are evaluated now, in order, each tool seeing the results of the earlier ones
+    def _tool_job(self, t: Transition) -> "ToolJob":
+        # arguments are evaluated in the job, in order, each tool seeing the results of the earlier ones
         state = State(task=self.state.task, values=dict(self.state.values), vars=dict(self.state.vars))
-        fns = [self.callables.get(tc.call) for tc in t.tools]
-
-        def job() -> dict[str, Any]:
-            results: dict[str, Any] = {}
-            for tc, fn in zip(t.tools, fns):
-                try:
-                    args, kwargs = call_args(tc.call, state)
-                    results[tc.name] = state.vars[tc.name] = fn(*args, **kwargs)
-                    if (problem := choice_problem(tc.type, results[tc.name])) is not None:
-                        raise ValueError(problem)  # a `-> Literal[...]` tool outside its labels
-                except Exception as exc:  # noqa: BLE001 - the episode fails, naming this tool and its line
-                    raise _ToolFailed(tc, exc) from exc
-            return results
-
-        return job
+        return ToolJob(t, [self.callables.get(tc.call) for tc in t.tools], state)
 
     def _complete_firing(self, t: Transition, consumed: list[str], tool_results: dict[str, Any] | None) -> None:
         reward = None
         if t.reward is not None:
             try:
                 reward = self._call_reward(t.reward)
-            except Exception as exc:  # noqa: BLE001
-                self.fail(at_node(t.reward, f"reward {t.reward.qualname} of transition {t.name!r}: {exc!r}"))
+            except UserTimeout as exc:
+                self.fail(at_node(t.reward, f"{exc} (transition {t.name!r})"), "timeout")
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure of user code, SystemExit included (UserExit)
+                self.fail(at_node(t.reward, f"reward {t.reward.qualname} of transition {t.name!r}: {exc!r}"), "reward")
                 return
         try:
             activated = self._activation(t)
@@ -305,7 +310,9 @@ class EpisodeRun:
 
     def _call_reward(self, call: Call) -> float:
         args, kwargs = call_args(call, self.state)
-        value = float(self.callables.get(call)(*args, **kwargs))
+        got = call_user(self.callables.get(call), args, kwargs, module=call.module, what=f"reward {call.qualname}",
+                        kind="reward", deadlines=self.callables.deadlines)
+        value = reward_value(call.qualname, got)
         if value != value or value in (float("inf"), float("-inf")) or abs(value) > MAX_ABS_REWARD:
             raise ValueError(f"reward {call.qualname} returned {value} (rewards are finite, |r| <= {MAX_ABS_REWARD:g})")
         return value
@@ -315,12 +322,15 @@ class EpisodeRun:
         if reward is not None:
             try:
                 terminal = self._call_reward(reward)
-            except Exception as exc:  # noqa: BLE001
-                self.fail(at_node(reward, f"terminal reward {reward.qualname}: {exc!r}"))
+            except UserTimeout as exc:
+                self.fail(at_node(reward, f"terminal {exc}"), "timeout")
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure of user code, SystemExit included (UserExit)
+                self.fail(at_node(reward, f"terminal reward {reward.qualname}: {exc!r}"), "reward")
                 return
         if abs(terminal + self.transition_rewards) > MAX_ABS_REWARD:  # the trace schema's bound
             self.fail(at_node(reward or self.wf, f"episode reward {terminal + self.transition_rewards:g} exceeds "
-                                                 f"|r| <= {MAX_ABS_REWARD:g}"))
+                                                 f"|r| <= {MAX_ABS_REWARD:g}"), "reward")
             return
         self.status, self.reward = status, terminal + self.transition_rewards
 
@@ -331,3 +341,58 @@ class EpisodeRun:
             seed=self.seed, outputs=self.outputs, transitions=self.records, reward=self.reward,
             status=self.status or "failed", error=self.error,
         )
+
+
+class ToolJob:
+    """The tools of one firing, run in order in a worker thread (``usercode.start``); ``overdue``
+    says which tool runs and since when, so the executor can fail the episode at that tool's
+    deadline, naming its ``.wf`` line."""
+
+    def __init__(self, t: Transition, fns: list[Callable[..., Any]], state: State):
+        self.transition, self.fns, self.state = t, fns, state
+        self.overdue = Overdue()
+
+    def __call__(self) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        for tc, fn in zip(self.transition.tools, self.fns):
+            self.overdue.begin(tc)
+            try:
+                args, kwargs = call_args(tc.call, self.state)
+                results[tc.name] = self.state.vars[tc.name] = fn(*args, **kwargs)
+                if (problem := choice_problem(tc.type, results[tc.name])) is not None:
+                    raise ValueError(problem)  # a `-> Literal[...]` tool outside its labels
+            except BaseException as exc:  # noqa: BLE001 - user code (SystemExit too): the episode fails, naming this tool
+                raise _ToolFailed(tc, exc) from exc
+        self.overdue.begin(None)
+        return results
+
+    def timeout(self, seconds: float) -> UserTimeout:
+        """The error of the tool now past ``seconds`` (``node``: its ``.wf`` position)."""
+        tc = self.overdue.current
+        err = UserTimeout(f"tool {tc.name!r} ({tc.call.qualname})", "tool", seconds)
+        err.node = tc  # type: ignore[attr-defined]
+        return err
+
+
+class RewardTypeError(TypeError):
+    """A reward returned something that is not a real number (``repr`` is the message)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def reward_value(qualname: str, got: Any) -> float:
+    """A reward's value as a float: a real number only (``int``, ``float``, numpy reals), never a
+    ``bool`` or a ``str`` (``True`` / ``"1.0"`` are a reward function's bug, not a score).
+
+    >>> reward_value("m.f", 1), reward_value("m.f", 0.5)
+    (1.0, 0.5)
+    >>> reward_value("m.f", True)
+    Traceback (most recent call last):
+    ...
+    srpo_graph.runtime.episode.RewardTypeError: returned True (a bool); a reward returns a real number (int or float), not a bool or str
+    """
+    if isinstance(got, numbers.Real) and not isinstance(got, bool) and type(got).__name__ != "bool_":
+        return float(got)
+    raise RewardTypeError(f"returned {got!r:.80} (a {type(got).__name__}); a reward returns a real number "
+                          f"(int or float), not a bool or str")

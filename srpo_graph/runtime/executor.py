@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,11 +32,12 @@ from pydantic import BaseModel
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import BackendError, RuntimeFailure, SrpoGraphError
-from srpo_graph.runtime.episode import Callables, EpisodeRun, Sampled, at_node
+from srpo_graph.runtime.episode import Callables, EpisodeRun, Sampled, ToolJob, at_node
 from srpo_graph.runtime.prompts import AgentPlan, plan_agents, trim_at_stop
 from srpo_graph.runtime.render import render
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.trace import LOGPROB_TOL, Episode, WorkflowRef
+from srpo_graph.runtime.usercode import Deadlines, start
 from srpo_graph.workflow import Workflow
 
 
@@ -53,6 +54,10 @@ class RunStats(BaseModel):
     backend_failures: int = 0  # episodes failed because their request failed (on_backend_error="fail")
     backend_error: str | None = None  # the first such error
     stale_outputs: int = 0  # outputs whose engine reported another weight version than expected
+    # failed episodes per class (usercode.FAILURE_KINDS: backend, tool, extractor, reward, prompt,
+    # timeout, workflow) and the first error of each, with its .wf location
+    failed_by_kind: dict[str, int] = {}
+    first_failure: dict[str, str] = {}
 
     @property
     def tokens_per_second(self) -> float:
@@ -90,6 +95,7 @@ def run(
     tool_workers: int = 8,
     on_episode: Callable[[Episode], None] | None = None,
     on_backend_error: str = "raise",
+    deadlines: Deadlines | None = None,
 ) -> RunResult:
     """Run every task ``samples`` times (a group per task).
 
@@ -102,13 +108,16 @@ def run(
         policy_versions: the weight version recorded per policy (default: the backend's).
         progress: show a progress bar (rich).
         max_concurrent: most episodes alive at once (default: all).
-        tool_workers: threads running tools.
+        tool_workers: ignored (kept for callers): every tool job runs in its own daemon thread,
+            so a hanging tool neither blocks the others nor the process's exit.
         on_episode: called with each episode as soon as it is over (in the order they finish),
             e.g. to stream it to disk, so a run that dies later keeps what it finished.
         on_backend_error: ``"raise"`` stops the run at the first backend failure; ``"fail"``
             fails the episodes whose requests failed (status ``failed``, the error recorded,
             counted in ``stats.backend_failures``) and runs the others on -- a server that
             dies mid-rollout under training, which then applies its failure budget.
+        deadlines: seconds per user call (tool, reward, extractor); past it the episode fails
+            (kind ``timeout``). Default: :class:`~srpo_graph.runtime.usercode.Deadlines`.
     Returns:
         The episodes (task-major) and statistics.
     Raises:
@@ -122,7 +131,8 @@ def run(
     if missing:
         raise RuntimeFailure(f"no backend for policies {missing} of workflow {workflow.name!r}")
     plans = plan_agents(workflow, backends)
-    callables = Callables(workflow)
+    callables = Callables(workflow, deadlines)
+    tool_seconds = callables.deadlines.tool
     versions = dict(policy_versions or {})
     ref = WorkflowRef(name=workflow.name, hash=workflow.source_hash)
     runs = [
@@ -137,49 +147,64 @@ def run(
     stats: dict = {"tokens": 0, "calls": 0, "backend_failures": 0, "backend_error": None, "stale": 0,
                    "on_backend_error": on_backend_error}
     bar = _Progress(len(runs)) if progress else None
-    futures: dict[Future, EpisodeRun] = {}
+    # tool jobs run in daemon threads (usercode.start): never joined, so a hanging tool fails its
+    # episode at its deadline, and one Ctrl-C / SIGTERM stops the run at once (the waits below
+    # are interruptible); a ThreadPoolExecutor would join it on the way out
+    futures: dict[Future, tuple[EpisodeRun, ToolJob]] = {}
+
+    def step(ep: EpisodeRun) -> None:
+        job = ep.advance()
+        if job is not None:
+            futures[start(job, name="srpo-tool")] = (ep, job)
+
     try:
-        with ThreadPoolExecutor(max_workers=tool_workers, thread_name_prefix="srpo-tool") as pool:
-
-            def step(ep: EpisodeRun) -> None:
-                job = ep.advance()
-                if job is not None:
-                    futures[pool.submit(job)] = ep
-
-            admitted = 0
-            live: list[tuple[int, EpisodeRun]] = []
-            while admitted < len(runs) or live:
-                while admitted < len(runs) and len(live) < limit:
-                    live.append((admitted, runs[admitted]))
-                    step(runs[admitted])
-                    admitted += 1
-                for fut in [f for f in futures if f.done()]:
-                    ep = futures.pop(fut)
+        admitted = 0
+        live: list[tuple[int, EpisodeRun]] = []
+        while admitted < len(runs) or live:
+            while admitted < len(runs) and len(live) < limit:
+                live.append((admitted, runs[admitted]))
+                step(runs[admitted])
+                admitted += 1
+            now = time.monotonic()
+            for fut in [f for f in futures if f.done() or futures[f][1].overdue.late(tool_seconds, now)]:
+                ep, job = futures.pop(fut)
+                if fut.done():
                     ep.tool_done(fut.result() if fut.exception() is None else None, fut.exception())
+                else:  # past its deadline: the thread is abandoned, the episode fails naming the tool
+                    ep.tool_done(None, job.timeout(tool_seconds))
+                step(ep)
+            work = [(ep, a) for _, ep in live for a in ep.wants_generation()]
+            if work:
+                _generate_round(work, plans, backends, versions, stats)
+                for ep in {id(ep): ep for ep, _ in work}.values():
                     step(ep)
-                work = [(ep, a) for _, ep in live for a in ep.wants_generation()]
-                if work:
-                    _generate_round(work, plans, backends, versions, stats)
-                    for ep in {id(ep): ep for ep, _ in work}.values():
-                        step(ep)
-                elif futures:
-                    wait(list(futures), return_when=FIRST_COMPLETED)
-                still = []
-                for i, ep in live:
-                    if not ep.done:
-                        still.append((i, ep))
-                        continue
-                    finished[i] = episode = ep.to_episode(ref)
-                    if on_episode is not None:
-                        on_episode(episode)
-                if bar is not None:
-                    bar.advance(len(live) - len(still))
-                live = still
+            elif futures:
+                now = time.monotonic()
+                soonest = min(job.overdue.remaining(tool_seconds, now) for _, job in futures.values())
+                wait(list(futures), timeout=soonest + 0.001, return_when=FIRST_COMPLETED)
+            still = []
+            for i, ep in live:
+                if not ep.done:
+                    still.append((i, ep))
+                    continue
+                finished[i] = episode = ep.to_episode(ref)
+                if on_episode is not None:
+                    on_episode(episode)
+            if bar is not None:
+                bar.advance(len(live) - len(still))
+            live = still
     finally:
         if bar is not None:
             bar.close()
     episodes: list[Episode] = finished  # type: ignore[assignment]  # every slot is filled by now
     seconds = time.perf_counter() - started
+    by_kind: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for ep in runs:
+        if ep.status == "failed":
+            kind = ep.failure_kind or "workflow"
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+            first.setdefault(kind, ep.error or "")
     return RunResult(episodes, RunStats(
         episodes=len(episodes),
         mean_reward=sum(e.reward for e in episodes) / len(episodes) if episodes else 0.0,
@@ -188,6 +213,7 @@ def run(
         truncated=sum(e.status == "truncated" for e in episodes),
         generate_calls=stats["calls"], backend_failures=stats["backend_failures"],
         backend_error=stats["backend_error"], stale_outputs=stats["stale"],
+        failed_by_kind=by_kind, first_failure=first,
     ))
 
 
@@ -204,7 +230,7 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
         try:
             rendered.append((ep, plan, render(plan.agent.template, ep.state)))
         except Exception as exc:  # noqa: BLE001 - e.g. an absent reference
-            ep.fail(at_node(plan.agent.template, f"prompt of agent {agent!r}: {exc}"))
+            ep.fail(at_node(plan.agent.template, f"prompt of agent {agent!r}: {exc}"), "prompt")
     by_agent: dict[str, list[int]] = {}
     for i, (_, plan, _) in enumerate(rendered):
         by_agent.setdefault(plan.agent.name, []).append(i)
@@ -250,7 +276,7 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
                     stats["backend_failures"] += 1
                     stats["backend_error"] = stats["backend_error"] or f"policy {plan.agent.policy!r}: {err}"
                     ep.fail(at_node(plan.agent, f"backend error on agent {plan.agent.name!r} (policy "
-                                            f"{plan.agent.policy!r}): {err}"))
+                                            f"{plan.agent.policy!r}): {err}"), "backend")
                 continue
             stats["tokens"] += len(comp.completion_ids)
             if ep.done:

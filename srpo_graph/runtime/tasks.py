@@ -8,7 +8,6 @@ extra fields are kept (a reward may read them). Errors name the file, the line a
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.jsonl import iter_lines
 from srpo_graph.workflow import (
     BoolType,
     ChoiceType,
@@ -94,7 +94,8 @@ def load_tasks(path: str | os.PathLike, workflow: Workflow | None = None) -> lis
     Returns:
         The tasks in file order.
     Raises:
-        RuntimeFailure: unreadable file, bad JSON, a missing/ill-typed field or a duplicate id,
+        RuntimeFailure: unreadable file, a line that is not UTF-8 or not JSON, an integer of more
+            than 100 digits, nesting deeper than 64, a missing/ill-typed field or a duplicate id,
             naming ``path:line`` (``path:row N`` for a dataset) and the field.
     """
     from srpo_graph.runtime.hf_tasks import is_dataset_path, read_dataset_rows
@@ -103,22 +104,9 @@ def load_tasks(path: str | os.PathLike, workflow: Workflow | None = None) -> lis
         dataset_rows, where = read_dataset_rows(path)
         return tasks_from_rows(dataset_rows, workflow, Path(str(path).split("@")[0]), where, unit="row")
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RuntimeFailure.at(str(p), f"cannot read task file: {exc}") from None
-
-    def json_rows():
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RuntimeFailure.at(f"{p}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
-            yield lineno, data
-
-    return tasks_from_rows(json_rows(), workflow, p, lambda n: f"{p}:{n}", unit="line")
+    # the one JSONL reader (runtime/jsonl.py): UTF-8, JSON, integer size and depth limits, file:line
+    rows = iter_lines(p, RuntimeFailure, what="task file")
+    return tasks_from_rows(rows, workflow, p, lambda n: f"{p}:{n}", unit="line")
 
 
 def tasks_from_rows(rows: Any, workflow: Workflow | None, p: Path, where: Any, unit: str = "line") -> list[Task]:

@@ -8,7 +8,6 @@ instead skip bad lines (counting them) so a long trace file is never lost to one
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Annotated, Any, Iterable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from srpo_graph.errors import TraceError
+from srpo_graph.runtime.jsonl import MAX_DEPTH, parse_line  # noqa: F401 - MAX_DEPTH: part of the trace rules
 
 SCHEMA_VERSION = "srpo-graph.trace/1"
 
@@ -25,7 +25,6 @@ JsonValue = Any  # the typed, extracted output: str | int | float | bool | list 
 # Numbers are strict: a JSON string "1.0" is not a float here, nor `true` an int (pydantic would
 # coerce both), and every integer fits the int64 tensors the compiler builds from it.
 MAX_ABS_REWARD = 1e9  # |reward| above this is a bug upstream (and would overflow advantage statistics)
-MAX_DEPTH = 64  # JSON nesting allowed in one trace line (values and tool results included)
 TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**31)]
 Count = Annotated[int, Field(strict=True, ge=0, lt=2**63)]
 Seed = Annotated[int, Field(strict=True, ge=-(2**63), lt=2**63)]
@@ -218,20 +217,6 @@ def _format_validation(err: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def _too_deep(data: Any) -> str | None:
-    """The JSON path of the first place nested deeper than :data:`MAX_DEPTH`, or None (no recursion)."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
-    while stack:
-        node, where, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return where or "<root>"
-        if isinstance(node, dict):
-            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1) for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node))
-    return None
-
-
 def parse_episode_line(line: str | bytes, path: str = "<string>", lineno: int = 1) -> Episode:
     """Parse one trace line; raise :class:`TraceError` naming ``path:line`` and the field.
 
@@ -244,26 +229,9 @@ def parse_episode_line(line: str | bytes, path: str = "<string>", lineno: int = 
     ...
     srpo_graph.errors.TraceError: t.jsonl:3:12: error: not UTF-8 text (byte 0xff)
     """
-    if isinstance(line, bytes):
-        raw = line
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            col = len(raw[: exc.start].decode("utf-8", errors="replace")) + 1
-            raise TraceError.at(f"{path}:{lineno}:{col}", f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TraceError.at(f"{path}:{lineno}:{exc.colno}", f"not valid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise TraceError.at(f"{path}:{lineno}", f"not valid JSON here: nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # e.g. an integer literal longer than Python reads (4300 digits)
-        raise TraceError.at(f"{path}:{lineno}", f"not valid JSON here: {exc}") from None
+    data = parse_line(line, path, lineno, TraceError)  # the one JSONL reader: UTF-8, JSON, limits
     if not isinstance(data, dict):
         raise TraceError.at(f"{path}:{lineno}", f"an episode must be a JSON object, got {type(data).__name__}")
-    deep = _too_deep(data)
-    if deep is not None:
-        raise TraceError.at(f"{path}:{lineno}", f"field {deep}: nested deeper than {MAX_DEPTH} levels")
     schema = data.get("schema")
     if schema != SCHEMA_VERSION:
         raise TraceError.at(

@@ -28,6 +28,7 @@ This module knows nothing about rollouts or losses.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -205,8 +206,11 @@ def save_checkpoint(
         (tmp / COMPLETE).write_text(json.dumps({"step": state.step, "manifest": MANIFEST_VERSION,
                                                 "files": _manifest(tmp)}, indent=1))
         _fsync_tree(tmp)
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and disk_full(exc, root)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full and not isinstance(exc, OSError):  # safetensors / torch report ENOSPC as their own errors
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final)) from exc
         raise
     if final.exists():  # e.g. the same step saved again after a resume
         shutil.rmtree(final)
@@ -219,6 +223,28 @@ def save_checkpoint(
     for _, old in checkpoint_dirs(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether ``exc`` (raised while writing into ``folder``) means the disk is full: an ``OSError``
+    ENOSPC/EDQUOT anywhere in its chain, a library's own error that says so (safetensors:
+    ``code: 28``/``StorageFull``; torch: ``file write failed``), or less than 1 MiB left there.
+
+    >>> disk_full(OSError(28, "No space left on device"), Path("."))
+    True
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(seen)
+        if any(s in text for s in ("No space left", "code: 28", "StorageFull", "Disk quota", "file write failed")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(folder).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def _sha256(path: Path) -> str:

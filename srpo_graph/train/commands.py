@@ -100,32 +100,44 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
 
     Example: srpo-graph train workflows/coord_par3.wf --steps 50 optim.lr=2e-3 loss.eps_high=0.28
     """
-    if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
-        from srpo_graph.train.config import load_toml, validate
+    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
+    try:
+        if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
+            from srpo_graph.train.config import load_toml, validate
 
-        cfg = validate(load_toml(os.environ[LAUNCH_ENV]), os.environ[LAUNCH_ENV])
-        resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
-    else:
-        cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks,
-                           nproc=nproc, resume=resume)
-        if overwrite:
-            cfg = cfg.model_copy(update={"overwrite": True})
+            cfg = validate(load_toml(os.environ[LAUNCH_ENV]), os.environ[LAUNCH_ENV])
+            resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
+        else:
+            cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks,
+                               nproc=nproc, resume=resume)
+            if overwrite:
+                cfg = cfg.model_copy(update={"overwrite": True})
+    except KeyboardInterrupt:  # while reading the configuration: nothing was touched
+        click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again",
+                   err=True)
+        sys.exit(_interrupt_code())
     if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
+            from srpo_graph.lang import load_workflow
+            from srpo_graph.train.config import default_run_dir
+
+            cfg = cfg.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow).name)})
         try:
             code = _launch(workflow, cfg, resume is not None)
         except KeyboardInterrupt:  # rank 0 has printed where the run stands and how to resume
-            click.echo(f"srpo-graph train: interrupted; continue with: srpo-graph train {workflow} --resume RUN_DIR "
-                       "(the run folder named above)", err=True)
+            from srpo_graph.train.stops import continue_command
+
+            click.echo(f"srpo-graph train: interrupted; continue with: {continue_command(workflow, cfg.run_dir)}",
+                       err=True)
             sys.exit(130)
         sys.exit(code)
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
         from srpo_graph.train.trainer import RunStopped, TrainingInterrupted, train
 
         try:
             summary = train(workflow, cfg, resume=resume is not None)
-        except RunStopped as exc:  # the disk is full: one line, with the command that continues
+        except RunStopped as exc:  # disk full, failure budget, a dead server: the cause and the command that continues
             if main_rank:
                 click.echo(exc.advice(workflow), err=True)
             sys.exit(exc.exit_code)
@@ -135,7 +147,11 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         sys.exit(_interrupt_code())
     except KeyboardInterrupt:  # before the loop started (imports, loading models and tasks)
         if main_rank:
-            again = (f"resume: srpo-graph train {workflow} --resume {resume}" if resume is not None
+            from srpo_graph.train.stops import continue_command
+
+            folder = resume if resume is not None else cfg.run_dir
+            again = (f"resume: {continue_command(workflow, folder)}"
+                     if folder is not None and (Path(folder) / "config.toml").is_file()
                      else "nothing was trained; run the command again to start")
             click.echo(f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}",
                        err=True)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from srpo_graph.backends import BACKENDS
 from srpo_graph.compiler.compile import CompileConfig
 from srpo_graph.errors import ConfigError, Diagnostic, render
+from srpo_graph.runtime.usercode import Deadlines
 from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.srpo.objectives import OBJECTIVES
 from srpo_graph.train.strategies import STRATEGIES
@@ -58,9 +59,14 @@ class _RolloutFields(_Section):
         "name (`rollout.sglang.url`, `[rollout.sglang]`).")
     max_failed_fraction: float = Field(
         0.5, ge=0.0, le=1.0, description="Failure budget per step, [0, 1]: the share of a step's episodes that may fail "
-        "on backend errors (a server that died, hung or restarted mid-rollout) before the run stops with a message "
-        "naming the server (checkpoints intact: fix it, then `--resume`). Below it, the failed episodes are dropped "
-        "(counted as `rollout/backend_failures`) and the step trains on the rest.")
+        "-- for any reason: a backend error (a server that died, hung or restarted mid-rollout), a tool, extractor or "
+        "reward that raised or returned a non-number, a prompt that did not render, user code past its deadline -- "
+        "before the run stops with the first failure of each kind and its `.wf` line (checkpoints intact: fix it, "
+        "then `--resume`). Below it, the failed episodes are dropped (counted as `rollout/failed/<kind>`) and the step "
+        "trains on the rest.")
+    deadlines: Deadlines = Field(
+        default_factory=Deadlines, description="Seconds each call of user code may take (`tool`, `reward`, "
+        "`extractor`); past it the episode fails (kind `timeout`) naming the call's `.wf` line.")
     models: dict[str, str] = Field(
         default_factory=dict,
         description="Per-policy model overrides {policy name: HF name, local path or `tiny`}; e.g. run a math "

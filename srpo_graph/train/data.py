@@ -13,7 +13,6 @@ and takes the first whose first line has every field the workflow's ``task`` blo
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -40,11 +39,21 @@ def task_file_candidates(workflow_path: str | Path) -> list[Path]:
 
 
 def _fields_fit(path: Path, workflow: Workflow) -> bool:
+    """Whether the first task of ``path`` has the workflow's fields.
+
+    Raises:
+        ConfigError: the first line is not readable JSON (not UTF-8, an integer too long, too
+            deep...), naming ``file:line`` -- a damaged default file is reported, not skipped.
+    """
+    from srpo_graph.errors import RuntimeFailure
+    from srpo_graph.runtime.jsonl import iter_lines
+
     try:
-        with path.open(encoding="utf-8") as fh:
-            first = json.loads(next((line for line in fh if line.strip()), "{}"))
-    except (OSError, json.JSONDecodeError):
-        return False
+        first: Any = next((value for _, value in iter_lines(path, RuntimeFailure, what="task file")), {})
+    except RuntimeFailure as exc:
+        d = exc.diagnostics[0]
+        raise ConfigError.at(d.where, f"the workflow's default task file: {d.message}",
+                             fix="repair the line, or pass --tasks PATH") from None
     return isinstance(first, dict) and all(name in first for name, _ in workflow.task_fields)
 
 

@@ -99,36 +99,65 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` file (missing file: empty list)."""
+    """All records of a ``metrics.jsonl`` file (missing file: empty list).
+
+    Raises:
+        ConfigError: a line that does not read (``file:line``, the one JSONL reader's limits).
+    """
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.runtime.jsonl import iter_lines
+
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [row for _, row in iter_lines(p, ConfigError, what="metrics file")]
 
 
-def truncate_after(path: str | Path, step: int) -> None:
+def truncate_after(path: str | Path, step: int, *, warn: Any = None) -> list[str]:
     """Keep only the records with ``step <= step`` (used when resuming from a checkpoint).
 
-    A cut-off last line (the process was killed while writing it) is dropped too.
+    A cut-off last line (the process was killed while writing it) is dropped. Any other line that
+    does not read (damaged on disk, edited by hand) does not stop the resume: it is moved, as it
+    was, to ``metrics.jsonl.damaged`` and named (``file:line: why``) through ``warn`` (default:
+    stderr); the metrics log is a record, the checkpoint holds the run's state. Returns those
+    messages.
     """
+    import sys
+
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.runtime.jsonl import parse_line
+
     p = Path(path)
     if not p.exists():
-        return
-    lines = p.read_text(encoding="utf-8").splitlines()
-    rows = []
+        return []
+    lines = p.read_bytes().splitlines()
+    rows, damaged, notes = [], [], []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise
-            # the last line was cut by a killed process: drop it (its step is redone)
-    kept = [r for r in rows if int(r.get("step", 0)) <= step]
+            row = parse_line(line, str(p), i + 1, ConfigError)
+            if not isinstance(row, dict) or type(row.get("step")) is not int:
+                raise ConfigError.at(f"{p}:{i + 1}", "not a metrics record (a JSON object with an integer `step`)")
+        except ConfigError as exc:
+            if i == last:
+                continue  # the last line was cut by a killed process: drop it (its step is redone)
+            damaged.append(line)
+            notes.append(str(exc).splitlines()[0])
+            continue
+        rows.append(row)
+    if damaged:
+        aside = p.with_name(p.name + ".damaged")
+        with aside.open("ab") as fh:
+            fh.write(b"".join(line + b"\n" for line in damaged))
+        for note in notes:
+            print(f"srpo-graph train: {note}; line moved to {aside}, resuming", file=warn or sys.stderr)
+    kept = [r for r in rows if r["step"] <= step]
     tmp = p.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     tmp.replace(p)
+    return notes
 
 
 def deterministic_fields(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Trainer stage: the one progress display of a run, showing the key numbers of each step.
 
-Consumes the step's flat metric record; shows step, reward, eval reward, clip fraction and
-tokens/s. It adapts to where stdout goes, so no column is ever cut to ``…``:
+Consumes the step's flat metric record; shows step, reward, eval reward, clip fraction,
+tokens/s, and -- when there are any -- failed episodes and `no update` (a step that trained nothing). It adapts to where stdout goes, so no column is ever cut to ``…``:
 
 * a terminal at least ``WIDE`` columns wide: a rich bar with every column;
 * a narrower terminal: fewer columns (no bar, no time remaining, shorter labels), down to
@@ -70,6 +70,8 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
     'r 0.500 ev 0.750 clip -'
     >>> describe({"reward": 0.5}, None, Layout.MINIMAL)
     'r 0.500'
+    >>> describe({"reward": 0.0, "episodes": 8, "episodes_failed": 8, "updates": 0}, None, Layout.COMPACT)
+    'r 0.000 ev - clip - failed 8/8 no update'
     """
     clip = _clip(record)
     tps = float(record.get("throughput/gen_tokens_per_s", 0.0) or 0.0)
@@ -77,11 +79,14 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
     reward = f"{record.get('reward', float('nan')):.3f}"
     ev_s = "-" if ev is None else f"{ev:.3f}"
     clip_s = "-" if clip is None else f"{clip:.3f}"
+    failed = int(record.get("episodes_failed", 0) or 0)
+    trouble = (f" failed {failed}/{int(record.get('episodes', 0) or 0)}" if failed else "") + (
+        " no update" if record.get("updates") == 0 else "")
     if layout is Layout.MINIMAL:
-        return f"r {reward}"
+        return f"r {reward}{trouble}"
     if layout is Layout.COMPACT:
-        return f"r {reward} ev {ev_s} clip {clip_s}"
-    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s"
+        return f"r {reward} ev {ev_s} clip {clip_s}{trouble}"
+    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s{trouble.replace(' ', '  ', 1)}"
 
 
 def _hms(seconds: float) -> str:

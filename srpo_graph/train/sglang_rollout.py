@@ -10,7 +10,7 @@ Which server samples for which policy is the backend's row in ``backends.BACKEND
   defaults to ``tis`` on SGLang (Note [Mismatch on SGLang] in docs/sglang.md): the server samples in
   bf16 with its own kernels while the trainer recomputes in fp32, so ``old_logprobs`` != sampler
   log-probs; an explicit ``loss.mismatch`` is kept;
-* :func:`check_failure_budget`: a remote backend's failed episodes against ``rollout.max_failed_fraction``.
+* the failure budget (every failure class, not only the backend's) is ``train/stops.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from srpo_graph.backends import backend_spec, sglang_server
 from srpo_graph.errors import BackendError
+from srpo_graph.train.stops import check_failure_budget
 
 
 @contextlib.contextmanager
@@ -44,25 +45,6 @@ def with_backend_defaults(config: Any) -> Any:
     coerced = type(config.loss).model_validate(defaults)  # e.g. "tis" -> Mismatch.TIS
     update = {k: getattr(coerced, k) for k in defaults}
     return config.model_copy(update={"loss": config.loss.model_copy(update=update)})
-
-
-def check_failure_budget(stats: Any, config: Any) -> None:
-    """Stop the run when more of a step's episodes failed on backend errors than the budget allows.
-
-    Raises:
-        BackendError: naming the share, the budget, the first error and how to continue.
-    """
-    if stats is None or not stats.episodes or not stats.backend_failures:
-        return
-    share = stats.backend_failures / stats.episodes
-    budget = config.rollout.max_failed_fraction
-    if share > budget:
-        raise BackendError.at(
-            None,
-            f"rollout stopped: {stats.backend_failures} of {stats.episodes} episodes failed on backend errors "
-            f"({share:.0%} > rollout.max_failed_fraction={budget:g}); first: {stats.backend_error}",
-            fix="check the server (its log is in RUN_DIR/sglang/ when training started it), then continue "
-            "with `srpo-graph train FILE.wf --resume RUN_DIR`")
 
 
 def rollout_metrics(stats: Any) -> dict[str, float]:

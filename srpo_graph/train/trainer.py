@@ -33,7 +33,7 @@ import torch
 
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
 from srpo_graph.compiler.compile import compile as compile_batch
-from srpo_graph.errors import ConfigError, SrpoGraphError
+from srpo_graph.errors import BackendError, ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
@@ -52,12 +52,15 @@ from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
 from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
-from srpo_graph.train.sglang_rollout import (
-    agent_mismatch,
+from srpo_graph.train.sglang_rollout import agent_mismatch, rollout_metrics, server_scope, with_backend_defaults
+from srpo_graph.train.stops import (
+    FailureBudgetExceeded,
+    FailureReport,
+    RunStopped,
+    TrainingInterrupted,
     check_failure_budget,
-    rollout_metrics,
-    server_scope,
-    with_backend_defaults,
+    failure_metrics,
+    no_update_reason,
 )
 from srpo_graph.train.transition_metrics import transition_metrics
 from srpo_graph.train.update import recompute_old_logprobs, update_policies
@@ -77,52 +80,6 @@ class RunSummary:
     seconds: float = 0.0
     checkpoint: str | None = None
     steps_this_run: int = 0  # steps trained by this call (a resumed run already had the others)
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) during the loop. Complete checkpoints are untouched (a checkpoint being
-    written is a ``.tmp-`` folder that is never loaded), so ``--resume`` continues from the newest.
-
-    Attributes:
-        run_dir: the run folder.
-        steps_done: steps whose metrics were written before the interrupt.
-        checkpoint: the newest complete checkpoint, or None.
-    """
-
-    def __init__(self, run_dir: Path, steps_done: int, checkpoint: Path | None):
-        super().__init__(f"interrupted after step {steps_done}")
-        self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
-
-    def advice(self, workflow: str | Path) -> str:
-        """What to tell the user: where the run stands and the command that continues it."""
-        head = f"srpo-graph train: interrupted after step {self.steps_done}; run folder {self.run_dir}"
-        if self.checkpoint is None:
-            return (f"{head}\n  no checkpoint was written yet, so there is nothing to resume\n"
-                    f"  start again: srpo-graph train {workflow} --run-dir {self.run_dir} --overwrite")
-        step = int(self.checkpoint.name.split("_")[-1])
-        redo = f" (steps after {step} are run again)" if step < self.steps_done else ""
-        return (f"{head}\n  newest complete checkpoint: {self.checkpoint} (step {step})\n"
-                f"  resume: srpo-graph train {workflow} --resume {self.run_dir}{redo}")
-
-
-class RunStopped(SrpoGraphError):
-    """The run could not go on (the disk is full); complete checkpoints are intact, ``--resume``
-    continues once the cause is fixed. ``str()`` is the message the CLI prints."""
-
-    exit_code = 1
-
-    def __init__(self, run_dir: Path, steps_done: int, checkpoint: Path | None, cause: OSError):
-        self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
-        where = f" ({cause.filename})" if cause.filename else ""
-        self.reason = f"{os.strerror(cause.errno) if cause.errno else cause}{where}"
-        super().__init__(f"srpo-graph train: stopped after step {steps_done}: {self.reason}")
-
-    def advice(self, workflow: str | Path) -> str:
-        if self.checkpoint is None:
-            return (f"{self}; no checkpoint yet; free space, then start again: "
-                    f"srpo-graph train {workflow} --run-dir {self.run_dir} --overwrite")
-        return (f"{self}; newest complete checkpoint: {self.checkpoint}; free space, then resume: "
-                f"srpo-graph train {workflow} --resume {self.run_dir}")
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -223,6 +180,9 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
     return slots, frozen_backends
 
 
+_STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
+
+
 def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
              frozen: dict[str, Any] | None = None):
     data = None
@@ -232,13 +192,22 @@ def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, 
                            seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
                            progress=progress,
                            on_backend_error="fail" if backend_spec(config.rollout.backend).remote
-                           or any(p.external is not None for p in wf.policies) else "raise")
+                           or any(p.external is not None for p in wf.policies) else "raise",
+                           deadlines=config.rollout.deadlines)
         stats = res.stats
-        check_failure_budget(stats, config)  # a dead/hung server: fail its episodes, or stop clearly
+        try:
+            check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget
+        except FailureBudgetExceeded as exc:
+            if not dist.enabled:
+                raise
+            data = _STOP + exc.args[0].encode()  # every rank stops with it (none waits in a collective)
         if not dist.enabled:  # one process: the episodes as they are (compile validates them once)
             return list(res.episodes), stats
-        data = "\n".join(ep.to_json() for ep in res.episodes).encode()
+        if data is None:
+            data = "\n".join(ep.to_json() for ep in res.episodes).encode()
     data = broadcast_bytes(data, dist)
+    if data.startswith(_STOP):
+        raise FailureBudgetExceeded(data[len(_STOP):].decode())
     episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
     return episodes, stats
 
@@ -306,6 +275,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     resume_from = _choose_checkpoint(run_dir, announce=dist.is_main) if resume else None
     if resume_from is not None:  # before loading anything: the frozen policies must be the run's
         frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
+    restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
     frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) if dist.is_main else ([], {})
     slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
     frozen.update(frozen_backends)
@@ -327,7 +297,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     writer = None
     if dist.is_main:
         if resume_from is None:  # before anything is written: a refused folder keeps all it had
-            _clear_previous_run(run_dir, overwrite=config.overwrite)
+            _clear_previous_run(run_dir, overwrite=config.overwrite or restart, quiet=restart)
         run_dir.mkdir(parents=True, exist_ok=True)
         # stop_after_step belongs to this invocation only: a resumed run must not stop again
         write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
@@ -350,11 +320,12 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     last_ckpt = str(resume_from) if resume_from else None
     first_step = state.step
     bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
+    report = FailureReport(enabled=dist.is_main)
     completed = False
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
-                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist, frozen)
+                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist, report, frozen)
                 record, episodes = result.record, result.episodes
                 state.step = step
                 rewards.append(record["reward"])
@@ -393,6 +364,12 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         if exc.errno not in _DISK_FULL:
             raise
         raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), exc) from None
+    except FailureBudgetExceeded as exc:
+        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), f"rollout stopped: {exc}",
+                         remedy="fix the cause named above") from None
+    except BackendError as exc:  # e.g. a server that died during a weight sync or an adapter swap
+        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), str(exc).strip(),
+                         remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})") from None
     finally:
         if writer is not None:
             try:
@@ -412,17 +389,20 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     return summary
 
 
-def _choose_checkpoint(run_dir: Path, *, announce: bool) -> Path:
+def _choose_checkpoint(run_dir: Path, *, announce: bool) -> Path | None:
     """The newest checkpoint that verifies (checksums, finite weights); damaged newer ones are named.
+    None: the run has no checkpoint yet (it stopped before the first), so it starts again at step 0.
 
     Raises:
-        ConfigError: no checkpoint at all, or every one is damaged (each named with why).
+        ConfigError: every checkpoint is damaged (each named with why).
     """
     good, damaged = ckpt.latest_good_checkpoint(run_dir)
     if good is None:
         if not damaged:
-            raise ConfigError.at(str(run_dir), "no complete checkpoint to resume from",
-                                 fix="check the run folder, or start a new run without --resume")
+            if announce:
+                print(f"srpo-graph train: {run_dir} has no checkpoint yet; starting the run again from step 0 with "
+                      "its saved configuration", file=sys.stderr)
+            return None
         listed = "\n".join(f"  {p}: {why}" for p, why in damaged)
         raise ConfigError.at(str(run_dir), f"every checkpoint is damaged, nothing to resume from\n{listed}",
                              fix="restore the run folder from a backup, or start a new run with --overwrite")
@@ -434,7 +414,7 @@ def _choose_checkpoint(run_dir: Path, *, announce: bool) -> Path:
     return good
 
 
-def _clear_previous_run(run_dir: Path, *, overwrite: bool) -> None:
+def _clear_previous_run(run_dir: Path, *, overwrite: bool, quiet: bool = False) -> None:
     """A fresh (not resumed) run never mixes with an earlier run's outputs in the same folder.
 
     It refuses the folder (losing nothing) unless ``overwrite`` is set; then the old outputs
@@ -451,7 +431,7 @@ def _clear_previous_run(run_dir: Path, *, overwrite: bool) -> None:
             why="a fresh run there would mix with it or destroy it",
             fix=f"continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it",
         )
-    if old:
+    if old and not quiet:
         print(f"srpo-graph train: replacing the previous run in {run_dir} (--overwrite)", file=sys.stderr)
     for p in old:
         shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -483,7 +463,8 @@ def transition_set_sizes(episodes: list[Episode]) -> dict[str, float]:
     return {name: sum(v) / len(v) for name, v in sorted(sizes.items())}
 
 
-def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist, frozen=None) -> StepResult:
+def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist,
+                report: FailureReport | None = None, frozen=None) -> StepResult:
     r = config.rollout
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -505,6 +486,9 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record["episodes_failed"] = sum(e.status == "failed" for e in episodes)
     record["episodes_truncated"] = sum(e.status == "truncated" for e in episodes)
     record.update(rollout_metrics(stats))
+    record.update(failure_metrics(stats))
+    if report is not None:
+        report.episodes(step, stats)
     gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
     record["events"] = batch.num_sets
     record["set_size"] = transition_set_sizes(episodes)
@@ -535,6 +519,11 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
         train_tokens = upd.tokens
     else:
         train_tokens = 0
+        why = no_update_reason(episodes)
+        record["updates"] = 0
+        record["warning"] = f"nothing to update: {why}"
+        if report is not None:
+            report.nothing_updated(step, why)
     record["skipped_updates"] = state.skipped_updates
     record["lr"] = slots[0].scheduler.get_last_lr()[0]
     timings.setdefault("old_logprobs", 0.0)

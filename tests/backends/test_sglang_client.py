@@ -188,7 +188,7 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
         b.sync_weights(model, 4)
         b.sync_weights(model, 5)
         assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [".srpo-graph-weights.json", "v4", "v5", "v99", "venv"]
-        with pytest.raises(BackendError, match="v99 exists and was not written by srpo-graph"):
+        with pytest.raises(BackendError, match="v99: error: exists and was not written by srpo-graph"):
             b.sync_weights(model, 99)
         assert (tmp_path / "w" / "v99").is_dir()
     with FakeSGLang() as server:  # a server that stays busy past the timeout: a clear error

@@ -70,7 +70,7 @@ BAD_LINES = {  # the raw second line -> what the message must say
     "binary junk": (bytes(range(256)), "not UTF-8 text"),
     "NUL bytes": (b"\x00" * 64, ":2:1: error: not valid JSON"),
     "nesting deeper than the stack": (b"[" * 200_000 + b"]" * 200_000, "nested deeper than"),
-    "an integer of 5000 digits": (b'{"schema": ' + b"9" * 5000 + b"}", "not valid JSON here: Exceeds the limit"),
+    "an integer of 5000 digits": (b'{"schema": ' + b"9" * 5000 + b"}", "not valid JSON here: an integer with 5000 digits (at most 100)"),
     "a JSON array": (b"[1, 2]", "an episode must be a JSON object"),
 }
 

@@ -2,8 +2,6 @@
 
 import math
 
-import pytest
-
 from srpo_graph.train.metrics import MetricsWriter, read_metrics, truncate_after
 from srpo_graph.train.plots import draw_plots
 
@@ -43,6 +41,8 @@ def test_truncation_drops_a_last_line_cut_by_a_kill(tmp_path):
     path.write_text(path.read_text() + '{"step": 4, "rew')  # killed mid-write
     truncate_after(path, 3)
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
-    path.write_text('{"step": 1}\n{"ste\n{"step": 3}\n')  # damage elsewhere is not silently dropped
-    with pytest.raises(ValueError):
-        truncate_after(path, 3)
+    path.write_text('{"step": 1}\n{"ste\n{"step": 3}\n')  # damage elsewhere is not silently dropped:
+    notes = truncate_after(path, 3)  # moved aside and named, and the resume goes on (issue 23, item 4)
+    assert notes == [f"{path}:2:2: error: not valid JSON: Unterminated string starting at"]
+    assert [r["step"] for r in read_metrics(path)] == [1, 3]
+    assert (tmp_path / "metrics.jsonl.damaged").read_text() == '{"ste\n'

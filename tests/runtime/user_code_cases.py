@@ -1,0 +1,76 @@
+"""Workflows with misbehaving user code (issue 23, items 3 and 6; issue 24, item 1), built next
+to a user module in a temporary folder, the way a user writes them."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODULE = '''
+import time
+
+def sleepy_reward(target: int, a: int, b: int) -> float:
+    time.sleep(60)
+    return 1.0
+
+def exit_reward(target: int, a: int, b: int) -> float:
+    raise SystemExit(0)
+
+def interrupt_reward(target: int, a: int, b: int) -> float:
+    raise KeyboardInterrupt
+
+def str_reward(target: int, a: int, b: int) -> float:
+    return "1.0"
+
+def bool_reward(target: int, a: int, b: int) -> float:
+    return True
+
+def raising_reward(target: int, a: int, b: int) -> float:
+    raise ValueError("reward broke")
+
+def half_reward(target: int, a: int, b: int) -> float:
+    if target % 2:
+        raise ValueError("odd target")
+    return float((a + b) % 10 == target)
+
+def hang(a: int) -> str:
+    open(__file__ + ".started", "w").close()  # tests wait for this before signalling
+    time.sleep(3600)
+    return "never"
+
+def quick(a: int) -> str:
+    return "ok"
+
+def exit_tool(a: int) -> str:
+    raise SystemExit(3)
+
+def sleepy_digit(text: str) -> int:
+    time.sleep(60)
+    return 1
+'''
+
+
+def make(tmp_path: Path, *, reward: str | None = None, tool: str | None = None, extractor: str | None = None,
+         name: str = "case") -> tuple[Path, str, int]:
+    """A coord_seq workflow using ``mine.<reward>`` / a tool ``mine.<tool>(a)`` / agent a's
+    extractor ``mine.<extractor>``; returns (path, module name, the changed line's number)."""
+    mod = f"user_code_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{mod}.py").write_text(MODULE, encoding="utf-8")
+    text = (ROOT / "workflows" / "coord_seq.wf").read_text(encoding="utf-8")
+    text = text.replace("import std\n", f"import std\nimport {mod} as mine\n")
+    marker = ""
+    if reward:
+        marker = f"reward: mine.{reward}(task.target, a, b)"
+        text = text.replace("reward: std.digits_sum_to(task.target, a, b)", marker)
+    if tool:
+        marker = f"  tool note = mine.{tool}(a)"
+        text = text.replace("  consume: a\n  activate: b\n", f"  consume: a\n{marker}\n  activate: b\n")
+    if extractor:
+        marker = f"  output: int via mine.{extractor}"
+        text = text.replace("  output: int via std.digit\n", marker + "\n", 1)
+    path = tmp_path / f"{name}.wf"
+    path.write_text(text, encoding="utf-8")
+    line = text.splitlines().index(marker) + 1
+    return path, mod, line

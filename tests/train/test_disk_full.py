@@ -1,0 +1,94 @@
+"""Disk full while a checkpoint is written (issue 23, item 4), on a real small file system.
+
+The run folder lives on a tmpfs sized so that step 1's checkpoint fits and step 2's runs out of
+space inside one chosen file (the weights -- safetensors --, the optimizer state -- safetensors --,
+the RNG state, state.json). Every case must end with exit 1, one message naming the disk and the
+command that continues, no traceback, no half-written folder; once there is space, that command
+finishes the run. The tmpfs is mounted in a user+mount namespace (``unshare -rm``), so the test
+needs no root; it is skipped where namespaces are not allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from srpo_graph.train import checkpoint as ck
+from srpo_graph.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+WF = ROOT / "workflows" / "coord_seq.wf"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+ARGS = ["rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0", "checkpoint.every=1",
+        "checkpoint.keep_last=5", "logging.tensorboard=false", "logging.plots=false", "logging.traces_every=0",
+        "logging.progress=false"]
+PAGE = 4096
+# the files of a checkpoint in the order save_checkpoint writes them; each case fails inside one
+ORDER = ["policies/tiny/config.json", "policies/tiny/generation_config.json", "policies/tiny/model.safetensors",
+         "policies/tiny/tokenizer_config.json", "policies/tiny/special_tokens_map.json", "policies/tiny/vocab.json",
+         "policies/tiny/tokenizer.json", "optim/tiny.safetensors", "optim/tiny.json", "config.toml",
+         "rng.safetensors", "state.json"]
+TARGETS = ["policies/tiny/model.safetensors", "optim/tiny.safetensors", "rng.safetensors", "state.json"]
+
+
+def _pages(n: int) -> int:
+    return -(-n // PAGE)
+
+
+def _can_mount() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt && umount /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+    run = tmp_path_factory.mktemp("ref") / "run"
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--steps", "1", "--run-dir",
+                           str(run), *ARGS], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_mount(), reason="needs user+mount namespaces (unshare -rm) to mount a small tmpfs")
+@pytest.mark.parametrize("target", TARGETS)
+def test_disk_full_inside_a_checkpoint_stops_with_the_resume_command(one_step, tmp_path, target):
+    ckpt = one_step / "checkpoints" / "step_1"
+    files = [f for f in ORDER if (ckpt / f).is_file()]
+    assert target in files
+    extra = [p for p in ckpt.rglob("*") if p.is_file() and str(p.relative_to(ckpt)) not in files]
+    used = sum(_pages(p.stat().st_size) for p in one_step.rglob("*") if p.is_file())
+    before = sum(_pages((ckpt / f).stat().st_size) for f in files[: files.index(target)])
+    before += sum(_pages(p.stat().st_size) for p in extra if p.name != "COMPLETE")
+    size = (used + before + 2 + _pages((ckpt / target).stat().st_size) // 2) * PAGE
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    inner = mnt / "run"
+    train = [sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--resume", str(inner), "--steps", "2"]
+    script = (f"mount -t tmpfs -o size={size} tmpfs {mnt} && cp -a {one_step} {inner} && "
+              f"{' '.join(train)}; rc=$?; ls -a {inner}/checkpoints > {tmp_path}/ls.txt; "
+              f"cp -a {inner} {tmp_path}/after; exit $rc")
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    err = proc.stderr
+    assert proc.returncode == 1, (target, size, err[-3000:])
+    assert "Traceback" not in err and "SafetensorError" not in err, err[-3000:]
+    assert "stopped after step 2: No space left on device" in err, err[-3000:]
+    assert f"newest complete checkpoint: {inner}/checkpoints/step_1" in err
+    assert f"free space, then resume: srpo-graph train {WF} --resume {inner}" in err
+    assert (tmp_path / "ls.txt").read_text().split() == [".", "..", "step_1"]  # no .tmp- folder left
+    # with space (the same folder, on the normal disk), the printed command finishes the run
+    after = tmp_path / "after"
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--resume", str(after)],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["step"] for r in read_metrics(after / "metrics.jsonl")] == [1, 2]
+    assert ck.latest_good_checkpoint(after)[0] == after / "checkpoints" / "step_2"
