@@ -21,6 +21,7 @@ from typing import Literal, Sequence
 import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
+from srpo_graph.srpo.mismatch import ItemWeight
 
 
 def _pad_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -64,6 +65,7 @@ class LossDiagnostics:
     zero_variance_groups: int = 0
     batches: int = 1
     passes: int = 1
+    weight_hi: torch.Tensor | None = None  # max uncapped importance weight (None: no correction)
 
     # -- combining -------------------------------------------------------------------
 
@@ -91,6 +93,8 @@ class LossDiagnostics:
             out.ratio_lo = torch.minimum(out.ratio_lo, p.ratio_lo.to(out.ratio_lo.device))
             out.ratio_hi = torch.maximum(out.ratio_hi, p.ratio_hi.to(out.ratio_hi.device))
             out.mismatch_max = torch.maximum(out.mismatch_max, p.mismatch_max.to(out.mismatch_max.device))
+            if out.weight_hi is not None and p.weight_hi is not None:
+                out.weight_hi = torch.maximum(out.weight_hi, p.weight_hi.to(out.weight_hi.device))
             if how != "micro":
                 out.batches += p.batches
             if how == "epoch":
@@ -175,11 +179,33 @@ class LossDiagnostics:
 
     @property
     def mismatch_weight_mean(self) -> torch.Tensor:
-        return self._ratio("mismatch_weight", "events")
+        """Mean applied importance weight over items (events for the set unit)."""
+        return self._ratio("mismatch_weight", "items")
 
     @property
     def mismatch_masked_share(self) -> torch.Tensor:
+        """Share of events with at least one item masked (weight 0)."""
         return self._ratio("masked", "events")
+
+    @property
+    def tokens_masked_share(self) -> torch.Tensor:
+        """Share of completion tokens whose item was masked."""
+        return self._ratio("tokens_masked", "tokens")
+
+    @property
+    def truncated_share(self) -> torch.Tensor:
+        """Share of items whose importance weight was truncated at C."""
+        return self._ratio("truncated", "items")
+
+    @property
+    def tokens_clipped_share(self) -> torch.Tensor:
+        """Share of completion tokens whose item was clipped (either side)."""
+        return self._ratio("tokens_clipped", "tokens")
+
+    @property
+    def sets_clipped_share(self) -> torch.Tensor:
+        """Share of events with at least one item clipped (either side)."""
+        return self._ratio("sets_clipped", "events")
 
     @property
     def ref_kl(self) -> torch.Tensor | None:
@@ -247,7 +273,8 @@ class LossDiagnostics:
         for name in ("loss", "pg_loss", "kl_loss", "clip_frac", "clip_frac_upper", "clip_frac_lower", "ratio_mean",
                      "ratio_min", "ratio_max", "approx_kl_k3", "approx_kl_mean", "adv_mean", "adv_std",
                      "adv_zero_share", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_weight_mean",
-                     "mismatch_masked_share", "ref_kl", "entropy_mean"):
+                     "mismatch_masked_share", "tokens_masked_share", "truncated_share", "tokens_clipped_share",
+                     "sets_clipped_share", "ref_kl", "entropy_mean"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)
@@ -259,6 +286,16 @@ class LossDiagnostics:
             stem = name.removesuffix("_by_size")
             for k, v in zip(sizes, getattr(self, name).tolist()):
                 out[f"{stem}/k{k}"] = float(v)
+        if self.weight_hi is not None:  # importance-weight statistics, overall and by set size
+            out["is_weight_max"] = float(self.weight_hi)
+            z = self.sizes
+            n_z = self.size_sums["items"].index_select(0, z)
+            mean = self.size_sums["is_weight"].index_select(0, z) / n_z
+            var = (self.size_sums["is_weight_sq"].index_select(0, z) / n_z - mean * mean).clamp(min=0)
+            for k, m, v, t, x in zip(sizes, mean.tolist(), var.sqrt().tolist(), self._by_size("is_truncated").tolist(),
+                                     self._by_size("is_masked").tolist()):
+                out.update({f"is_weight_mean/k{k}": m, f"is_weight_std/k{k}": v, f"is_truncated/k{k}": t,
+                            f"is_masked/k{k}": x})
         tok = self.agent_sums["tokens"]
         for i, agent in enumerate(self.agents[: tok.numel()]):
             n = float(tok[i])
@@ -276,13 +313,13 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
              adv: torch.Tensor, clipped_upper: torch.Tensor, clipped_lower: torch.Tensor, item_of_token: torch.Tensor,
              d: torch.Tensor, old_c: torch.Tensor, comp: torch.Tensor, comp_mem: torch.Tensor, loss: torch.Tensor,
              pg_loss: torch.Tensor, kl_loss: torch.Tensor, k3: torch.Tensor | None, entropy: torch.Tensor | None,
-             set_weight: torch.Tensor | None) -> LossDiagnostics:
+             weight: ItemWeight | None, item_event: torch.Tensor) -> LossDiagnostics:
     """Assemble :class:`LossDiagnostics` from the loss's intermediates (detached here).
 
     Reuses what the loss already gathered (completion positions ``comp``, their members,
     the token log-ratios ``d`` and old log-probs ``old_c``, the surrogate's clip flags);
-    only the sampler's log-probs are gathered anew. ``set_weight`` None means the mismatch
-    correction is off (weight 1).
+    only the sampler's log-probs are gathered anew. ``weight`` (the items' importance weights)
+    None means the mismatch correction is off (weight 1); ``item_event`` [I] is each item's event.
     """
     dev = ratio.device
     f = torch.float32  # per-item and per-token work in float32; the sums are kept in float64
@@ -316,10 +353,18 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
         ent_sum = torch.zeros(n_pol, dtype=f, device=dev).index_add_(0, pol, ent)
         tok_pol = torch.bincount(pol, minlength=n_pol).to(f)
     zero = torch.zeros((), dtype=f, device=dev)
-    if set_weight is None:
-        weight_sum, masked = torch.tensor(float(b.num_sets), dtype=f, device=dev), zero
+    n_sets = b.num_sets
+    clipped = (upper + lower) > 0
+    sets_clipped = torch.zeros(n_sets, dtype=f, device=dev).index_add_(0, item_event, clipped.to(f)) > 0
+    if weight is None:
+        iw = torch.ones_like(ratio)
+        trunc = masked_items = torch.zeros_like(ratio, dtype=torch.bool)
     else:
-        weight_sum, masked = set_weight.detach().to(f).sum(), (set_weight == 0).to(f).sum()
+        iw, trunc, masked_items = weight.weight.detach().to(f), weight.truncated, weight.masked
+    sets_masked = torch.zeros(n_sets, dtype=f, device=dev).index_add_(0, item_event, masked_items.to(f)) > 0
+    w64 = iw.to(torch.float64)  # float64: the std by size is sqrt(E[w^2] - E[w]^2), near 0 on-policy
+    w_bins = torch.zeros(nbins, 4, dtype=torch.float64, device=dev).index_add_(
+        0, item_size, torch.stack([w64, w64 * w64, trunc.to(torch.float64), masked_items.to(torch.float64)], 1))
     n_items, n_tok = float(ratio.numel()), float(comp.numel())
     sums = {k: v.to(torch.float64) for k, v in {
         "loss": loss.detach(), "pg_loss": pg_loss.detach(), "kl_loss": kl_loss.detach(),
@@ -328,14 +373,19 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
         "k3_old": (x.exp() - x - 1).sum(), "old_minus_new": -d.sum(),
         "events": torch.tensor(float(b.num_sets), device=dev), "adv": set_adv.sum(),
         "adv_sq": (set_adv * set_adv).sum(), "adv_zero": (set_adv == 0).sum(), "mismatch_abs": mismatch.sum(),
-        "mismatch_weight": weight_sum, "masked": masked, "members": torch.tensor(float(b.num_members), device=dev),
+        "mismatch_weight": iw.sum(), "masked": sets_masked.sum(), "truncated": trunc.sum(),
+        "tokens_masked": masked_items.index_select(0, item_of_token).sum(),
+        "tokens_clipped": clipped.index_select(0, item_of_token).sum(), "sets_clipped": sets_clipped.sum(),
+        "members": torch.tensor(float(b.num_members), device=dev),
         "ref_k3": k3.detach().sum() if k3 is not None else zero,
         "entropy": ent.sum() if ent is not None else zero,
     }.items()}
     return LossDiagnostics(
         sums=sums,
         size_sums={"items": items_by_size, "clip_upper": bins[:, 0], "clip_lower": bins[:, 1],
-                   "log_ratio": bins[:, 2], "ratio": bins[:, 3], "events": events_by_size},
+                   "log_ratio": bins[:, 2], "ratio": bins[:, 3], "events": events_by_size,
+                   "is_weight": w_bins[:, 0], "is_weight_sq": w_bins[:, 1], "is_truncated": w_bins[:, 2],
+                   "is_masked": w_bins[:, 3]},
         size_absmax=absmax,
         agent_sums={"tokens": agent_tokens, "clip_upper": agent_bins[:, 0], "clip_lower": agent_bins[:, 1],
                     "ratio": agent_bins[:, 2]},
@@ -346,4 +396,31 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
         has_ref=k3 is not None, has_entropy=entropy is not None,
         agents=list(b.agents), policies=list(b.policies),
         zero_variance_groups=b.stats.zero_variance_groups,
+        weight_hi=None if weight is None else (weight.raw.detach().to(f).max() if weight.raw.numel() else zero),
     )
+
+
+def staleness_histogram(b: SetBatch, current: dict[str, int]) -> dict[str, float]:
+    """How many weight versions old each output of the batch was when the update uses it.
+
+    Staleness of member m = ``current[policy of m] - member_policy_version[m]`` (0 in synchronous
+    training). Returns ``{"mean", "max", "s{k}": share of members with staleness k,
+    "tokens_s{k}": share of completion tokens}``; empty for an empty batch. A member whose
+    policy is missing from ``current`` counts as staleness 0.
+    """
+    if b.num_members == 0:
+        return {}
+    cur = torch.tensor([current.get(p, 0) for p in b.policies] or [0], dtype=torch.int64)
+    stale = (cur.index_select(0, b.member_policy.cpu()) - b.member_policy_version.cpu()).clamp(min=0)
+    mask = b.loss_mask.cpu()
+    prefix = torch.zeros(b.num_tokens + 1, dtype=torch.int64)
+    torch.cumsum(mask.to(torch.int64), 0, out=prefix[1:])
+    off = prefix.index_select(0, b.member_offsets.cpu())
+    tokens = (off[1:] - off[:-1]).to(torch.float64)
+    n_tok = max(float(tokens.sum()), 1.0)
+    out = {"mean": float(stale.double().mean()), "max": float(stale.max())}
+    for k in torch.unique(stale).tolist():
+        sel = stale == k
+        out[f"s{k}"] = float(sel.double().mean())
+        out[f"tokens_s{k}"] = float(tokens[sel].sum()) / n_tok
+    return out

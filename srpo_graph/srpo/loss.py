@@ -68,7 +68,8 @@ Departures from the paper (whose PDF was not available; DESIGN.md):
        weighted like the items it belongs to (not by the mismatch weight unless
        kl_mismatch_weight), its log-ratio clamped like the ratio's; off by default (kl_coef = 0).
     4. Sampler/trainer mismatch correction (truncated or masked set-level importance weight
-       exp(sum_j sum_u (log pi_old - log mu))) is an addition; off by default.
+       exp(sum_j sum_u (log pi_old - log mu)), or decoupled PPO's per-item weight, mismatch.py)
+       is an addition; off by default.
     5. Reductions other than the event mean, the token/member units and the CISPO/GMPO
        surrogates exist for the baselines; the paper uses the event mean and the clip.
     6. dual_clip (off by default) bounds a negative-advantage event's objective at c*A (with the
@@ -86,6 +87,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import LossDiagnostics, diagnose
+from srpo_graph.srpo.mismatch import DecoupledCap, Mismatch, item_weight
 
 
 class RatioUnit(str, Enum):
@@ -112,12 +114,6 @@ class Surrogate(str, Enum):
     CLIP = "clip"  # PPO's min(rho A, clip(rho) A) (SRPO, GRPO, DAPO, GSPO)
     CISPO = "cispo"  # sg(clip(rho)) A log-ratio: the IS weight is clipped, no item loses its gradient
     GMPO = "gmpo"  # A exp(agg(clip_log(token log-ratios))): geometric mean, tokens clipped in log space
-
-
-class Mismatch(str, Enum):
-    NONE = "none"
-    TIS = "tis"  # truncated importance weight min(exp(H_e), C)
-    MASK = "mask"  # drop the whole event when exp(H_e) leaves [C_low, C]
 
 
 class LossConfig(BaseModel):
@@ -153,9 +149,18 @@ class LossConfig(BaseModel):
         "(their log-ratio is 0 either way). False (default) = K counts the trainable members only, so a "
         "solver whose output a frozen verifier reads is normalized as if alone (docs/algorithm.md, "
         "'Frozen members'); True = K is the whole active set's size."))
-    mismatch: Mismatch = Field(Mismatch.NONE, description="Set-level sampler/trainer mismatch correction: none | tis | mask.")
-    mismatch_threshold: float = Field(2.0, gt=1.0, description="C: the TIS cap and the mask's upper bound on exp(H_e).")
-    mismatch_low: float | None = Field(None, gt=0.0, lt=1.0, description="The mask's lower bound; None = 1/C.")
+    mismatch: Mismatch = Field(Mismatch.NONE, description=(
+        "Sampler/trainer (or stale-rollout) correction: none | tis | mask (one event-level weight exp(H_e) "
+        "on pi_old / sampler) | decoupled (decoupled PPO, AReaL: the ratio's denominator is pi_old, the "
+        "trainer's proximal policy, and the sampler's log-probs enter only an importance weight pi_old / "
+        "sampler of the ratio unit's own items; docs/algorithm.md)."))
+    mismatch_threshold: float = Field(2.0, gt=1.0, description=(
+        "C: the TIS cap and the mask's upper bound on exp(H_e); with 'decoupled', the cap of the item weight."))
+    mismatch_low: float | None = Field(None, gt=0.0, lt=1.0, description=(
+        "The mask's lower bound; None = 1/C (mask) or 0 (decoupled_cap = mask)."))
+    decoupled_cap: DecoupledCap = Field(DecoupledCap.TRUNCATE, description=(
+        "With mismatch = decoupled: 'truncate' the item weight at C, 'mask' items whose weight exceeds C "
+        "(AReaL's behav_imp_weight_cap; also below mismatch_low when set), or 'none' (untruncated)."))
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "LossConfig":
@@ -402,24 +407,6 @@ def loss_denominator(batch: SetBatch, config: LossConfig) -> float:
     return max(DENOMINATORS[config.reduction](batch, config), 1.0)
 
 
-# --------------------------------------------------------------------------- mismatch
-
-
-def _mismatch_weight(old_c: torch.Tensor, b: SetBatch, ctx: _Ctx, cfg: LossConfig) -> torch.Tensor | None:
-    """[S] stop-gradient set-level importance weight pi_old / mu; None when off (weight 1)."""
-    if cfg.mismatch is Mismatch.NONE:
-        return None
-    h_tok = old_c - b.sampler_logprobs.index_select(0, ctx.comp).to(old_c.dtype)
-    H = torch.zeros(ctx.num_sets, dtype=old_c.dtype, device=old_c.device).index_add_(
-        0, ctx.mem_set.index_select(0, ctx.comp_mem), h_tok)
-    ratio = H.clamp(-cfg.logratio_clamp, cfg.logratio_clamp).exp()
-    C = cfg.mismatch_threshold
-    if cfg.mismatch is Mismatch.TIS:
-        return ratio.clamp(max=C)
-    low = cfg.mismatch_low if cfg.mismatch_low is not None else 1.0 / C
-    return ((ratio >= low) & (ratio <= C)).to(old_c.dtype)
-
-
 # --------------------------------------------------------------------------- the loss
 
 
@@ -470,8 +457,9 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
     adv = items.advantage(b, dt)
     sr = SURROGATES[config.surrogate](d, items, adv, config)
     w = WEIGHTS[config.reduction](items, ctx, b).to(dt)
-    set_w = _mismatch_weight(old_c, b, ctx, config)
-    w_pg = w if set_w is None else w * set_w.index_select(0, items.event)
+    iw = item_weight(old_c - b.sampler_logprobs.index_select(0, ctx.comp).to(dt), token_set=ctx.mem_set.index_select(
+        0, ctx.comp_mem), num_sets=ctx.num_sets, event=items.event, aggregate=items.aggregate, cfg=config)
+    w_pg = w if iw is None else w * iw.weight
     pg_loss = -(w_pg * sr.objective).sum() / D
 
     k3 = None
@@ -492,5 +480,6 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
         diag = diagnose(b, item_size=b.set_size.index_select(0, items.event), ratio=sr.ratio, log_ratio=sr.log_ratio,
                         adv=adv, clipped_upper=sr.clipped_upper, clipped_lower=sr.clipped_lower,
                         item_of_token=items.of_token(), d=d, old_c=old_c, comp=ctx.comp, comp_mem=ctx.comp_mem,
-                        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3, entropy=entropy, set_weight=set_w)
+                        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3, entropy=entropy, weight=iw,
+                        item_event=items.event)
     return loss, diag

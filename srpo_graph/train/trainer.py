@@ -39,6 +39,7 @@ from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
+from srpo_graph.srpo.diagnostics import staleness_histogram
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
@@ -494,6 +495,7 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record["set_size"] = transition_set_sizes(episodes)
     record.update(transition_metrics(wf, episodes))  # reward/<transition>[/<label>], route/<router>/<label>
     record["tokens"] = batch.num_tokens
+    record["staleness"] = staleness_histogram(batch, {s.name: s.version for s in slots})  # vs the weights updated now
     record["advantage"] = summarize(batch.set_advantage.tolist())
     for k, v in batch.stats.to_dict().items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
