@@ -41,10 +41,11 @@ from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import Episode, write_traces
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import fsdp, lora
-from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
+from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
-from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
+from srpo_graph.train.distributed import DistInfo, broadcast_bytes, collective_failed, init_distributed, shutdown
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
+from srpo_graph.train.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.progress import ProgressBar
 from srpo_graph.train.runlock import lock_run_dir
@@ -118,6 +119,25 @@ class RunStopped(SrpoGraphError):
                     f"srpo-graph train {workflow} --run-dir {self.run_dir} --overwrite")
         return (f"{self}; newest complete checkpoint: {self.checkpoint}; free space, then resume: "
                 f"srpo-graph train {workflow} --resume {self.run_dir}")
+
+
+class RankLost(RunStopped):
+    """Under torchrun, another rank stopped answering in a collective (it died, or stalled past
+    ``dist_timeout``): this rank stops with the command that continues the run."""
+
+    exit_code = 3
+
+    def __init__(self, run_dir: Path, steps_done: int, checkpoint: Path | None, cause: BaseException):
+        self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        self.reason = f"another rank of the job stopped answering ({first[:200]})"
+        SrpoGraphError.__init__(self, f"srpo-graph train: stopped after step {steps_done}: {self.reason}")
+
+    def advice(self, workflow: str | Path) -> str:
+        if self.checkpoint is None:
+            return (f"{self}; no checkpoint yet; start again: "
+                    f"srpo-graph train {workflow} --run-dir {self.run_dir} --overwrite")
+        return f"{self}; newest complete checkpoint: {self.checkpoint}; resume: srpo-graph train {workflow} --resume {self.run_dir}"
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -266,7 +286,11 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
     workflow_path = Path(workflow_path)
     device = _device(config)
-    dist = init_distributed(device)
+    dist = init_distributed(device, config.dist_timeout)
+    if dist.enabled:  # several nodes may have resolved their own command lines: rank 0's config wins
+        config = validate(json.loads(agree_config(json.dumps(to_data(config)), workflow_path.read_text(), dist,
+                                                       follow=os.environ.get(FOLLOW_ENV) == "1")),
+                          "rank 0's config")
     torch.manual_seed(config.seed)
     wf_base = load_workflow(workflow_path)
     wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
@@ -279,7 +303,10 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     if config.rollout.eval_tasks is not None:
         resolved["eval_tasks"] = Path(config.rollout.eval_tasks).resolve()
     config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update=resolved)})
-    resume_from = _choose_checkpoint(run_dir, announce=dist.is_main) if resume else None
+    resume_from = None
+    if resume:  # rank 0 chooses; ranks that cannot read its run folder (other nodes) receive the files
+        chosen = _choose_checkpoint(run_dir, announce=True) if dist.is_main else None
+        resume_from = ship_checkpoint(chosen, dist)
     slots = _build_slots(wf, config, device, resume_from, dist)
     state = ckpt.LoopState(step=0, cursor=0)
     if resume_from is not None:
@@ -354,6 +381,10 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         if exc.errno not in _DISK_FULL:
             raise
         raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), exc) from None
+    except RuntimeError as exc:
+        if not (dist.enabled and collective_failed(exc)):
+            raise
+        raise RankLost(run_dir, state.step, ckpt.latest_checkpoint(run_dir), exc) from None
     finally:
         if writer is not None:
             try:
@@ -505,4 +536,6 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record["time"] = timings
     record["throughput"] = {"gen_tokens_per_s": gen_tokens / max(timings["rollout"], 1e-9),
                             "train_tokens_per_s": train_tokens / max(timings["update"], 1e-9)}
+    if torch.cuda.is_available() and str(_device(config)).startswith("cuda"):  # this rank's GPU, since the start
+        record["throughput"]["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return StepResult(record, episodes)
