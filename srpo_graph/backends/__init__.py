@@ -130,6 +130,9 @@ def _sglang(model: str, options: SGLangOptions, *, device: str = "cpu", **kw: An
         except (OSError, ValueError):
             kw["vocab_size"] = None  # constrained requests will then say what is missing
     kw = {"timeout": options.timeout, "max_retries": options.retries, "worker_urls": list(options.workers) or None,
+          "sync": options.sync, "sync_options": {"bucket_bytes": int(options.sync_bucket_mb * (1 << 20)),
+                                                 "master_address": options.sync_address,
+                                                 "timeout": options.sync_timeout},
           **({"weight_dir": options.weight_dir} if options.weight_dir is not None else {}), **kw}
     return SGLangBackend(kw.pop("url", options.url), load_tokenizer(path), **kw)
 

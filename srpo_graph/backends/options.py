@@ -15,6 +15,7 @@ A field's ``json_schema_extra``: ``{"cli": ["--url"]}`` adds short flag names fo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,6 +65,23 @@ class SGLangOptions(BackendOptions):
                            json_schema_extra={"cli": ["--timeout"]})
     retries: int = Field(4, ge=0, le=100, description="Retries of one request on connection errors and HTTP 5xx, "
                          "with exponential backoff from 0.5 s.", json_schema_extra={"cli": ["--retries"]})
+    sync: Literal["auto", "distributed", "disk"] = Field(
+        "auto", description="How updated weights reach the servers: `distributed` streams them over a process "
+        "group per worker (SGLang's /init_weights_update_group + /update_weights_from_distributed; gloo on CPU, "
+        "NCCL on GPU; no shared file system needed), `disk` saves them into `weight_dir` for "
+        "/update_weights_from_disk, `auto` streams where the workers can join a group and falls back to disk "
+        "(with a warning) where they cannot. LoRA policies always sync their adapter files by disk.",
+        json_schema_extra={"train_only": True})
+    sync_bucket_mb: float = Field(256.0, gt=0.0, description="Most MiB broadcast at once in a `distributed` sync "
+                                  "(one flattened bucket; an FSDP policy is gathered one bucket at a time).",
+                                  json_schema_extra={"train_only": True})
+    sync_address: str | None = Field(None, description="The address servers reach the trainer at for a "
+                                     "`distributed` sync (default: the local end of a route to each server; "
+                                     "127.0.0.1 for local ones).", json_schema_extra={"train_only": True})
+    sync_timeout: float = Field(300.0, gt=0.0, description="Deadline in seconds for one weight-update group to "
+                                "form and for each bucket of a `distributed` sync; a server that stalls or dies "
+                                "ends the step with an error naming it, never a hang.",
+                                json_schema_extra={"train_only": True})
     weight_dir: Path | None = Field(
         None, description="Where updated weights are saved for SGLang's update_weights_from_disk; must be "
         "readable by the server; each policy saves into its own subfolder <policy>. Default: RUN_DIR/weights. "

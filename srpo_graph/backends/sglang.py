@@ -114,6 +114,11 @@ class SGLangBackend:
         vocab_size: the model's vocabulary size (logit rows); needed for ``allow:`` requests.
         send_seed: also send ``sampling_seed`` per request (only honoured by servers in
             deterministic mode; off by default because older servers reject the key).
+        sync: how ``sync_weights`` moves weights: ``"distributed"`` (streamed over a process
+            group, :mod:`srpo_graph.backends.weight_sync`), ``"disk"`` (saved into ``weight_dir``,
+            loaded by each worker), ``"auto"`` (the group where the workers can join one, else disk).
+        sync_options: keyword arguments of :class:`~srpo_graph.backends.weight_sync.DistributedSync`
+            (``backend``, ``bucket_bytes``, ``master_address``, ``timeout``).
         check_health: call ``/health`` now.
     Raises:
         BackendError: when ``/health`` does not answer 200.
@@ -122,7 +127,8 @@ class SGLangBackend:
     def __init__(self, url: str, tokenizer: Any, *, timeout: float = 300.0, max_retries: int = 4,
                  backoff: float = 0.5, concurrency: int = 64, worker_urls: Sequence[str] | None = None,
                  weight_dir: str | Path | None = None, vocab_size: int | None = None, send_seed: bool = False,
-                 check_health: bool = True, weight_owner: str | None = None):
+                 check_health: bool = True, weight_owner: str | None = None, sync: str = "disk",
+                 sync_options: dict[str, Any] | None = None):
         import httpx
 
         self.url = url.rstrip("/")
@@ -135,6 +141,10 @@ class SGLangBackend:
         self.weights = WeightFolder(self.weight_dir, weight_owner)  # who may write/delete there (weight_dir.py)
         self.vocab_size = int(vocab_size) if vocab_size else None
         self.send_seed = send_seed
+        if sync not in ("auto", "distributed", "disk"):
+            raise BackendError(f"field `rollout.sglang.sync`: {sync!r} is not one of auto, distributed, disk")
+        self.sync, self.sync_options = sync, {"timeout": self.timeout, **(sync_options or {})}
+        self._streamer: Any = None
         self.stats = {"requests": 0, "retries": 0, "retractions": 0, "failed": 0}
         self._lock = threading.Lock()
         self._disallowed: dict[tuple[int, ...], list[int]] = {}
@@ -360,11 +370,18 @@ class SGLangBackend:
         return path
 
     def sync_weights(self, model: Any, version: int) -> None:
-        """Save ``model`` (or use a directory path) and load it into every worker, tagged ``version``.
+        """Load ``model``'s weights into every worker, tagged ``version``: streamed over a
+        process group (``sync="distributed"``, or ``"auto"`` where the workers join one), or
+        saved into ``weight_dir`` and loaded from there (``"disk"``; also for a directory path).
 
         Raises:
-            BackendError: a worker that refuses the update.
+            BackendError: a worker that refuses, stalls or dies during the update (named).
         """
+        if self.sync != "disk" and not isinstance(model, (str, Path)) and self._stream(model, version):
+            for worker in self.worker_urls:
+                self._flush_cache(worker)
+            self.weight_version = int(version)
+            return
         path = Path(model) if isinstance(model, (str, Path)) else self.save_weights(model, version)
         for worker in self.worker_urls:
             answer = self._post(worker, "/update_weights_from_disk", {
@@ -378,6 +395,28 @@ class SGLangBackend:
         self.weight_version = int(version)
         if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
             self.weights.keep_only({f"v{int(version)}", f"v{int(version) - 1}"})
+
+    def _stream(self, model: Any, version: int) -> bool:
+        """Stream ``model`` over the workers' weight-update groups; False: ``auto`` fell back to disk."""
+        from srpo_graph.backends.weight_sync import DistributedSync
+
+        if self._streamer is None:
+            device = next(iter(model.parameters())).device if hasattr(model, "parameters") else None
+            on_gpu = device is not None and device.type == "cuda"  # NCCL from the GPU, gloo from the CPU: one path
+            self._streamer = DistributedSync(**{"backend": "nccl" if on_gpu else "gloo",
+                                                "device": str(device) if on_gpu else "cpu", **self.sync_options})
+            if self.sync == "auto":
+                try:
+                    for worker in self.worker_urls:
+                        self._streamer.connect(worker)
+                except BackendError as exc:
+                    import warnings
+
+                    warnings.warn(f"rollout.sglang.sync=auto: weights go by disk ({exc})", stacklevel=2)
+                    self.sync = "disk"
+                    return False
+        self._streamer.push(self.worker_urls, model, version)
+        return True
 
     def _flush_cache(self, worker: str) -> None:
         """Empty ``worker``'s prefix cache once it is idle (Note [Weight sync that loses nothing])."""
@@ -401,5 +440,7 @@ class SGLangBackend:
             attempt += 1
 
     def close(self) -> None:
+        if self._streamer is not None:
+            self._streamer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()

@@ -89,17 +89,33 @@ def _check_saved_config(data: dict | None, path: Path, damage: str = "") -> None
               help="Run folder (default: a new runs/<workflow name>-<date-time>).")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A TOML file with any TrainConfig fields (see docs/training.md).")
-@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+@click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Continue the run in this folder from its newest complete checkpoint.")
 @click.option("--tasks", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Training tasks (JSONL); default: the workflow's tasks/ file.")
-@click.option("--nproc", type=int, default=None, help="Data-parallel processes (re-launches under torchrun).")
+@click.option("--nproc", type=int, default=None, help="Data-parallel processes on this node (re-launches under torchrun).")
+@click.option("--nnodes", type=click.IntRange(1, 4096), default=1, show_default=True,
+              help="Nodes of a multi-node job; run the same command on each, with its --node-rank.")
+@click.option("--node-rank", type=click.IntRange(0), default=0, show_default=True, help="This node's index, 0..nnodes-1 "
+              "(node 0 holds rank 0 and the run folder).")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="Where the nodes meet: node 0's address and "
+              "a free port (torchrun's static rendezvous).")
+@click.option("--plan", "plan_gpus", type=click.IntRange(1, 1024), default=None, metavar="GPUS",
+              help="Print where SGLang servers and trainer ranks would go on GPUS GPUs of one node, and the "
+              "commands that start them; start nothing.")
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an earlier run found in --run-dir.")
-def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume, tasks, nproc, overwrite):
+def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume, tasks, nproc, nnodes, node_rank,
+                  rdzv_endpoint, plan_gpus, overwrite):
     """Train the workflow in WORKFLOW (.wf) with SRPO; KEY=VALUE pairs override config fields.
 
     Example: srpo-graph train workflows/coord_par3.wf --steps 50 optim.lr=2e-3 loss.eps_high=0.28
     """
+    if plan_gpus is not None:
+        _print_plan(workflow, plan_gpus, overrides)
+        return
+    if resume is not None and not resume.is_dir() and not (nnodes > 1 and node_rank > 0):
+        # (another node of a multi-node job has no run folder: it follows node 0, multinode.py)
+        raise click.BadParameter(f"Directory '{resume}' does not exist.", param_hint="'--resume'")
     signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
         if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
@@ -107,6 +123,13 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
 
             cfg = validate(load_toml(os.environ[LAUNCH_ENV]), os.environ[LAUNCH_ENV])
             resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
+        elif resume is not None and node_rank > 0 and not (Path(resume) / "config.toml").exists():
+            # another node of a multi-node job: the run folder is on node 0, whose config this node follows
+            from srpo_graph.train.multinode import FOLLOW_ENV
+
+            cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=resume, tasks=tasks,
+                               nproc=nproc)
+            os.environ[FOLLOW_ENV] = "1"
         else:
             cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks,
                                nproc=nproc, resume=resume)
@@ -116,14 +139,14 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again",
                    err=True)
         sys.exit(_interrupt_code())
-    if cfg.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    if (cfg.nproc > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
         if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
             from srpo_graph.lang import load_workflow
             from srpo_graph.train.config import default_run_dir
 
             cfg = cfg.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow).name)})
         try:
-            code = _launch(workflow, cfg, resume is not None)
+            code = _launch(workflow, cfg, resume is not None, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint)
         except KeyboardInterrupt:  # rank 0 has printed where the run stands and how to resume
             from srpo_graph.train.stops import continue_command
 
@@ -189,11 +212,37 @@ def _interrupt_code() -> int:
     return 128 + (_SIGNAL[0] if _SIGNAL else 2)
 
 
+def _after_a_lost_rank(workflow: Path, run_dir: Path) -> None:
+    from srpo_graph.train import checkpoint as ckpt
+
+    last = ckpt.latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if last is None:
+        click.echo(f"srpo-graph train: no checkpoint yet; start again: srpo-graph train {workflow} --run-dir {run_dir} "
+                   "--overwrite", err=True)
+    else:
+        click.echo(f"srpo-graph train: newest complete checkpoint: {last}; resume: srpo-graph train {workflow} "
+                   f"--resume {run_dir}", err=True)
+
+
+def _print_plan(workflow: Path, gpus: int, overrides: tuple[str, ...]) -> None:
+    """``--plan GPUS``: the placement of servers and trainer ranks, and the commands (placement.py)."""
+    from srpo_graph.backends import resolve_model
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.train.placement import plan
+
+    wf = load_workflow(workflow)
+    p = plan(gpus, [(pol.name, str(resolve_model(pol.model))) for pol in wf.policies if pol.adapter is None],
+             train_args=[o for o in overrides if not o.startswith("rollout.sglang.urls")])
+    click.echo(f"{wf.name} on {gpus} GPU{'s' * (gpus > 1)} of one node:\n{p.table()}\n\ncommands:")
+    for line in p.commands(str(workflow)):
+        click.echo(f"  {line}")
+
+
 LAUNCH_ENV = "SRPO_GRAPH_TRAIN_CONFIG"
 RESUME_ENV = "SRPO_GRAPH_TRAIN_RESUME"
 
 
-def _launch(workflow: Path, cfg, resume: bool) -> int:
+def _launch(workflow: Path, cfg, resume: bool, *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
     """Re-run this command under torchrun; the workers read the resolved config from a file.
 
     Passing a file (not the original flags) keeps torchrun's own option parser away from ours
@@ -214,7 +263,11 @@ def _launch(workflow: Path, cfg, resume: bool) -> int:
         write_config(cfg, path)
         os.environ[LAUNCH_ENV], os.environ[RESUME_ENV] = str(path), "1" if resume else "0"
         try:
-            return launch(cfg.nproc, [str(workflow)])
+            code = launch(cfg.nproc, [str(workflow)], nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
+                          timeout=cfg.dist_timeout)
+            if code > 128 and node_rank == 0:  # a rank was killed: the survivors may not have said how to go on
+                _after_a_lost_rank(workflow, Path(cfg.run_dir))
+            return code
         finally:
             os.environ.pop(LAUNCH_ENV, None)
             os.environ.pop(RESUME_ENV, None)

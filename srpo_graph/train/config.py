@@ -243,7 +243,10 @@ class TrainConfig(_Section):
     run_dir: Path | None = Field(None, description="Run folder. Default: a new runs/<workflow name>-<date-time> folder.")
     overwrite: bool = Field(False, description="Replace the outputs of an earlier run found in run_dir (otherwise "
                             "a fresh run refuses a used folder: resume it, or pick another folder).")
-    nproc: int = Field(1, ge=1, le=1024, description="Data-parallel processes (torchrun); 1 = this process.")
+    nproc: int = Field(1, ge=1, le=1024, description="Data-parallel processes (torchrun) per node; 1 = this process.")
+    dist_timeout: float = Field(600.0, gt=0.0, description="Seconds a collective (gradient all-reduce, episode "
+                                "broadcast, ...) may wait for a rank under torchrun: a rank that died or stalls "
+                                "ends the job with an error, never a hang.")
     strategy: str = Field(  # a key of train/strategies.py's STRATEGIES (checked below)
         "ddp", description="Data-parallel strategy with nproc > 1. `ddp`: every rank holds whole models, "
         "gradients are all-reduced (fastest while a policy, its gradients and Adam state fit one device). "

@@ -25,9 +25,7 @@ not equal (sets differ in size), so we normalize by the global denominator and s
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -51,11 +49,13 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device: str = "cpu") -> DistInfo:
+def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
     """Join the process group ``torchrun`` prepared (a no-op when WORLD_SIZE is unset or 1).
 
     Args:
         device: ``cpu`` (gloo) or ``cuda`` (nccl; each rank takes GPU ``LOCAL_RANK``).
+        timeout: seconds any collective may wait for a rank (``dist_timeout``): a rank that died
+            or stalls ends the others' collective with an error, never a hang.
     Returns:
         DistInfo.
 
@@ -71,8 +71,27 @@ def init_distributed(device: str = "cpu") -> DistInfo:
     if not dist.is_initialized():
         if device == "cuda":
             torch.cuda.set_device(local)
-        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+        from datetime import timedelta
+
+        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=timeout))
     return DistInfo(rank=rank, world_size=world, local_rank=local)
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that lost a peer: it died (connection reset or closed) or
+    did not come within the group's timeout (gloo and NCCL raise plain RuntimeErrors).
+
+    >>> collective_failed(RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"))
+    True
+    >>> collective_failed(RuntimeError("shape mismatch"))
+    False
+    """
+    import torch.distributed as dist
+
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return any(k in text for k in ("gloo", "NCCL", "Connection reset", "Connection closed", "timed out", "Timed out"))
 
 
 def shutdown(info: DistInfo, *, barrier: bool = True) -> None:
@@ -181,13 +200,15 @@ def shard_sets(set_tokens: Sequence[int], rank: int, world_size: int) -> list[in
     return out
 
 
-def launch(nproc: int, argv: Sequence[str]) -> int:
-    """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes.
+def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None,
+           timeout: float = 600.0) -> int:
+    """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes on this
+    node (of ``nnodes``, meeting at ``endpoint``: :func:`multinode.torchrun_command`).
 
     Returns:
         torchrun's exit code.
     """
-    runner = shutil.which("torchrun")
-    cmd = [runner] if runner else [sys.executable, "-m", "torch.distributed.run"]
-    cmd += ["--standalone", f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
-    return subprocess.call(cmd)
+    from srpo_graph.train.multinode import torchrun_command
+
+    return subprocess.call(torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
+                                            timeout=timeout))

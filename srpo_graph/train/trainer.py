@@ -43,11 +43,12 @@ from srpo_graph.srpo.diagnostics import staleness_histogram
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
-from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, write_config
+from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
-from srpo_graph.train.distributed import DistInfo, broadcast_bytes, init_distributed, shutdown
+from srpo_graph.train.distributed import DistInfo, broadcast_bytes, collective_failed, init_distributed, shutdown
 from srpo_graph.train.evaluate import score
 from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
+from srpo_graph.train.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
@@ -257,7 +258,11 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
     workflow_path = Path(workflow_path)
     device = _device(config)
-    dist = init_distributed(device)
+    dist = init_distributed(device, config.dist_timeout)
+    if dist.enabled:  # several nodes may have resolved their own command lines: rank 0's config wins
+        config = validate(json.loads(agree_config(json.dumps(to_data(config)), workflow_path.read_text(), dist,
+                                                       follow=os.environ.get(FOLLOW_ENV) == "1")),
+                          "rank 0's config")
     torch.manual_seed(config.seed)
     wf_base = load_workflow(workflow_path)
     if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
@@ -273,7 +278,10 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     if config.rollout.eval_tasks is not None:
         resolved["eval_tasks"] = Path(config.rollout.eval_tasks).resolve()
     config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update=resolved)})
-    resume_from = _choose_checkpoint(run_dir, announce=dist.is_main) if resume else None
+    resume_from = None
+    if resume:  # rank 0 chooses; ranks that cannot read its run folder (other nodes) receive the files
+        chosen = _choose_checkpoint(run_dir, announce=True) if dist.is_main else None
+        resume_from = ship_checkpoint(chosen, dist)
     if resume_from is not None:  # before loading anything: the frozen policies must be the run's
         frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
     restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
@@ -371,6 +379,13 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     except BackendError as exc:  # e.g. a server that died during a weight sync or an adapter swap
         raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), str(exc).strip(),
                          remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})") from None
+    except RuntimeError as exc:  # under torchrun: another rank died or stalled past dist_timeout
+        if not (dist.enabled and collective_failed(exc)):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir),
+                         f"another rank of the job stopped answering ({first[:200]})",
+                         remedy="check the other ranks' output") from None
     finally:
         if writer is not None:
             try:
@@ -538,4 +553,6 @@ def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, 
     record["time"] = timings
     record["throughput"] = {"gen_tokens_per_s": gen_tokens / max(timings["rollout"], 1e-9),
                             "train_tokens_per_s": train_tokens / max(timings["update"], 1e-9)}
+    if torch.cuda.is_available() and str(_device(config)).startswith("cuda"):  # this rank's GPU, since the start
+        record["throughput"]["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return StepResult(record, episodes)

@@ -326,7 +326,8 @@ def _until_the_router_uses_both(backend, prompt, workers, seconds: float = 90.0)
 
 def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, tiny_dir, tok):
     """sglang-router (round robin) in front of two real workers: both serve, and after one
-    sync_weights every completion, from either worker, reports the new version and weights."""
+    sync_weights over a process group per worker, every completion, from either worker, reports
+    the new version and weights."""
     from srpo_graph.backends import load_backend
     from srpo_graph.backends.sglang_server import SGLangServer, sglang_python
 
@@ -347,7 +348,7 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
     try:
         router.start().wait_healthy(120)
         b = load_backend("sglang", str(tiny_dir), url=router.url, worker_urls=[w1.url, w2.url],
-                         weight_dir=tmp_path / "w", backoff=0.05)
+                         weight_dir=tmp_path / "w", backoff=0.05, sync="distributed")  # a group per worker
         prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(16)]
         _until_the_router_uses_both(b, prompts[0], (w1, w2))
         other = _perturbed(tiny_dir, tmp_path, scale=0.05)
@@ -357,6 +358,7 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
         now = [w.log_path.read_text().count("POST /generate") for w in (w1, w2)]
         assert all(n > s for n, s in zip(now, served)), (served, now)  # both workers answered
         assert {c.weight_version for c in comps} == {5}
+        assert b._streamer.stats["syncs"] == 1 and len(b._streamer.groups) == 2 and not (tmp_path / "w").exists()
         for p, c in zip(prompts, comps):
             assert (torch.tensor(c.logprobs) - reference_logprobs(other, p, c.completion_ids, 1.0)).abs().max() < ATOL
         b.close()

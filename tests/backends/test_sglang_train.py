@@ -116,6 +116,7 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     versions = {o["policy_version"] for line in (run / "traces" / "step_25.jsonl").read_text().splitlines()
                 for o in json.loads(line)["outputs"]}
     assert versions == {24}  # sampled by the weights of the previous update, as the server reported
+    assert not (run / "weights").exists()  # the default sync (auto) streamed them over a gloo group: no disk
 
 
 def test_two_policies_get_two_servers_each_synced(tmp_path, no_servers_left):
@@ -129,12 +130,12 @@ def test_two_policies_get_two_servers_each_synced(tmp_path, no_servers_left):
                                                            for i in range(40)))
     run = tmp_path / "run"
     train(wf, _config(run, 3, f"rollout.tasks={json.dumps(str(tmp_path / 'tasks' / 'duo.jsonl'))}",
-                      "rollout.tasks_per_step=4", "logging.traces_every=1"))
+                      "rollout.tasks_per_step=4", "logging.traces_every=1", "rollout.sglang.sync=disk"))
     no_servers_left()
     logs = sorted(p.name for p in (run / "sglang").iterdir())
     assert logs == ["left.log", "right.log"]  # one server per policy
     for pol in ("left", "right"):
-        assert (run / "weights" / pol / "v3").is_dir()
+        assert (run / "weights" / pol / "v3").is_dir()  # sync=disk: saved, loaded by the server
     eps = [json.loads(line) for line in (run / "traces" / "step_3.jsonl").read_text().splitlines()]
     seen = {(o["policy"], o["policy_version"]) for e in eps for o in e["outputs"]}
     assert seen == {("left", 2), ("right", 2)}  # each server reported the version synced after step 2

@@ -1,0 +1,188 @@
+"""Weights over a process group (srpo_graph/backends/weight_sync.py): buckets, the flattened
+layout SGLang reads, the group's deadline with real gloo, and -- against REAL SGLang CPU servers
+(marker ``sglang``) -- a sync whose served log-probs are the new weights', in one bucket or many,
+and a server that stalls or dies mid-sync ending the sync with its URL named, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from srpo_graph.backends.base import GenerationRequest
+from srpo_graph.backends.weight_sync import (
+    DistributedSync,
+    buckets,
+    flatten,
+    free_port,
+    http_call,
+    join_group,
+    named_weights,
+)
+from srpo_graph.errors import BackendError
+
+sys.path.insert(0, str(Path(__file__).parent))
+ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (as test_sglang_real.py)
+
+
+def test_flattened_bucket_is_what_sglang_reconstructs():
+    """The bytes back to back; cutting them at each tensor's byte offset (SGLang's
+    FlattenedTensorBucket.reconstruct_tensors, re-written here as a plain loop) gives the tensors back."""
+    torch.manual_seed(0)
+    pairs = [("a", torch.randn(3, 4)), ("b", torch.randn(5)), ("c", torch.randn(2, 2, 2))]
+    [bucket] = list(buckets(pairs, 1 << 20, torch.bfloat16))
+    flat = flatten(bucket)
+    assert flat.dtype == torch.uint8 and flat.numel() == sum(t.numel() * 2 for _, t in pairs)
+    offset = 0
+    for name, t in pairs:
+        n = t.numel() * 2
+        back = flat[offset:offset + n].view(torch.bfloat16).reshape(t.shape)
+        assert torch.equal(back, t.to(torch.bfloat16)), name
+        offset += n
+
+
+def test_buckets_respect_the_bound_and_keep_order():
+    pairs = [(f"w{i}", torch.zeros(i + 1)) for i in range(20)]
+    out = list(buckets(pairs, 32, None))
+    assert [n for b in out for n, _ in b] == [n for n, _ in pairs]
+    for b in out:  # within the bound, or one tensor larger than it alone
+        assert sum(t.numel() * 4 for _, t in b) <= 32 or len(b) == 1
+
+
+def test_named_weights_send_a_tied_embedding_once(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
+    names = [n for n, _ in named_weights(m)]
+    assert len(names) == len(set(names))
+    tied = m.get_output_embeddings().weight.data_ptr() == m.get_input_embeddings().weight.data_ptr()
+    assert ("lm_head.weight" in names) != tied  # the saved names: a tied head is the embedding
+    assert sum(t.numel() for _, t in named_weights(m)) == sum(p.numel() for p in m.parameters())
+
+
+def test_a_group_nobody_joins_ends_at_its_deadline():
+    """Rank 0 of a real gloo group whose other rank never comes: an error naming the address, no hang."""
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(BackendError, match=f"127.0.0.1:{port}"):
+        join_group("127.0.0.1", port, 2, f"nobody-{port}", "gloo", timeout=2.0)
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_server_that_cannot_join_is_named_within_the_deadline():
+    """A worker URL where no server listens: the first call fails at once, naming the URL."""
+    sync = DistributedSync(timeout=3.0)
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(BackendError, match=url):
+        sync.connect(url)
+    sync.close()
+
+
+# --------------------------------------------------------------------------- real SGLang servers
+
+
+def _served_gap(backend, model, prompts, n=4):
+    """Largest |server log-prob − trainer log-prob| over sampled completions of ``prompts``."""
+    from test_sglang_real import reference_logprobs
+
+    comps = backend.generate([GenerationRequest(p, n, temperature=1.0) for p in prompts])
+    gap = max(float((torch.tensor(c.logprobs) - reference_logprobs(model, p, c.completion_ids, 1.0)).abs().max())
+              for p, c in zip(prompts, comps))
+    return gap, {c.weight_version for c in comps}
+
+
+def _perturbed(tiny_dir, scale=0.05, seed=1):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * scale)
+    return m
+
+
+@pytest.mark.sglang
+def test_distributed_sync_serves_the_new_weights_in_one_bucket_or_many(sglang_url, tiny_dir, tmp_path):
+    """After a process-group sync the real server's log-probs are the new weights' (bf16
+    tolerance), and its weight version is the sync's; 1 bucket or ~40 give the same; nothing is
+    written to disk. The session server gets its original weights back at the end."""
+    from test_sglang_real import client
+
+    from srpo_graph.backends.tiny import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_dir))
+    prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(4)]
+    original = _perturbed(tiny_dir, scale=0.0)
+    other = _perturbed(tiny_dir)
+    b = client(sglang_url, tiny_dir, weight_dir=tmp_path / "w", sync="distributed")
+    try:
+        b.sync_weights(other, 21)
+        gap, versions = _served_gap(b, other, prompts)
+        assert versions == {21} and gap < ATOL
+        assert _served_gap(b, original, prompts)[0] > 3 * ATOL  # it serves the new weights, not the old
+        assert b._streamer.stats["buckets"] == 1
+        many = client(sglang_url, tiny_dir, weight_dir=tmp_path / "w2", sync="distributed",
+                      sync_options={"bucket_bytes": 4096})
+        try:
+            other2 = _perturbed(tiny_dir, seed=2)
+            many.sync_weights(other2, 22)
+            assert many._streamer.stats["buckets"] > 10
+            gap, versions = _served_gap(many, other2, prompts)
+            assert versions == {22} and gap < ATOL
+        finally:
+            many.sync_weights(original, 23)  # leave the session server as it was
+            many.close()
+        assert not (tmp_path / "w").exists() and not (tmp_path / "w2").exists()  # no disk route taken
+    finally:
+        b.close()
+
+
+@pytest.mark.sglang
+def test_a_server_that_stalls_or_dies_mid_sync_ends_it_with_its_url(tmp_path, tiny_dir):
+    """A real server stopped (SIGSTOP) after the first bucket: the next bucket ends at the
+    sync deadline with an error naming the server; the same server killed (SIGKILL): the next
+    sync fails at once, naming it. The signals are sent from the HTTP hook between two buckets,
+    so the fault lands mid-sync, on a real server."""
+    from sglang_servers import start_real_server
+
+    from srpo_graph.backends import load_backend
+
+    server = start_real_server(tiny_dir, tmp_path)
+    pid = server.proc.pid
+    answered = {"n": 0}
+
+    def post(worker, route, payload, timeout):
+        out = http_call(worker, route, payload, timeout)
+        if route == "/update_weights_from_distributed":
+            answered["n"] += 1
+            if answered["n"] == 2:
+                os.killpg(os.getpgid(pid), signal.SIGSTOP)  # stalls: the process group, every SGLang process
+        return out
+
+    try:
+        b = load_backend("sglang", str(tiny_dir), url=server.url, weight_dir=tmp_path / "w", sync="distributed",
+                         sync_options={"bucket_bytes": 4096, "timeout": 8.0, "post": post})
+        model = _perturbed(tiny_dir)
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match=server.url.replace(".", r"\.")):
+            b.sync_weights(model, 1)
+        assert time.monotonic() - t0 < 60  # the deadline (8 s a bucket), not a hang
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        server.proc.wait(30)
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match=server.url.replace(".", r"\.")):
+            b.sync_weights(model, 2)
+        assert time.monotonic() - t0 < 60
+        b.close()
+    finally:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+        server.stop()

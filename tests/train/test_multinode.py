@@ -1,0 +1,163 @@
+"""Two "nodes" of one process each on this machine (torchrun's static rendezvous over localhost,
+gloo): the job equals one process, only node 0 writes the run folder, and ``--resume`` works on
+a node that cannot read it.
+
+The nodes run in two different working directories with a relative ``--run-dir``, so node 1
+really has no run folder (as on a cluster without a shared file system): what it needs of it --
+the checkpoint it resumes from -- must come over the process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from srpo_graph.backends.weight_sync import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+WF = str(ROOT / "workflows" / "coord_mixed.wf")
+SMALL = ["rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2", "logging.tensorboard=false",
+         "logging.plots=false", "checkpoint.every=1", "dist_timeout=120"]
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "SRPO_GRAPH_HOME": str(home),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def _nodes(tmp_path: Path, *args: str) -> list[subprocess.CompletedProcess]:
+    """Run ``srpo-graph train WF ARGS`` as node 0 and node 1 (each in its own folder), together."""
+    return _launch_nodes(tmp_path, [("node0", list(args)), ("node1", list(args))])
+
+
+def _launch_nodes(tmp_path: Path, nodes: list[tuple[str, list[str]]]) -> list[subprocess.CompletedProcess]:
+    """Node K runs in ``tmp_path/<name>`` with its own args; outputs go to files (a full pipe
+    would block a node, and its peer with it)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for rank, (name, args) in enumerate(nodes):
+        cwd = tmp_path / name
+        cwd.mkdir(exist_ok=True)
+        out, err = open(cwd / "stdout.txt", "w"), open(cwd / "stderr.txt", "w")
+        procs.append((cwd, subprocess.Popen(
+            ["srpo-graph", "train", WF, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint, *args],
+            cwd=cwd, env=_env(tmp_path / "home"), stdout=out, stderr=err)))
+    done = []
+    for cwd, p in procs:
+        p.wait(timeout=600)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, (cwd / "stdout.txt").read_text(),
+                                                (cwd / "stderr.txt").read_text()))
+    return done  # node 0, node 1
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_nodes_equal_one_process_and_resume_without_a_shared_run_folder(tmp_path):
+    home = tmp_path / "home"
+    (home).mkdir()
+    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", home / "tiny")  # the built model, not the run
+    one = tmp_path / "one"
+    proc = subprocess.run(["srpo-graph", "train", WF, "--steps", "2", "--run-dir", str(one), *SMALL],
+                          cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+    n0, n1 = _nodes(tmp_path, "--steps", "2", "--run-dir", "runs/job", *SMALL)
+    assert n0.returncode == 0 and n1.returncode == 0, (n0.stderr[-2000:], n1.stderr[-2000:])
+    run = tmp_path / "node0" / "runs" / "job"
+    assert not (tmp_path / "node1" / "runs").exists()  # only node 0 writes the run folder
+    a, b = _rows(one), _rows(run)
+    assert [r["step"] for r in b] == [1, 2]
+    for x, y in zip(a, b):
+        assert x["reward"] == y["reward"] and x["events"] == y["events"]
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-6)
+        assert x["grad_norm/tiny"] == pytest.approx(y["grad_norm/tiny"], rel=1e-5)
+
+    # resume to step 3: node 1 has no run folder, receives the checkpoint over the group
+    proc = subprocess.run(["srpo-graph", "train", WF, "--resume", str(one), "--steps", "3"],
+                          cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n0, n1 = _nodes(tmp_path, "--resume", "runs/job", "--steps", "3")
+    assert n0.returncode == 0 and n1.returncode == 0, (n0.stderr[-2000:], n1.stderr[-2000:])
+    assert "cannot read" in n1.stderr and "receiving it into" in n1.stderr
+    assert not (tmp_path / "node1" / "runs").exists()
+    a, b = _rows(one), _rows(run)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    assert a[2]["reward"] == b[2]["reward"] and a[2]["loss"] == pytest.approx(b[2]["loss"], abs=1e-6)
+    shutil.rmtree(home / "received", ignore_errors=True)
+
+
+def test_nodes_that_disagree_stop_together_naming_the_ranks(tmp_path):
+    """Node 1 resolved another learning rate: both nodes stop at once with an error naming rank 1."""
+    (tmp_path / "home").mkdir()
+    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
+    common = ["--steps", "1", "--run-dir", "runs/job", "dist_timeout=60"]
+    for p in _launch_nodes(tmp_path, [("d0", common), ("d1", [*common, "optim.lr=0.5"])]):
+        assert p.returncode != 0 and "disagree with rank 0" in p.stderr and "ranks [1]" in p.stderr, p.stderr[-2000:]
+
+
+def test_torchrun_command_lines():
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.train.multinode import torchrun_command
+
+    cmd = torchrun_command(4, ["x.wf"], nnodes=3, node_rank=2, endpoint="node0:29400")
+    assert "--nnodes=3" in cmd and "--node_rank=2" in cmd and "--master_addr=node0" in cmd
+    assert "--master_port=29400" in cmd and "--nproc_per_node=4" in cmd and "--standalone" not in cmd
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        torchrun_command(1, ["x.wf"], nnodes=2, endpoint="node0")
+    with pytest.raises(ConfigError, match="node-rank"):
+        torchrun_command(1, ["x.wf"], nnodes=2, node_rank=2, endpoint="h:1")
+
+
+def _pid_of_rank(rank: int, marker: str) -> int | None:
+    """The PID of the torchrun worker of ``rank`` whose environment holds ``marker``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(marker.encode() in e for e in env):
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_during_training_ends_the_job_with_a_resume_line(tmp_path):
+    """SIGKILL rank 1 of a 2-process job after step 2: the job ends (no hang), the error names the
+    rank and says how to continue; the resume line works."""
+    import signal
+    import time
+
+    (tmp_path / "home").mkdir()
+    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
+    run = tmp_path / "run"
+    env = {**_env(tmp_path / "home"), "SRPO_TEST_MARKER": str(tmp_path)}
+    with open(tmp_path / "err.txt", "w") as err:
+        p = subprocess.Popen(["srpo-graph", "train", WF, "--nproc", "2", "--steps", "8", "--run-dir", str(run), *SMALL],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 400
+        while not ((run / "metrics.jsonl").exists() and len(_rows(run)) >= 2):
+            assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
+            time.sleep(0.2)
+        pid = _pid_of_rank(1, str(tmp_path))
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        code = p.wait(timeout=300)  # ends: the survivors' collectives fail, torchrun stops them
+    text = (tmp_path / "err.txt").read_text()
+    assert code != 0 and "rank 1" in text and "killed by signal 9" in text, text[-3000:]
+    assert f"--resume {run}" in text and "Traceback" not in text, text[-3000:]
+    done = len(_rows(run))
+    assert 2 <= done < 8
+    proc = subprocess.run(["srpo-graph", "train", WF, "--resume", str(run)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["step"] for r in _rows(run)] == list(range(1, 9))
