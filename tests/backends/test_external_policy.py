@@ -73,7 +73,9 @@ def test_a_stalled_endpoint_fails_episodes_cleanly_with_its_url(tiny_backend):
 
 
 def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
-    """`srpo-graph run` on the same workflow: exit 0, every episode in the traces failed with the URL."""
+    """`srpo-graph run` on the same workflow: every episode is written to the traces, failed with the
+    URL, and -- since every one failed -- the run exits 5 saying so (a run that produced nothing
+    usable never "succeeds"; docs/training.md, User code: deadlines and failures)."""
     import subprocess
     import sys
 
@@ -88,7 +90,9 @@ def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
                              timeout=120, cwd=ROOT)
     finally:
         server.stop()
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 5, res.stderr[-2000:]
+    assert "every one of the 4 episodes failed" in res.stderr and server.url in res.stderr
+    assert "4 failed (backend)" in res.stderr and "Traceback" not in res.stderr
     eps = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert len(eps) == 4 and all(e["status"] == "failed" and server.url in e["error"] for e in eps)
 
