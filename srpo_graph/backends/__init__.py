@@ -186,7 +186,7 @@ def backend_spec(kind: str) -> BackendSpec:
     >>> backend_spec("vllm")
     Traceback (most recent call last):
     ...
-    srpo_graph.errors.BackendError: unknown backend 'vllm' (known: transformers, sglang)
+    srpo_graph.errors.BackendError: unknown backend 'vllm' (known: transformers, sglang, openai)
     """
     if kind not in BACKENDS:
         raise BackendError(f"unknown backend {kind!r} (known: {', '.join(BACKENDS)})")

@@ -75,7 +75,8 @@ def max_picks(w: Workflow, act: ActivateRoute) -> int:
     agent = {a.name: a for a in w.agents}.get(act.on.path[0])
     t = subject_type(w, act)
     n = len(t.options) if isinstance(t, ChoiceType) else len(act.cases)
-    if agent is None or len(act.on.path) > 1 or (agent.extractor.module, agent.extractor.function) != (
+    ex = agent.extractor if agent is not None else None
+    if agent is None or ex is None or len(act.on.path) > 1 or (ex.module, ex.function) != (
             "srpo_graph.std", "digit_choices"):
         return n
     allow = agent.sampling.allow

@@ -46,8 +46,8 @@ def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_r
 
     >>> torchrun_command(2, ["a.wf"])[-5:]
     ['--standalone', '--nproc_per_node=2', '-m', 'srpo_graph.train', 'a.wf']
-    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-4]
-    ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--nproc_per_node=1']
+    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-3]
+    ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600', '--nproc_per_node=1']
     """
     cmd = [sys.executable, "-m", "srpo_graph.train.multinode"]
     if nnodes <= 1:
