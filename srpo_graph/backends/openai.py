@@ -152,15 +152,19 @@ class OpenAIBackend:
     ``tokenizer`` is None and ``text_only`` True: the runtime then sends each request's rendered
     prompt as ``prompt_text`` (no ids) and records the answer as a text-only output
     (``Output.source = "text"``). Failed requests come back per request (``partial``/``errors``),
-    so the executor fails only their episodes, each error naming the URL.
+    so the executor fails only their episodes, each error naming the URL. An endpoint is a
+    server: the executor's ``auto`` scheduler streams episodes to it (``scheduler``;
+    runtime/streaming.py) when every policy's backend is one, up to ``concurrency`` in flight.
     """
 
+    scheduler = "streaming"  # executor.run(scheduler="auto") streams episodes to servers
     text_only = True
     tokenizer: Any = None
     weight_version = 0
 
     def __init__(self, model: ExternalModel, *, backoff: float = 0.2):
         self.client = OpenAIChat(model, backoff=backoff)
+        self.concurrency = int(model.concurrency)  # requests in flight at once (the streaming scheduler's bound)
 
     @classmethod
     def for_policy(cls, model: ExternalModel) -> "OpenAIBackend":

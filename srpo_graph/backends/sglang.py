@@ -101,6 +101,9 @@ def allow_processor(allowed: Sequence[int]) -> str:
 class SGLangBackend:
     """Sample from an SGLang server over HTTP.
 
+    A server batches continuously, so the executor's ``auto`` scheduler streams episodes to it
+    (``scheduler``; runtime/streaming.py), up to ``concurrency`` requests in flight.
+
     Args:
         url: the server or router, e.g. ``http://127.0.0.1:30000``.
         tokenizer: the served model's tokenizer (the runtime tokenizes prompts with it).
@@ -124,6 +127,8 @@ class SGLangBackend:
         BackendError: when ``/health`` does not answer 200.
     """
 
+    scheduler = "streaming"  # executor.run(scheduler="auto") streams episodes to servers
+
     def __init__(self, url: str, tokenizer: Any, *, timeout: float = 300.0, max_retries: int = 4,
                  backoff: float = 0.5, concurrency: int = 64, worker_urls: Sequence[str] | None = None,
                  weight_dir: str | Path | None = None, vocab_size: int | None = None, send_seed: bool = False,
@@ -133,6 +138,7 @@ class SGLangBackend:
 
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
+        self.concurrency = int(concurrency)  # requests in flight at once (the streaming scheduler's bound)
         self.weight_version = 0
         self.reports_weight_versions = True  # completions carry the server's weight_version (the executor checks it)
         self.timeout, self.max_retries, self.backoff = float(timeout), int(max_retries), float(backoff)

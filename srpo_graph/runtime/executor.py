@@ -1,4 +1,5 @@
-"""Run a workflow on tasks: many episodes at once, one big generation batch per round.
+"""Run a workflow on tasks: many episodes at once, one big generation batch per round (lockstep)
+or each episode on its own as its answers return (streaming, ``runtime/streaming.py``).
 
 Runtime stage. Consumes a checked :class:`~srpo_graph.workflow.Workflow`, tasks and one
 :class:`~srpo_graph.backends.base.Backend` per policy; produces :class:`RunResult` (trace
@@ -96,6 +97,7 @@ def run(
     on_episode: Callable[[Episode], None] | None = None,
     on_backend_error: str = "raise",
     deadlines: Deadlines | None = None,
+    scheduler: str = "auto",
 ) -> RunResult:
     """Run every task ``samples`` times (a group per task).
 
@@ -118,6 +120,12 @@ def run(
             dies mid-rollout under training, which then applies its failure budget.
         deadlines: seconds per user call (tool, reward, extractor); past it the episode fails
             (kind ``timeout``). Default: :class:`~srpo_graph.runtime.usercode.Deadlines`.
+        scheduler: ``"lockstep"`` (one batch of every live episode's pending agents per round),
+            ``"streaming"`` (each episode advances as soon as its own outputs return, requests in
+            flight up to each backend's ``concurrency``; ``runtime/streaming.py``) or ``"auto"``:
+            streaming when every backend is a server (SGLang, an external endpoint), lockstep
+            otherwise. The same seeds give the same traces under both wherever the backend is
+            deterministic; failures, their kinds and the user-code deadlines are the same.
     Returns:
         The episodes (task-major) and statistics.
     Raises:
@@ -144,9 +152,21 @@ def run(
     started = time.perf_counter()
     if on_backend_error not in ("raise", "fail"):
         raise RuntimeFailure(f"on_backend_error must be 'raise' or 'fail', got {on_backend_error!r}")
+    if scheduler not in ("auto", "lockstep", "streaming"):
+        raise RuntimeFailure(f"scheduler must be 'auto', 'lockstep' or 'streaming', got {scheduler!r}")
     stats: dict = {"tokens": 0, "calls": 0, "backend_failures": 0, "backend_error": None, "stale": 0,
                    "on_backend_error": on_backend_error}
     bar = _Progress(len(runs)) if progress else None
+    if scheduler == "streaming" or (scheduler == "auto" and _prefers_streaming(backends)):
+        from srpo_graph.runtime.streaming import stream
+
+        try:
+            stream(runs, limit=limit, plans=plans, backends=backends, versions=versions, stats=stats, ref=ref,
+                   finished=finished, on_episode=on_episode, bar=bar, tool_seconds=tool_seconds)
+        finally:
+            if bar is not None:
+                bar.close()
+        return _result(runs, finished, stats, started)
     # tool jobs run in daemon threads (usercode.start): never joined, so a hanging tool fails its
     # episode at its deadline, and one Ctrl-C / SIGTERM stops the run at once (the waits below
     # are interruptible); a ThreadPoolExecutor would join it on the way out
@@ -196,6 +216,16 @@ def run(
     finally:
         if bar is not None:
             bar.close()
+    return _result(runs, finished, stats, started)
+
+
+def _prefers_streaming(backends: Mapping[str, Backend]) -> bool:
+    from srpo_graph.runtime.streaming import prefers_streaming
+
+    return prefers_streaming(backends)
+
+
+def _result(runs: Sequence[EpisodeRun], finished: list[Episode | None], stats: dict, started: float) -> RunResult:
     episodes: list[Episode] = finished  # type: ignore[assignment]  # every slot is filled by now
     seconds = time.perf_counter() - started
     by_kind: dict[str, int] = {}
@@ -224,6 +254,36 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
     The per-output work is kept small: prompts are tokenized in one call per agent (and each
     distinct text once), completions decoded through a cache, one record built per output.
     """
+    batches, order = _requests(work, plans, backends)
+    answers = []
+    for items in batches.values():
+        backend = backends[items[0][1].agent.policy]
+        completions, errors = _sample(backend, items, stats["on_backend_error"])
+        stats["calls"] += 1
+        answers.append((items, completions, errors, backend, _vocab_size(backend)))  # vocab once per batch
+    if len(answers) == 1:
+        _hand_back(*answers[0][:4], versions, stats, answers[0][4])
+        return
+    at = {key: i for i, key in enumerate(batches)}  # several backends: hand back in request order
+    for key, j in order:
+        items, completions, errors, backend, vocab = answers[at[key]]
+        _hand_back(items[j:j + 1], completions[j:j + 1], errors[j:j + 1], backend, versions, stats, vocab)
+
+
+Item = tuple[EpisodeRun, AgentPlan, GenerationRequest]
+
+
+def _requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan],
+              backends: Mapping[str, Backend]) -> tuple[dict[int, list[Item]], list[tuple[int, int]]]:
+    """The requests of ``work`` (episode, pending agent), grouped by backend object, and the
+    request order as (backend key, position in its batch): outputs are handed back in it, so an
+    episode's output ids follow its request ids whatever the batching.
+
+    Each output's seed and request id come from its episode and its index there
+    (``len(ep.outputs)`` plus the episode's requests earlier in ``work``), never from the batch;
+    every request carries its rendered prompt as ``prompt_text`` (a text-only external policy
+    sends that). An episode whose prompt cannot be rendered is failed here (kind ``prompt``).
+    """
     rendered: list[tuple[EpisodeRun, AgentPlan, str]] = []
     for ep, agent in work:
         plan = plans[agent]
@@ -238,7 +298,8 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
     for idx in by_agent.values():
         for i, ids in zip(idx, rendered[idx[0]][1].encode_many([rendered[i][2] for i in idx])):
             prompts[i] = ids
-    batches: dict[int, list[tuple[EpisodeRun, AgentPlan, GenerationRequest]]] = {}
+    batches: dict[int, list[Item]] = {}
+    order: list[tuple[int, int]] = []
     issued: dict[int, int] = {}  # episode -> requests made this round: each output its own seed
     for (ep, plan, text), prompt in zip(rendered, prompts):
         k = issued.get(id(ep), 0)
@@ -246,51 +307,67 @@ def _generate_round(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agen
         n = len(ep.outputs) + k
         req = plan.request(prompt, seed=output_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}",
                            prompt_text=text)
-        batches.setdefault(id(backends[plan.agent.policy]), []).append((ep, plan, req))
-    for items in batches.values():
-        policy0 = items[0][1].agent.policy
-        backend = backends[policy0]
-        try:
-            completions: list[Completion | None] = list(backend.generate([req for _, _, req in items]))
-            errors: list[str | None] = [None] * len(items)
-        except BackendError as exc:
-            partial = getattr(exc, "partial", None)  # sglang's BatchError: what did come back
-            if stats["on_backend_error"] == "raise":
-                raise
-            completions = list(partial) if partial is not None and len(partial) == len(items) else [None] * len(items)
-            errors = list(getattr(exc, "errors", None) or [str(exc)] * len(items))
-        except SrpoGraphError:
+        key = id(backends[plan.agent.policy])
+        batch = batches.setdefault(key, [])
+        order.append((key, len(batch)))
+        batch.append((ep, plan, req))
+    return batches, order
+
+
+def _sample(backend: Backend, items: Sequence[Item], on_backend_error: str,
+            ) -> tuple[list[Completion | None], list[str | None]]:
+    """``backend.generate`` on the items' requests: (completions, errors), aligned with ``items``.
+
+    Safe to call from a worker thread (touches no episode). A failed request is None with its
+    error when ``on_backend_error == "fail"``; otherwise the BackendError propagates.
+    """
+    policy0 = items[0][1].agent.policy
+    try:
+        completions: list[Completion | None] = list(backend.generate([req for _, _, req in items]))
+        errors: list[str | None] = [None] * len(items)
+    except BackendError as exc:
+        partial = getattr(exc, "partial", None)  # sglang's BatchError: what did come back
+        if on_backend_error == "raise":
             raise
-        except Exception as exc:  # noqa: BLE001 - e.g. a device error: stop the run with a clear message
-            raise BackendError(f"policy {policy0!r}: the backend failed on a batch of {len(items)} requests:"
-                               f" {type(exc).__name__}: {exc}") from exc
-        stats["calls"] += 1
-        if len(completions) != len(items):
-            raise BackendError(f"policy {policy0!r}: the backend answered {len(completions)} of {len(items)} requests")
-        default_version = getattr(backend, "weight_version", 0)
-        reports_versions = bool(getattr(backend, "reports_weight_versions", False))
-        vocab_size = _vocab_size(backend)  # once per batch, not per output
-        for (ep, plan, req), comp, err in zip(items, completions, errors):
-            if comp is None:
-                if not ep.done:
-                    stats["backend_failures"] += 1
-                    stats["backend_error"] = stats["backend_error"] or f"policy {plan.agent.policy!r}: {err}"
-                    ep.fail(at_node(plan.agent, f"backend error on agent {plan.agent.name!r} (policy "
-                                            f"{plan.agent.policy!r}): {err}"), "backend")
-                continue
-            stats["tokens"] += len(comp.completion_ids)
-            if ep.done:
-                continue
-            if plan.tokenizer is None:  # a text-only (external) answer: recorded as text, no ids
-                ep.add_output(plan.agent.name, Sampled(req, (), (), comp.finish_reason, comp.text or "", 0, "text"))
-                continue
-            ids, lps, finish, text = trim_at_stop(plan, checked_completion(comp, req, vocab_size=vocab_size))
-            version = versions.get(plan.agent.policy, default_version)
-            if reports_versions and comp.weight_version != version:
-                # the engine says other weights produced it (a sync raced the rollout): stale
-                stats["stale"] += 1
-                version = comp.weight_version
-            ep.add_output(plan.agent.name, Sampled(req, ids, lps, finish, text, version))
+        completions = list(partial) if partial is not None and len(partial) == len(items) else [None] * len(items)
+        errors = list(getattr(exc, "errors", None) or [str(exc)] * len(items))
+    except SrpoGraphError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. a device error: stop the run with a clear message
+        raise BackendError(f"policy {policy0!r}: the backend failed on a batch of {len(items)} requests:"
+                           f" {type(exc).__name__}: {exc}") from exc
+    if len(completions) != len(items):
+        raise BackendError(f"policy {policy0!r}: the backend answered {len(completions)} of {len(items)} requests")
+    return completions, errors
+
+
+def _hand_back(items: Sequence[Item], completions: Sequence[Completion | None], errors: Sequence[str | None],
+               backend: Backend, versions: Mapping[str, int], stats: dict, vocab_size: int | None) -> None:
+    """Check each answer and give it to its episode (in ``items`` order), or fail the episode
+    (kind ``backend``)."""
+    default_version = getattr(backend, "weight_version", 0)
+    reports_versions = bool(getattr(backend, "reports_weight_versions", False))
+    for (ep, plan, req), comp, err in zip(items, completions, errors):
+        if comp is None:
+            if not ep.done:
+                stats["backend_failures"] += 1
+                stats["backend_error"] = stats["backend_error"] or f"policy {plan.agent.policy!r}: {err}"
+                ep.fail(at_node(plan.agent, f"backend error on agent {plan.agent.name!r} (policy "
+                                        f"{plan.agent.policy!r}): {err}"), "backend")
+            continue
+        stats["tokens"] += len(comp.completion_ids)
+        if ep.done:
+            continue
+        if plan.tokenizer is None:  # a text-only (external) answer: recorded as text, no ids
+            ep.add_output(plan.agent.name, Sampled(req, (), (), comp.finish_reason, comp.text or "", 0, "text"))
+            continue
+        ids, lps, finish, text = trim_at_stop(plan, checked_completion(comp, req, vocab_size=vocab_size))
+        version = versions.get(plan.agent.policy, default_version)
+        if reports_versions and comp.weight_version != version:
+            # the engine says other weights produced it (a sync raced the rollout): stale
+            stats["stale"] += 1
+            version = comp.weight_version
+        ep.add_output(plan.agent.name, Sampled(req, ids, lps, finish, text, version))
 
 
 def _vocab_size(backend: Any) -> int | None:

@@ -79,6 +79,13 @@ class _RolloutFields(_Section):
         "full", description="Log-prob of record for agents sampled with top-k/top-p: `full` (the full temperature-"
         "scaled distribution, as SGLang returns it) or `sampled` (the truncated distribution actually sampled, "
         "renormalized; the trainer re-applies the same filters). Without top-k/top-p both are the same.")
+    scheduler: Literal["auto", "lockstep", "streaming"] = Field(
+        "auto", description="How episodes share the engine: `lockstep` (every live episode's pending agents are one "
+        "batch per round: one forward per batch, right in-process), `streaming` (each episode advances as soon as "
+        "its own outputs return, up to the backend's concurrency in flight: right for servers, which batch "
+        "continuously) or `auto` (streaming when every policy's backend is a server, e.g. sglang or an external "
+        "endpoint; else lockstep). The same seeds give the same traces under both wherever the backend is "
+        "deterministic; failures and user-code deadlines are handled alike.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")

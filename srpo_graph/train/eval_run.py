@@ -130,7 +130,8 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
         frozen.update(frozen_backends)
         res = run(wf, tasks, {**frozen, **{s.name: s.backend for s in slots}}, samples=samples, seed=seed,
                   progress=progress, on_backend_error="fail" if backend_spec(cfg.rollout.backend).remote
-                  or any(p.external is not None for p in wf.policies) else "raise")
+                  or any(p.external is not None for p in wf.policies) else "raise",
+                  scheduler=cfg.rollout.scheduler)
     rep = score(wf, res.episodes, tasks, samples=samples, seed=seed, threshold=threshold, ks=ks, label=source.label,
                 seconds=time.perf_counter() - t0)
     return rep, list(res.episodes)

@@ -195,7 +195,7 @@ def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, 
                            progress=progress,
                            on_backend_error="fail" if backend_spec(config.rollout.backend).remote
                            or any(p.external is not None for p in wf.policies) else "raise",
-                           deadlines=config.rollout.deadlines)
+                           deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
         stats = res.stats
         try:
             check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget

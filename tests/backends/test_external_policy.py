@@ -53,13 +53,14 @@ def _backends(wf, tiny_backend):
     return {"solver": tiny_backend, "judge": OpenAIBackend(wf.policy_by_name["judge"].external)}
 
 
-def test_a_stalled_endpoint_fails_episodes_cleanly_with_its_url(tiny_backend):
+@pytest.mark.parametrize("scheduler", ["auto", "streaming"])  # auto: lockstep (the solver is in-process)
+def test_a_stalled_endpoint_fails_episodes_cleanly_with_its_url(tiny_backend, scheduler):
     server = _Server("stall")
     try:
         wf = _wf(server.url, timeout=0.5, retries=0)
         backends = _backends(wf, tiny_backend)
         t0 = time.perf_counter()
-        res = run(wf, TASKS, backends, samples=2, seed=0, on_backend_error="fail")
+        res = run(wf, TASKS, backends, samples=2, seed=0, on_backend_error="fail", scheduler=scheduler)
         took = time.perf_counter() - t0
         backends["judge"].close()
     finally:
@@ -70,6 +71,35 @@ def test_a_stalled_endpoint_fails_episodes_cleanly_with_its_url(tiny_backend):
         assert ep.status == "failed" and server.url in ep.error and "no answer within 0.5 s" in ep.error
         assert "ext.wf:8:" in ep.error  # the agent's .wf position
     assert server.url in res.stats.backend_error
+    assert res.stats.failed_by_kind == {"backend": 8}
+
+
+def test_external_text_outputs_are_the_same_under_both_schedulers(tiny_backend):
+    """A real local echo endpoint: the streaming scheduler sends each request's ``prompt_text`` and
+    records the answer as text only (no ids, version 0), exactly as lockstep does."""
+    server = _Server("echo")
+    try:
+        wf = _wf(server.url)
+        backends = _backends(wf, tiny_backend)
+        try:
+            lock = run(wf, TASKS, backends, samples=2, seed=1, scheduler="lockstep")
+            streamed = run(wf, TASKS, backends, samples=2, seed=1, scheduler="streaming")
+        finally:
+            backends["judge"].close()
+    finally:
+        server.stop()
+    def key(ep):  # the solver's log-probs: batched vs single forward differ in the last bits
+        d = ep.model_dump()
+        return d, [lp for o in d["outputs"] for lp in o.pop("logprobs")]
+
+    for (ds, ls), (dl, ll) in zip(map(key, streamed.episodes), map(key, lock.episodes), strict=True):
+        assert ds == dl
+        assert ls == pytest.approx(ll, abs=1e-5)
+    assert streamed.stats.generate_calls == 2 * len(streamed.episodes) > lock.stats.generate_calls
+    for ep in streamed.episodes:
+        s, v = ep.outputs
+        assert ep.status == "ok" and v.source == "text" and v.completion_ids == [] and v.prompt_ids == []
+        assert v.text == f"echo:<b>{s.text}" and v.policy_version == 0
 
 
 def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
