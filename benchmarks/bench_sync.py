@@ -41,7 +41,7 @@ def build(name: str, root: Path) -> Path:
     hidden, layers, inter, vocab = SIZES[name]
     tok = load_tokenizer(str(tiny))
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 256),
+                      num_attention_heads=hidden // 64, num_key_value_heads=2,
                       max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
                       eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
