@@ -170,7 +170,8 @@ def _greedy(b, prompts, n=5):
 
 
 def test_weight_sync_changes_outputs_and_tags_versions(sglang_url, tiny_dir, tok, model, tmp_path):
-    b = client(sglang_url, tiny_dir, weight_dir=tmp_path / "w")
+    """The disk route (``sync="disk"``; the process-group route is tests/backends/test_weight_sync.py)."""
+    b = client(sglang_url, tiny_dir, weight_dir=tmp_path / "w", sync="disk")
     (tmp_path / "w" / "venv").mkdir(parents=True)  # not ours: must survive every sync
     prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(6)]
     before = _greedy(b, prompts)
