@@ -131,9 +131,11 @@ class SGLangServer:
         self.log_path = Path(log_path) if log_path else Path(f"/tmp/srpo-graph-sglang-{self.port}.log")
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
+        self.token: str | None = None
         if TOKEN_FLAG in self.argv[:-1]:  # the template names the model itself: that name identifies it
             self.token = self.argv[self.argv.index(TOKEN_FLAG) + 1]
-        else:
+        elif not any("sglang_router" in a for a in self.argv):
+            # every launch but sglang-router's (its launcher has no such flag and serves no model itself)
             self.token = f"srpo-graph-{secrets.token_hex(8)}"
             self.argv += [TOKEN_FLAG, self.token]
 
@@ -196,6 +198,8 @@ class SGLangServer:
         """
         import httpx
 
+        if self.token is None:  # sglang-router: no model of its own, nothing to compare
+            return self
         text = ""
         for route in ("/server_info", "/get_server_info"):
             try:
