@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from srpo_graph.errors import SrpoGraphError
 
@@ -96,8 +96,10 @@ def parse_line(line: str | bytes, path: str, lineno: int, error: type[SrpoGraphE
 
 
 def iter_lines(path: str | os.PathLike, error: type[SrpoGraphError], *, what: str = "file",
-               bad: list[SrpoGraphError] | None = None) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of every non-blank line of a JSONL file.
+               bad: list[Any] | None = None,
+               parse: Callable[[bytes, str, int], Any] | None = None) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of every non-blank line of a JSONL file (``parse(line, path,
+    lineno)`` instead of :func:`parse_line` turns a line into a value, e.g. a trace's episode).
 
     Args:
         error: the caller's error class.
@@ -116,7 +118,8 @@ def iter_lines(path: str | os.PathLike, error: type[SrpoGraphError], *, what: st
             if not line.strip():
                 continue
             try:
-                yield lineno, parse_line(line, str(p), lineno, error)
+                yield lineno, (parse(line, str(p), lineno) if parse is not None
+                               else parse_line(line, str(p), lineno, error))
             except SrpoGraphError as exc:
                 if bad is None:
                     raise

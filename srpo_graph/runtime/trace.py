@@ -16,7 +16,7 @@ from typing import Annotated, Any, Iterable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from srpo_graph.errors import TraceError
-from srpo_graph.runtime.jsonl import MAX_DEPTH, parse_line  # noqa: F401 - MAX_DEPTH: part of the trace rules
+from srpo_graph.runtime.jsonl import MAX_DEPTH, iter_lines, parse_line  # noqa: F401 - MAX_DEPTH: part of the trace rules
 
 SCHEMA_VERSION = "srpo-graph.trace/1"
 
@@ -272,22 +272,9 @@ def iter_numbered_traces(
         TraceError: the file cannot be read, or on the first bad line unless ``skip_bad``
             (skipped lines are appended to ``errors`` when given).
     """
-    p = Path(path)
-    try:
-        fh = p.open("rb")  # bytes: a line that is not UTF-8 is an error of that line, not of the reader
-    except OSError as exc:
-        raise TraceError.at(str(p), f"cannot read trace file: {exc.strerror}") from None
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield lineno, parse_episode_line(line, str(p), lineno)
-            except TraceError as exc:
-                if not skip_bad:
-                    raise
-                if errors is not None:
-                    errors.append(exc)
+    # the one JSONL reader (jsonl.py), each line turned into an Episode
+    bad = (errors if errors is not None else []) if skip_bad else None
+    yield from iter_lines(path, TraceError, what="trace file", bad=bad, parse=parse_episode_line)
 
 
 def read_trace_set(path: str | os.PathLike) -> list[Episode]:
