@@ -4,9 +4,10 @@ Consumes a ``.wf`` file and a :class:`~srpo_graph.train.config.TrainConfig`; pro
 folder (config.toml, metrics.jsonl, tensorboard/, plots/, traces/, checkpoints/) and a
 :class:`RunSummary`. Per step::
 
-    tasks (seeded cursor) -> runtime.run (G episodes per task, tagged with weight versions)
-      -> compile -> old log-probs recomputed -> epochs x mini-batches x micro-batches (update.py)
-      -> backend.sync_weights(model, version) -> metrics, eval, checkpoint, plots
+    rollout stage (rollout_stage.py: tasks by a seeded cursor -> runtime.run, G episodes per task,
+      tagged with weight versions) -> learning step (step.py: compile -> old log-probs recomputed
+      -> epochs x mini-batches x micro-batches (update.py) -> backend.sync_weights(model, version))
+      -> metrics, eval, checkpoint, plots
 
 Several policies: one model, optimizer and scheduler per policy (a shared-policy workflow has
 one); an event spanning policies sends gradient to each. A frozen reference model per policy is
@@ -32,40 +33,34 @@ from typing import Any, Sequence
 import torch
 
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
-from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.errors import BackendError, ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models.tiny import load_tokenizer
-from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
-from srpo_graph.runtime.trace import Episode, write_traces
-from srpo_graph.srpo.diagnostics import staleness_histogram
+from srpo_graph.runtime.trace import write_traces
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, to_data, validate, write_config
-from srpo_graph.train.data import default_task_file, override_workflow, split_tasks, task_indices
-from srpo_graph.train.distributed import DistInfo, broadcast_bytes, collective_failed, init_distributed, shutdown
+from srpo_graph.train.data import default_task_file, override_workflow, split_tasks
+from srpo_graph.train.distributed import DistInfo, collective_failed, init_distributed, shutdown
 from srpo_graph.train.evaluate import score
-from srpo_graph.train.metrics import MetricsWriter, summarize, truncate_after
+from srpo_graph.train.metrics import MetricsWriter, truncate_after
 from srpo_graph.train.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
+from srpo_graph.train.rollout_stage import Rollouts, rollout
 from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
-from srpo_graph.train.sglang_rollout import agent_mismatch, rollout_metrics, server_scope, with_backend_defaults
+from srpo_graph.train.sglang_rollout import server_scope, with_backend_defaults
+from srpo_graph.train.step import learn_step
 from srpo_graph.train.stops import (
     FailureBudgetExceeded,
     FailureReport,
     RunStopped,
     TrainingInterrupted,
-    check_failure_budget,
-    failure_metrics,
-    no_update_reason,
 )
-from srpo_graph.train.transition_metrics import transition_metrics
-from srpo_graph.train.update import recompute_old_logprobs, update_policies
 
 
 @dataclass
@@ -180,38 +175,6 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         for s in slots:
             enable_gradient_checkpointing(s.model)
     return slots, frozen_backends
-
-
-_STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
-
-
-def _rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
-             frozen: dict[str, Any] | None = None):
-    data = None
-    stats = None
-    if dist.is_main:  # frozen policies sample too, always at version 0 (never synced)
-        res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
-                           seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
-                           progress=progress,
-                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote
-                           or any(p.external is not None for p in wf.policies) else "raise",
-                           deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
-        stats = res.stats
-        try:
-            check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget
-        except FailureBudgetExceeded as exc:
-            if not dist.enabled:
-                raise
-            data = _STOP + exc.args[0].encode()  # every rank stops with it (none waits in a collective)
-        if not dist.enabled:  # one process: the episodes as they are (compile validates them once)
-            return list(res.episodes), stats
-        if data is None:
-            data = "\n".join(ep.to_json() for ep in res.episodes).encode()
-    data = broadcast_bytes(data, dist)
-    if data.startswith(_STOP):
-        raise FailureBudgetExceeded(data[len(_STOP):].decode())
-    episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
-    return episodes, stats
 
 
 def _resolve_tasks(workflow_path: Path, wf, config: TrainConfig):
@@ -331,16 +294,18 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
     report = FailureReport(enabled=dist.is_main)
     completed = False
+    rollouts = Rollouts(wf, train_tasks, slots, config, dist, frozen)
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
-                result = _train_step(step, wf, train_tasks, slots, config, compile_cfg, state, dist, report, frozen)
+                result = learn_step(step, wf, rollouts.get(step, state), slots, config, compile_cfg, state, dist,
+                                    report)
                 record, episodes = result.record, result.episodes
                 state.step = step
                 rewards.append(record["reward"])
                 if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
                     t0 = time.perf_counter()
-                    eps, _ = _rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist,
+                    eps, _ = rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist,
                                       config.eval.samples, frozen=frozen)
                     record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())  # eval/reward = Avg@k, Pass@k
                     record["time/eval"] = time.perf_counter() - t0
@@ -387,6 +352,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                          f"another rank of the job stopped answering ({first[:200]})",
                          remedy="check the other ranks' output") from None
     finally:
+        rollouts.close()
         if writer is not None:
             try:
                 writer.close()
@@ -455,104 +421,3 @@ def _clear_previous_run(run_dir: Path, *, overwrite: bool, quiet: bool = False) 
 
 def _due(step: int, every: int, last: int) -> bool:
     return step == last or (every > 0 and step % every == 0)
-
-
-@dataclass
-class StepResult:
-    """What one training step hands the loop: the metrics record (flat once logged) and the episodes."""
-
-    record: dict[str, Any]
-    episodes: list[Episode]
-
-
-def transition_set_sizes(episodes: list[Episode]) -> dict[str, float]:
-    """Mean active-set size (outputs consumed per firing) of each transition that fired in ``episodes``:
-    over training, what a ``choices[...]`` router's subsets do to the sets (before the compiler drops any).
-
-    >>> transition_set_sizes([])
-    {}
-    """
-    sizes: dict[str, list[int]] = {}
-    for ep in episodes:
-        for t in ep.transitions:
-            sizes.setdefault(t.name, []).append(len(t.consumed))
-    return {name: sum(v) / len(v) for name, v in sorted(sizes.items())}
-
-
-def _train_step(step, wf, train_tasks, slots, config: TrainConfig, compile_cfg, state, dist,
-                report: FailureReport | None = None, frozen=None) -> StepResult:
-    r = config.rollout
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    idx = task_indices(len(train_tasks), state.cursor, r.tasks_per_step, config.seed)
-    state.cursor += 1  # batches of tasks consumed
-    episodes, stats = _rollout(wf, [train_tasks[i] for i in idx], slots, config, config.seed * 1_000_003 + step, dist,
-                               r.samples, frozen=frozen)
-    timings["rollout"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    batch = compile_batch(episodes, compile_cfg)
-    timings["compile"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    models = [s.model for s in slots]
-    record: dict[str, Any] = {"step": step}
-    rw = [e.reward for e in episodes]
-    record["reward"] = sum(rw) / max(1, len(rw))
-    record["reward_std"] = summarize(rw)["std"]
-    record["episodes"] = len(episodes)
-    record["episodes_failed"] = sum(e.status == "failed" for e in episodes)
-    record["episodes_truncated"] = sum(e.status == "truncated" for e in episodes)
-    record.update(rollout_metrics(stats))
-    record.update(failure_metrics(stats))
-    if report is not None:
-        report.episodes(step, stats)
-    gen_tokens = sum(len(o.completion_ids) for e in episodes for o in e.outputs)
-    record["events"] = batch.num_sets
-    record["set_size"] = transition_set_sizes(episodes)
-    record.update(transition_metrics(wf, episodes))  # reward/<transition>[/<label>], route/<router>/<label>
-    record["tokens"] = batch.num_tokens
-    record["staleness"] = staleness_histogram(batch, {s.name: s.version for s in slots})  # vs the weights updated now
-    record["advantage"] = summarize(batch.set_advantage.tolist())
-    for k, v in batch.stats.to_dict().items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            record[f"compile/{k}"] = v
-    if batch.num_sets:
-        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout, autocast=config.optim.autocast)
-        record["mismatch"] = {**mismatch, **agent_mismatch(batch)}  # + per agent: {agent}/mean_abs, max_abs
-        timings["old_logprobs"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        upd = update_policies(
-            slots, batch, config.loss,
-            epochs=config.optim.epochs, mini_batches=config.optim.mini_batches, grad_clip=config.optim.grad_clip,
-            seed=config.seed * 1_000_003 + step, dist=dist, inject_nonfinite=step in config.debug.nonfinite_at_steps, strategy=config.strategy,
-            layout=config.optim.layout, rollback_nonfinite=config.optim.rollback_nonfinite,
-            autocast=config.optim.autocast)
-        state.skipped_updates += upd.skipped_updates
-        record["loss"] = upd.loss
-        record.update({f"loss/{k}": v for k, v in upd.diagnostics.items()})
-        record["grad_norm"] = upd.grad_norm
-        record["updates"] = upd.num_updates
-        if upd.warnings:
-            record["warning"] = "; ".join(upd.warnings)
-        train_tokens = upd.tokens
-    else:
-        train_tokens = 0
-        why = no_update_reason(episodes)
-        record["updates"] = 0
-        record["warning"] = f"nothing to update: {why}"
-        if report is not None:
-            report.nothing_updated(step, why)
-    record["skipped_updates"] = state.skipped_updates
-    record["lr"] = slots[0].scheduler.get_last_lr()[0]
-    timings.setdefault("old_logprobs", 0.0)
-    timings["update"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for s in slots:  # every policy's weights move together, so one version number per step
-        s.sync(step)
-    timings["sync"] = time.perf_counter() - t0
-    timings["step"] = sum(timings.values())
-    record["time"] = timings
-    record["throughput"] = {"gen_tokens_per_s": gen_tokens / max(timings["rollout"], 1e-9),
-                            "train_tokens_per_s": train_tokens / max(timings["update"], 1e-9)}
-    if torch.cuda.is_available() and str(_device(config)).startswith("cuda"):  # this rank's GPU, since the start
-        record["throughput"]["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
-    return StepResult(record, episodes)
