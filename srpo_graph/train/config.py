@@ -86,9 +86,26 @@ class _RolloutFields(_Section):
         "continuously) or `auto` (streaming when every policy's backend is a server, e.g. sglang or an external "
         "endpoint; else lockstep). The same seeds give the same traces under both wherever the backend is "
         "deterministic; failures and user-code deadlines are handled alike.")
+    every_rank: Literal["auto"] | bool = Field(
+        "auto", description="Under torchrun (nproc > 1), which ranks sample: `true` every rank samples its share of the "
+        "step's tasks (whole groups) on its own copy of the policies and the episodes are gathered on every rank, so N "
+        "ranks sample about N times as fast with the same episodes and metrics as one; `false` rank 0 samples alone "
+        "and broadcasts them; `auto` (default) every rank with an in-process backend (transformers) under strategy = "
+        "\"ddp\", rank 0 alone with a server backend (one server batches every request) or under fsdp (the other "
+        "ranks hold only shards).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")
+
+
+    @field_validator("every_rank", mode="before")
+    @classmethod
+    def _auto_true_false(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.lower() in ("auto", "true", "false"):
+            return {"auto": "auto", "true": True, "false": False}[v.lower()]
+        if v == "auto" or isinstance(v, bool):
+            return v
+        raise ValueError(f"must be auto, true or false, not {v!r}")
 
 
 def _with_backend_sections(base: type[_Section]) -> Any:

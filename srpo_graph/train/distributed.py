@@ -6,8 +6,9 @@ loop uses. It knows nothing about workflows or losses.
 
 How data parallelism keeps the single-process result exactly (see Note [Global denominator]):
 
-* rank 0 runs the rollouts and broadcasts the episodes as JSON bytes (no pickle), so every rank
-  compiles the same SetBatch;
+* every rank holds the step's whole list of episodes, so every rank compiles the same SetBatch:
+  each rank samples its share of the tasks and the shares are all-gathered as JSON bytes
+  (``train/rank_rollout.py``), or rank 0 samples alone and broadcasts them (no pickle either way);
 * every mini-batch's loss denominator is computed once on the *whole* mini-batch;
 * each rank takes a contiguous shard of whole events (:func:`shard_sets`), computes its part of
   the loss divided by that global denominator and back-propagates;
@@ -125,6 +126,26 @@ def broadcast_bytes(data: bytes | None, info: DistInfo) -> bytes:
         buf = torch.frombuffer(bytearray(data or b""), dtype=torch.uint8)
     dist.broadcast(buf, src=0)
     return bytes(buf.numpy().tobytes())
+
+
+def all_gather_bytes(data: bytes, info: DistInfo) -> list[bytes]:
+    """Every rank's ``data``, in rank order, on every rank (lengths first, then one padded uint8
+    tensor per rank). Its deadline is the group's (``dist_timeout``): a rank that died or stalls
+    ends the others' call with an error (:func:`collective_failed`), never a hang."""
+    if not info.enabled:
+        return [data]
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(info.world_size)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8)
+    if data:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(info.world_size)]
+    dist.all_gather(bufs, buf)
+    return [bytes(b[: int(s.item())].numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
 
 def all_reduce_sum(value: float, info: DistInfo) -> float:

@@ -3,8 +3,10 @@
 The loop asks :class:`Rollouts` for step ``s``'s episodes; it chooses the step's tasks (a seeded
 cursor), runs the workflow on the policies' backends (``runtime.run``: G episodes per task, each
 output tagged with the weight version it was sampled at) and hands back the episodes and the
-rollout's statistics. Today one process samples: rank 0 under torchrun, which broadcasts the
-episodes as JSON lines (never pickle) so every rank compiles the same batch.
+rollout's statistics. Under torchrun every rank samples its share of the tasks and the shares are
+gathered on every rank (in-process backends, ``rank_rollout.py``), or rank 0 samples alone and
+broadcasts the episodes (servers, fsdp); either way as JSON lines (never pickle), so every rank
+compiles the same batch.
 
 This is the seam where the rollout stage changes shape (every rank sampling its share, rollouts
 overlapping the update): the loop only calls ``Rollouts.get(step, state)`` and, after each update,
@@ -23,23 +25,47 @@ from srpo_graph.runtime.trace import Episode
 from srpo_graph.train.config import TrainConfig
 from srpo_graph.train.data import task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes
+from srpo_graph.train.rank_rollout import gather_rollout, rank_share, samples_on_every_rank
 from srpo_graph.train.stops import FailureBudgetExceeded, check_failure_budget
 
 _STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
 
 
 def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
-             frozen: dict[str, Any] | None = None):
+            frozen: dict[str, Any] | None = None):
+    """Sample ``samples`` episodes of each of ``tasks``: on every rank, each its share of the tasks
+    (``rank_rollout.py``), or on rank 0 alone, which broadcasts them. A collective under torchrun.
+
+    Returns:
+        The episodes in (task, sample) order (every rank has them) and the executor's statistics
+        (every rank's merged when every rank samples; rank 0's, None elsewhere, otherwise).
+    Raises:
+        FailureBudgetExceeded: on every rank at once, when too many episodes failed.
+    """
+    def sample(some_tasks):  # frozen policies sample too, always at version 0 (never synced)
+        return run_episodes(wf, some_tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
+                            seed=seed, policy_versions={**{n: 0 for n in frozen or {}},
+                                                        **{s.name: s.version for s in slots}},
+                            progress=progress,
+                            on_backend_error="fail" if backend_spec(config.rollout.backend).remote
+                            or any(p.external is not None for p in wf.policies) else "raise",
+                            deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
+
+    if samples_on_every_rank(config, dist):
+        share = rank_share(len(tasks), dist.rank, dist.world_size)
+        result: Any
+        try:
+            result = sample([tasks[i] for i in share])
+        except Exception as exc:  # sent to every rank, so none waits for this one in the gather
+            result = exc
+        episodes, stats = gather_rollout(result, share, samples, dist)
+        check_failure_budget(stats, config)  # the merged counts: every rank raises together
+        return episodes, stats
     data = None
-    stats = None
-    if dist.is_main:  # frozen policies sample too, always at version 0 (never synced)
-        res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
-                           seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
-                           progress=progress,
-                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote
-                           or any(p.external is not None for p in wf.policies) else "raise",
-                           deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
-        stats = res.stats
+    main_stats = None
+    if dist.is_main:
+        res = sample(tasks)
+        stats = main_stats = res.stats
         try:
             check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget
         except FailureBudgetExceeded as exc:
@@ -54,13 +80,13 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
     if data.startswith(_STOP):
         raise FailureBudgetExceeded(data[len(_STOP):].decode())
     episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
-    return episodes, stats
+    return episodes, main_stats
 
 
 @dataclass
 class StepRollout:
-    """One step's rollout: its episodes (every rank has them), the executor's statistics (the sampling
-    rank's; None elsewhere) and the rollout's wall time in seconds."""
+    """One step's rollout: its episodes (every rank has them), the executor's statistics (merged over
+    the sampling ranks; None on the ranks that did not sample) and the rollout's wall time in seconds."""
 
     episodes: list[Episode]
     stats: Any

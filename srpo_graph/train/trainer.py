@@ -12,9 +12,11 @@ folder (config.toml, metrics.jsonl, tensorboard/, plots/, traces/, checkpoints/)
 Several policies: one model, optimizer and scheduler per policy (a shared-policy workflow has
 one); an event spanning policies sends gradient to each. A frozen reference model per policy is
 loaded only when the objective's KL coefficient is non-zero. Departures from a textbook PPO
-loop: no value function (group-relative advantages), models kept in eval mode (no dropout),
-rollouts on rank 0 only under torchrun (episodes broadcast as JSON). ``strategy = "fsdp"``: models
-sharded (``fsdp.py``); rank 0 samples from and saves an unsharded replica synced every step.
+loop: no value function (group-relative advantages), models kept in eval mode (no dropout).
+Under torchrun every rank samples its share of the tasks with in-process backends
+(``rank_rollout.py``); with servers or under fsdp rank 0 samples alone (episodes broadcast as
+JSON). ``strategy = "fsdp"``: models sharded (``fsdp.py``); rank 0 samples from and saves an
+unsharded replica synced every step.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from srpo_graph.train.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
 from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
+from srpo_graph.train.rank_rollout import samples_on_every_rank
 from srpo_graph.train.rollout_stage import Rollouts, rollout
 from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
@@ -160,7 +163,8 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
             ref.requires_grad_(False)
         slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, None, ref, replica=replica))
     frozen_backends: dict[str, Any] = {}
-    if dist.is_main:  # only rank 0 samples, so only rank 0 builds backends (and starts servers)
+    if dist.is_main or samples_on_every_rank(config, dist):  # the ranks that sample build backends (rank 0
+        # alone starts servers); each rank's in-process backends sample from its own models
         trained = [TrainedPolicy(s.name, s.base, s.replica if s.replica is not None else s.model, s.tokenizer, device)
                    for s in slots]
         options = getattr(config.rollout, config.rollout.backend)
@@ -248,7 +252,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     if resume_from is not None:  # before loading anything: the frozen policies must be the run's
         frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
     restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
-    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) if dist.is_main else ([], {})
+    samplers = dist.is_main or samples_on_every_rank(config, dist)  # (raises on an every_rank it cannot do)
+    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) if samplers else ([], {})
     slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
     frozen.update(frozen_backends)
     state = ckpt.LoopState(step=0, cursor=0)

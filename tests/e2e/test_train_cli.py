@@ -63,9 +63,11 @@ def test_cli_config_errors_exit_7_and_name_the_field(tmp_path):
 
 @pytest.mark.slow
 def test_cli_nproc_2_matches_one_process(tmp_path):
-    """`--nproc 2` re-launches under torchrun (gloo): rank 0 samples, both ranks update."""
-    small = ["--steps", "2", "rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2",
-             "logging.tensorboard=false", "logging.plots=false"]
+    """`--nproc 2` re-launches under torchrun (gloo): every rank samples its share of each step's tasks
+    (3 tasks: an uneven split) and of the eval tasks, both ranks update; the traces, metrics and eval
+    equal one process's."""
+    small = ["--steps", "2", "rollout.tasks_per_step=3", "rollout.samples=4", "eval.every=2",
+             "logging.tensorboard=false", "logging.plots=false", "logging.traces_every=1"]
     rows = {}
     for n in (1, 2):
         proc = _cli("workflows/coord_mixed.wf", "--nproc", str(n), "--run-dir", str(tmp_path / f"n{n}"), *small)
@@ -73,10 +75,19 @@ def test_cli_nproc_2_matches_one_process(tmp_path):
         rows[n] = [json.loads(line) for line in (tmp_path / f"n{n}" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows[2]] == [1, 2]
     for a, b in zip(rows[1], rows[2]):
-        assert a["reward"] == b["reward"] and a["events"] == b["events"]
+        assert a["reward"] == b["reward"] and a["events"] == b["events"] and a["tokens"] == b["tokens"]
+        assert a["episodes"] == b["episodes"] == 12
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
     assert rows[1][1]["eval/reward"] == rows[2][1]["eval/reward"]
+    for step in (1, 2):  # the same episodes (step 2 samples with the updated weights)
+        one, two = ([json.loads(line) for line in (tmp_path / f"n{n}" / "traces" / f"step_{step}.jsonl").open()]
+                    for n in (1, 2))
+        assert len(one) == len(two) == 12
+        lp1, lp2 = ([lp for ep in eps for o in ep["outputs"] for lp in o.pop("logprobs")] for eps in (one, two))
+        assert one == two  # tokens, texts, values, rewards, seeds, versions: exactly
+        # log-probs: equal up to float rounding (a forward over another batch of rows; fp32 on CPU)
+        assert lp1 == pytest.approx(lp2, abs=1e-5)
 
 
 def test_objective_is_selected_on_the_command_line_and_saved(tmp_path):
