@@ -70,7 +70,8 @@ class SGLangOptions(BackendOptions):
         "group per worker (SGLang's /init_weights_update_group + /update_weights_from_distributed; gloo on CPU, "
         "NCCL on GPU; no shared file system needed), `disk` saves them into `weight_dir` for "
         "/update_weights_from_disk, `auto` streams where the workers can join a group and falls back to disk "
-        "(with a warning) where they cannot. LoRA policies always sync their adapter files by disk.",
+        "(with a warning) where they cannot. LoRA adapter policies sync their adapter files by disk under `auto` and "
+        "refuse `distributed` (SGLang 0.5.23 streams base weights only; docs/sglang.md).",
         json_schema_extra={"train_only": True})
     sync_bucket_mb: float = Field(256.0, gt=0.0, description="Most MiB broadcast at once in a `distributed` sync "
                                   "(one flattened bucket; an FSDP policy is gathered one bucket at a time).",

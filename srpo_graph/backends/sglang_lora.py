@@ -18,6 +18,25 @@ produces one :class:`SGLangAdapterBackend` per policy, all of one base talking t
   with ``/unload_lora_adapter``, so no request ever names a half-replaced adapter. The base's
   weights never change, so its ``sync_weights`` only records the version.
 
+Note [Adapters sync by disk]
+    Adapters reach the server as files (``/load_lora_adapter {lora_path}``), so the server must
+    read ``rollout.sglang.weight_dir``; ``rollout.sglang.sync = "auto"`` means disk for them and
+    ``"distributed"`` is refused. SGLang 0.5.23 has no other route that respects this project's
+    rules (checked in its installed source):
+
+    * the process-group route ends in ``WeightUpdater.load_weights_from_distributed``
+      (``srt/model_executor/model_runner_components/weight_updater.py``), which calls
+      ``self.get_model().load_weights(named_tensors)``: the base model's parameters only. Adapter
+      weights live in the LoRA manager's memory pool (``srt/lora/lora_manager.py``), filled only
+      by ``load_lora_adapter`` / ``load_lora_adapter_from_tensors``;
+    * ``/load_lora_adapter_from_tensors`` (``srt/entrypoints/http_server.py``;
+      ``LoadLoRAAdapterFromTensorsReqInput.serialized_named_tensors`` in
+      ``srt/managers/io_struct.py``) takes the tensors as ``MultiprocessingSerializer`` payloads,
+      i.e. pickles (``TpModelWorker.deserialize_own_rank`` in ``srt/managers/tp_worker.py`` ->
+      ``MultiprocessingSerializer.deserialize`` -> ``SafeUnpickler`` in ``srt/utils/common.py``).
+      Sending adapters that way means building a pickle of tensors, which this project does not
+      do (no pickle for data; docs/architecture.md).
+
 Completions are tagged with the backend's own weight version: the server's ``weight_version``
 stays ``default`` (its base never changes).
 """
@@ -54,6 +73,11 @@ def _unpinned(fn):
 for _name in ("tensor", "empty", "zeros", "ones", "full", "arange", "empty_like", "zeros_like", "ones_like"):
     setattr(torch, _name, _unpinned(getattr(torch, _name)))
 '''
+
+
+ADAPTERS_BY_DISK = ("SGLang 0.5.23 streams base-model weights only over a process group (its LoRA weights load "
+                    "from a folder, or from pickled tensors, which this project never builds); the adapters go by "
+                    "disk (docs/sglang.md, Note [Adapters sync by disk] in backends/sglang_lora.py)")
 
 
 def is_adapter_policy(policy: Any) -> bool:
@@ -146,7 +170,8 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     loaded once here (its initial weights), so sampling can start.
 
     Raises:
-        ConfigError: full policies mixed with adapters (serve those on their own servers).
+        ConfigError: full policies mixed with adapters (serve those on their own servers);
+            ``options.sync = "distributed"`` (Note [Adapters sync by disk]).
         BackendError: a server that cannot start or refuses an adapter.
     """
     from transformers import AutoConfig
@@ -155,6 +180,11 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     from srpo_graph.backends.weight_dir import run_owner
     from srpo_graph.errors import ConfigError
 
+    if getattr(options, "sync", "auto") == "distributed":  # Note [Adapters sync by disk]
+        raise ConfigError.at("field `rollout.sglang.sync`", "LoRA adapters cannot sync over a process group on "
+                             "SGLang 0.5.23", why=ADAPTERS_BY_DISK,
+                             fix='rollout.sglang.sync = "auto" (adapters by disk: the servers must read '
+                                 "rollout.sglang.weight_dir)")
     full = [p.name for p in policies if not is_adapter_policy(p)]
     if full:
         raise ConfigError.at("field `rollout.backend`", f"policies {full} are full models and the others LoRA adapters; "

@@ -111,3 +111,17 @@ def test_adapters_train_and_resume_on_one_real_cpu_server(tmp_path):
     versions = {o["policy_version"] for line in (run / "traces" / "step_4.jsonl").read_text().splitlines()
                 for o in json.loads(line)["outputs"]}
     assert versions == {3}
+
+
+def test_adapters_refuse_a_process_group_sync_before_any_server_starts(tmp_path):
+    """`rollout.sglang.sync=distributed` with adapters: a config error naming the field and why (SGLang
+    0.5.23 streams base weights only), before anything is launched; `auto` keeps disk for them."""
+    from srpo_graph.backends.options import SGLangOptions
+    from srpo_graph.backends.sglang_lora import serve_adapters
+    from srpo_graph.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"field `rollout.sglang.sync`") as info:
+        serve_adapters([], SGLangOptions(sync="distributed", launch="cpu"), tmp_path)
+    assert "base-model weights only" in str(info.value) and "sync = \"auto\"" in str(info.value)
+    assert not (tmp_path / "sglang").exists()  # nothing launched
+    assert serve_adapters([], SGLangOptions(sync="auto"), tmp_path) == {}  # auto: no refusal
