@@ -4,8 +4,9 @@ rank of a torchrun job (gloo). For the K-th ``WORKFLOW,TASKS`` pair each rank wr
 ``job<K>_rank<R>.json``: the episodes (JSON lines, in the order it holds them) and the statistics,
 or the error that stopped the rollout.
 
-Usage: python rollout_worker.py OUT_DIR WORKFLOW,TASKS [WORKFLOW,TASKS ...] [KEY=JSON ...]  (KEYs:
-config fields, e.g. ``rollout.max_failed_fraction=0.4``, ``rollout.every_rank=false``)
+Usage: python rollout_worker.py OUT_DIR WORKFLOW,TASKS[,RANK] [WORKFLOW,TASKS[,RANK] ...] [KEY=JSON ...]
+(KEYs: config fields, e.g. ``rollout.max_failed_fraction=0.4``, ``rollout.every_rank=false``). A job
+with a RANK has that rank's backend raise a BackendError (:class:`FailingBackend`).
 """
 
 import dataclasses
@@ -18,13 +19,27 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
-from srpo_graph.errors import SrpoGraphError
+from srpo_graph.errors import BackendError, SrpoGraphError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.train.config import validate
 from srpo_graph.train.distributed import init_distributed, shutdown
 from srpo_graph.train.rollout_stage import rollout
+
+
+class FailingBackend:
+    """Test double: a backend that raises on every call, on one rank only -- a fault of one rank's
+    engine (e.g. a GPU error) that the real transformers backend cannot produce on demand."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def generate(self, requests):
+        raise BackendError("the engine of this rank failed (test double)")
 
 
 def main(out: Path, *args: str) -> None:
@@ -42,7 +57,7 @@ def main(out: Path, *args: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     models: dict[str, TrainedPolicy] = {}
     for k, job in enumerate(a for a in args if "=" not in a):
-        wf_path, task_path = job.split(",")
+        wf_path, task_path, *failing = job.split(",")
         wf = load_workflow(wf_path)
         for pol in wf.policies:
             path = resolve_model(pol.model)
@@ -51,6 +66,8 @@ def main(out: Path, *args: str) -> None:
                 models[path] = TrainedPolicy(pol.name, path, model, load_tokenizer(path), "cpu")
         trained = [dataclasses.replace(models[resolve_model(p.model)], name=p.name) for p in wf.policies]
         backends = backend_spec("transformers").for_training(trained, config.rollout.transformers, out)
+        if failing and int(failing[0]) == dist.rank:
+            backends = {k: FailingBackend(b) for k, b in backends.items()}
         slots = [SimpleNamespace(name=p.name, backend=backends[p.name], version=3) for p in trained]
         try:
             episodes, stats = rollout(wf, load_tasks(task_path, wf), slots, config, 1234, dist, config.rollout.samples)

@@ -8,7 +8,9 @@ One plain process and one 2-rank job (tests/train/rollout_worker.py) each run tw
 * coord_mixed, 5 tasks x 3 samples: an uneven split (2 tasks on rank 0, 3 on rank 1);
 * coord_seq with a reward that raises on odd targets, the tasks ordered so that rank 0's share
   never fails and rank 1's always does: the merged counts exceed ``max_failed_fraction = 0.4``
-  (rank 0's own would not), so every rank stops with the same error as one process.
+  (rank 0's own would not), so every rank stops with the same error as one process;
+* coord_mixed again with rank 1's backend raising (a test double, in the 2-rank job only): both
+  ranks raise a BackendError, rank 0's naming rank 1, and the job goes on (no rank left waiting).
 
 The whole training loop on 2 ranks (traces, metrics, eval) is tests/e2e/test_train_cli.py::
 test_cli_nproc_2_matches_one_process.
@@ -52,7 +54,8 @@ def _run(cmd: list[str]) -> None:
 def test_two_ranks_sample_their_shares_and_equal_one_process(tmp_path):
     failing, _, _ = make(tmp_path, reward="half_reward")  # odd targets raise
     jobs = [f"{ROOT / 'workflows' / 'coord_mixed.wf'},{_tasks(tmp_path / 'mixed.jsonl', [0, 2, 1, 3, 4])}",
-            f"{failing},{_tasks(tmp_path / 'half.jsonl', [0, 2, 1, 3])}"]
+            f"{failing},{_tasks(tmp_path / 'half.jsonl', [0, 2, 1, 3])}",
+            f"{ROOT / 'workflows' / 'coord_mixed.wf'},{tmp_path / 'mixed.jsonl'},1"]
     opts = ["rollout.samples=3", "rollout.max_failed_fraction=0.4"]
     _run([sys.executable, str(WORKER), str(tmp_path / "one"), *jobs, *opts])
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
@@ -78,6 +81,10 @@ def test_two_ranks_sample_their_shares_and_equal_one_process(tmp_path):
     assert one["error"] == r0["error"] == r1["error"] == "FailureBudgetExceeded", (one, r0, r1)
     assert one["message"] == r0["message"] == r1["message"]
     assert "6 of 12 episodes failed" in r0["message"] and "odd target" in r0["message"]
+
+    r0, r1 = read("two", 2, 0), read("two", 2, 1)  # rank 1's engine raises: both ranks stop, none waits
+    assert r1["error"] == "BackendError" and "test double" in r1["message"]
+    assert r0["error"] == "BackendError" and "rank 1's rollout failed" in r0["message"] and "test double" in r0["message"]
 
 
 def test_every_rank_choice_and_shares():
