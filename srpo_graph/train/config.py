@@ -269,7 +269,7 @@ class TrainConfig(_Section):
                             "a fresh run refuses a used folder: resume it, or pick another folder).")
     nproc: int = Field(1, ge=1, le=1024, description="Data-parallel processes (torchrun) per node; 1 = this process.")
     dist_timeout: float = Field(600.0, gt=0.0, description="Seconds a collective (gradient all-reduce, episode "
-                                "broadcast, ...) may wait for a rank under torchrun: a rank that died or stalls "
+                                "gather or broadcast, ...) may wait for a rank under torchrun: a rank that died or stalls "
                                 "ends the job with an error, never a hang.")
     strategy: str = Field(  # a key of train/strategies.py's STRATEGIES (checked below)
         "ddp", description="Data-parallel strategy with nproc > 1. `ddp`: every rank holds whole models, "
