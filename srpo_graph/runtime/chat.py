@@ -23,12 +23,13 @@ prompt, encoded once. Turn k > 1 (``memory: chat``) is
   and the episode fails with :class:`ChatTemplateError` instead of training on a drifted prompt.
   A placeholder, not the sampled text, goes through the template, so a template that rewrites
   assistant content (Qwen3 drops earlier think blocks) cannot change what was sampled.
-* The new messages of a turn come from the firing that activated it: the outputs of *other*
-  agents it consumed, as user messages (their text after any think block), then its tool
-  results, in the template's ``tool`` role (``user`` where the template has none) -- except the
-  choice-typed ones, which are route labels, not content. A firing
-  that brings nothing new (the agent activated itself, no tools) sends the agent's prompt
-  template rendered again as the user message.
+* The new messages of a turn come from the firings since the agent's last turn that consumed
+  that turn or activated this one, in firing order: the outputs of *other* agents each consumed,
+  as user messages (their text after any think block), then its tool results, in the
+  template's ``tool`` role (``user`` where the template has none) -- except the choice-typed
+  ones, which are route labels, not content. Firings that bring nothing new (the agent
+  activated itself, no tools) send the agent's prompt template rendered again as the user
+  message.
 
 Each turn is its own trace output with its own ``prompt_ids``; the trainer scores each output's
 completion given that output's prompt ids, so every trained id is an id the sampler produced
@@ -147,18 +148,20 @@ def _after_think(text: str) -> str:
     return text.split(THINK_CLOSE)[-1].lstrip("\n") if THINK_CLOSE in text else text
 
 
-def delta_messages(ep: Any, cp: ChatPlan) -> list[dict[str, str]]:
-    """The new messages of a chat agent's next turn (Note [Token in, token out])."""
+def delta_messages(ep: Any, cp: ChatPlan, previous: Any) -> list[dict[str, str]]:
+    """The new messages of a chat agent's next turn (Note [Token in, token out]): from the firings
+    since its ``previous`` output that consumed it or activated this turn, in firing order."""
     by = ep.activator.get(cp.agent.name)
-    if by is None:
-        return []
-    record = ep.records[int(by[1:])]
-    messages = [{"role": "user", "content": _after_think(o.text)}
-                for o in (ep.outputs[int(oid[1:])] for oid in record.consumed) if o.agent != cp.agent.name]
-    transition = next(t for t in ep.wf.transitions if t.name == record.name)
-    content = {tc.name for tc in transition.tools if not isinstance(tc.type, ChoiceType)}  # not route labels
-    messages += [{"role": cp.tool_role, "content": format_value(v)}
-                 for name, v in (record.tool_results or {}).items() if name in content]
+    messages: list[dict[str, str]] = []
+    for record in ep.records[previous.step:]:
+        if previous.id not in record.consumed and record.id != by:
+            continue
+        messages += [{"role": "user", "content": _after_think(o.text)}
+                     for o in (ep.outputs[int(oid[1:])] for oid in record.consumed) if o.agent != cp.agent.name]
+        transition = next(t for t in ep.wf.transitions if t.name == record.name)
+        content = {tc.name for tc in transition.tools if not isinstance(tc.type, ChoiceType)}  # not route labels
+        messages += [{"role": cp.tool_role, "content": format_value(v)}
+                     for name, v in (record.tool_results or {}).items() if name in content]
     return messages
 
 
@@ -179,7 +182,7 @@ def chat_prompt(ep: Any, cp: ChatPlan) -> tuple[tuple[int, ...], str]:
         text = cp.render(messages)
         ids = cp.encode(text)
     else:
-        new = delta_messages(ep, cp) or [{"role": "user", "content": render(agent.template, state)}]
+        new = delta_messages(ep, cp, previous) or [{"role": "user", "content": render(agent.template, state)}]
         messages = [*conv.messages, {"role": "assistant", "content": PLACEHOLDER}, *new]
         text = cp.render(messages)
         at = text.rfind(PLACEHOLDER)
