@@ -97,6 +97,12 @@ def cached_tokenizer(model: str) -> Any | None:
         if model in RECIPES:
             built = default_dir(model)
             return load_tokenizer(built) if any(built.glob("tokenizer*")) else None
+        from srpo_graph.models.architectures import LOCAL_MODELS
+        from srpo_graph.models.architectures import default_dir as local_dir
+
+        if model in LOCAL_MODELS:  # qwen3-test & co.: read once built (building takes seconds, not done here)
+            built = local_dir(model)
+            return load_tokenizer(built) if any(built.glob("tokenizer*")) else None
         if Path(model).is_dir():
             return load_tokenizer(model)
         from transformers import AutoTokenizer

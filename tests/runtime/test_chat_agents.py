@@ -214,3 +214,21 @@ def test_a_chat_agent_on_a_tokenizer_without_a_chat_template_is_refused_at_start
     with pytest.raises(RuntimeFailure, match=r"<string>:5:1: error: chat agent 'talker': the tokenizer of policy "
                                              r"'m' has no chat template"):
         run(wf, TASKS[:1], {"m": tiny_backend}, samples=1)
+
+
+def test_show_renders_a_chat_agents_conversation_with_its_roles(qwen3):
+    from rich.console import Console
+
+    from srpo_graph.runtime.show import PromptDecoder, conversation, print_episode
+
+    path, backend = qwen3
+    wf = check(parse(WF.format(model=path, system=SYSTEM, think="strip")))
+    ep = run(wf, TASKS[:1], {"m": backend}, samples=1, seed=1).episodes[0]
+    decode = PromptDecoder({"m": str(path)})
+    turns = [o for o in ep.outputs if o.agent == "talker"]
+    roles = [role for role, _ in conversation(decode(turns[1]))]
+    assert roles == ["system", "user", "assistant", "user", "user", "assistant"]  # tool response, critic, open turn
+    console = Console(record=True, width=200)
+    print_episode(console, ep, decode=decode)
+    shown = console.export_text()
+    assert "   system │ Think, then answer." in shown and "     user │ <tool_response>" in shown
