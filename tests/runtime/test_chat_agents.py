@@ -232,3 +232,28 @@ def test_show_renders_a_chat_agents_conversation_with_its_roles(qwen3):
     print_episode(console, ep, decode=decode)
     shown = console.export_text()
     assert "   system │ Think, then answer." in shown and "     user │ <tool_response>" in shown
+
+
+def test_llama3_turns_extend_the_sampled_ids_with_its_own_headers(tmp_path):
+    """The same rule through Llama 3's template: the tool result in its `ipython` role, content
+    trimmed by the template, `<|eot_id|>` ending a turn, `<|begin_of_text|>` only once."""
+    from srpo_graph.models.architectures import ensure_local_model
+
+    path = ensure_local_model("llama3-test", tmp_path / "llama3-test")
+    backend = TransformersBackend.from_pretrained(str(path))
+    tok = backend.tokenizer
+    wf = check(parse(WF.format(model=path, system=SYSTEM, think="keep").replace(
+        ', stop: ["ans"],\n           allow: ["<think>", "</think>", "\\n", " no", " answer", ".", ":", " search", '
+        '"<|im_end|>"]', "")))
+    ep = run(wf, TASKS[:1], {"m": backend}, samples=1, seed=2).episodes[0]
+    assert ep.status != "failed", ep.error
+    t1, t2 = [o for o in ep.outputs if o.agent == "talker"][:2]
+    critic = next(o for o in ep.outputs if o.agent == "critic")
+    passage = ep.transitions[0].tool_results["passage"]
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    end = "" if t1.completion_ids[-1] == eot else "<|eot_id|>"
+    delta = (f"{end}<|start_header_id|>ipython<|end_header_id|>\n\n{passage.strip()}<|eot_id|>"
+             f"<|start_header_id|>user<|end_header_id|>\n\n{critic.text.strip()}<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert t2.prompt_ids == t1.prompt_ids + t1.completion_ids + tok(delta, add_special_tokens=False)["input_ids"]
+    assert t2.prompt_ids.count(tok.convert_tokens_to_ids("<|begin_of_text|>")) == 1
