@@ -257,3 +257,13 @@ def test_llama3_turns_extend_the_sampled_ids_with_its_own_headers(tmp_path):
              "<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert t2.prompt_ids == t1.prompt_ids + t1.completion_ids + tok(delta, add_special_tokens=False)["input_ids"]
     assert t2.prompt_ids.count(tok.convert_tokens_to_ids("<|begin_of_text|>")) == 1
+
+
+def test_check_reports_a_chat_agent_on_the_tiny_model(tiny_backend):
+    """`srpo-graph check`'s token rule (runtime/tokens.py) sees the tiny tokenizer even before tiny is built."""
+    from srpo_graph.runtime.tokens import token_diagnostics
+
+    wf = check(parse('workflow w\nimport std\npolicy p = "some-org/not-here"\nagent a {\n  policy: p\n  memory: chat\n'
+                     '  prompt: "x"\n}\ntransition t { consume: a activate: end }\nstart: a\n'))
+    diags = token_diagnostics(wf, {"p": tiny_backend.tokenizer})
+    assert [(d.code, d.span.line) for d in diags] == [("no-chat-template", 4)]
