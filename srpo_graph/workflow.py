@@ -256,6 +256,21 @@ class Sampling(_Frozen):
     logprobs: Literal["full", "sampled"] = "full"
 
 
+class Chat(_Frozen):
+    """A chat agent's conversation settings (``system:``, ``memory:``, ``think:``; runtime/chat.py).
+
+    The agent's messages go through its policy's chat template. With ``memory == "chat"`` the
+    agent keeps one conversation per episode: turn k's prompt ids are turn k-1's prompt ids, its
+    sampled completion ids and the delta of the new messages (Note [Token in, token out]).
+    """
+
+    system: Template | None = None  # the system message (rendered once, at the first turn)
+    memory: Literal["none", "chat"] = "none"  # "chat": a conversation across activations
+    # a sampled `<think>...</think>` block in later turns' prompts: kept as sampled, or removed
+    # (as Qwen3's template removes it from turns before the last user message)
+    think: Literal["keep", "strip"] = "keep"
+
+
 class Agent(_Frozen):
     node: Literal["agent"] = "agent"
     name: str
@@ -265,6 +280,7 @@ class Agent(_Frozen):
     output: WfType = TextType()
     extractor: Call  # called as fn(text, *args, **kwargs); the checker fills a default per type
     span: Span | None = None
+    chat: Chat | None = None  # None: a plain agent (one user message per activation)
 
 
 class ToolCall(_Frozen):

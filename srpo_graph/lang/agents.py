@@ -11,6 +11,7 @@ from __future__ import annotations
 from srpo_graph.errors import Span
 from srpo_graph.lang import ast
 from srpo_graph.lang.callables import return_annotation, returns_fit
+from srpo_graph.lang.chat import chat_of
 from srpo_graph.lang.scope import ITEM_WORD, Scope, close_names, ret_str
 from srpo_graph.workflow import (
     Agent,
@@ -79,6 +80,7 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
                 parts.append(r)
             else:
                 parts.append(TextPart(text=p.text))
+    chat = chat_of(scope, a, scope.policies.get(pol.policy.value) if pol else None, refs)
     scope.uses.agent_refs[name] = refs
     sampling = sampling_of(scope, by_kind.get(ast.SampleItem, [None])[0])
     out = by_kind.get(ast.OutputItem, [None])[0]
@@ -96,7 +98,7 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
         Agent, errors_before, node="agent", name=name, policy=pol.policy.value if pol else "",
         template=Template(parts=tuple(parts), span=prompt.template.span if prompt else None),
         sampling=sampling, output=out_type, span=a.span,
-        extractor=extractor,
+        extractor=extractor, chat=chat,
     )
 
 def extractor_of(scope: Scope, agent: str, out: ast.OutputItem | None, t: WfType) -> Call | None:

@@ -267,7 +267,25 @@ class UnconsumedItem:
     span: Span
 
 
-AgentItem = Union[PolicyItem, PromptItem, SampleItem, OutputItem, UnconsumedItem]
+@dataclass(frozen=True)
+class SystemItem:
+    template: Template  # the chat agent's system message (references allowed)
+    span: Span
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    value: Name  # ``chat`` or ``none`` (checked)
+    span: Span
+
+
+@dataclass(frozen=True)
+class ThinkItem:
+    value: Name  # ``keep`` or ``strip`` (checked)
+    span: Span
+
+
+AgentItem = Union[PolicyItem, PromptItem, SampleItem, OutputItem, UnconsumedItem, SystemItem, MemoryItem, ThinkItem]
 
 
 @dataclass(frozen=True)

@@ -120,12 +120,26 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def prompt_item(self, meta, children):
-        tok = children[0]
+        return ast.PromptItem(self._template(children[0]), self._span(meta))
+
+    def _template(self, tok):
         span = tok_span(tok, self.path)
         triple = tok.value.startswith('"""')
         raw = tok.value[3:-3] if triple else tok.value[1:-1]
         parts = self._decoded(lambda: split_template(raw, span, triple), ())
-        return ast.PromptItem(ast.Template(parts, triple, span), self._span(meta))
+        return ast.Template(parts, triple, span)
+
+    @v_args(meta=True)
+    def system_item(self, meta, children):
+        return ast.SystemItem(self._template(children[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def memory_item(self, meta, children):
+        return ast.MemoryItem(self._name(children[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def think_item(self, meta, children):
+        return ast.ThinkItem(self._name(children[0]), self._span(meta))
 
     @v_args(meta=True)
     def sample_item(self, meta, children):

@@ -152,6 +152,9 @@ AGENT_ITEMS: dict[type, Callable[[Any], str]] = {
     ast.SampleItem: _sample,
     ast.OutputItem: lambda i: f"output: {fmt_type(i.type)}" + (f" via {fmt_call(i.via)}" if i.via else ""),
     ast.UnconsumedItem: lambda i: f"unconsumed: {i.value.value}",
+    ast.SystemItem: lambda i: f"system: {encode_template(i.template)}",
+    ast.MemoryItem: lambda i: f"memory: {i.value.value}",
+    ast.ThinkItem: lambda i: f"think: {i.value.value}",
 }
 TRANSITION_ITEMS: dict[type, Callable[[Any], str]] = {
     ast.ConsumeItem: lambda i: f"consume: {_names(i.agents)}",

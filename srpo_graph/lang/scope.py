@@ -87,6 +87,7 @@ ITEM_WORD = {
     ast.PolicyItem: "policy", ast.PromptItem: "prompt", ast.SampleItem: "sample", ast.OutputItem: "output",
     ast.UnconsumedItem: "unconsumed", ast.ConsumeItem: "consume", ast.RewardItem: "reward",
     ast.ActivateItem: "activate", ast.MaxRoundsItem: "max_rounds", ast.ToolItem: "tool",
+    ast.SystemItem: "system", ast.MemoryItem: "memory", ast.ThinkItem: "think",
 }
 
 

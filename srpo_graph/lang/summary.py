@@ -88,7 +88,7 @@ def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: st
     lines.append("  policies:    " + ", ".join(f"{p.name} = {p.label()}" for p in w.policies))
     lines.extend(_adapter_lines(w))
     lines.extend(_training_lines(w))
-    agents = [f"{a.name} [{a.policy}] -> {type_str(a.output)}" for a in w.agents]
+    agents = [f"{a.name} [{a.policy}] -> {type_str(a.output)}" + _chat_label(a) for a in w.agents]
     lines.append("  agents:      " + ("\n               ".join(agents) if agents else "none"))
     rows = []
     for t in w.transitions:
@@ -116,3 +116,11 @@ def summary(workflow: Workflow, max_firings: int | None = None, bound_reason: st
     reason = bound_reason or "max_steps"
     lines.append(f"  episode:     at most {bound} transition firing{'s' if bound != 1 else ''} ({reason})")
     return "\n".join(lines)
+
+
+def _chat_label(a) -> str:
+    """``  (chat: memory, think strip)`` for a chat agent (docs/language.md "Chat agents"), else ``""``."""
+    if a.chat is None:
+        return ""
+    parts = ["memory" if a.chat.memory == "chat" else "one turn"] + (["think strip"] if a.chat.think == "strip" else [])
+    return f"  (chat: {', '.join(parts)})"

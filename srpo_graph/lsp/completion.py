@@ -26,7 +26,7 @@ from srpo_graph.lsp.symbols import Index
 K = lsp.CompletionItemKind
 TYPES = ("text", "int", "float", "bool", "choice[", "choices[", "list[", "{")
 TOP_KEYWORDS = ("import", "task", "policy", "agent", "transition", "start:", "reward:", "max_steps:")
-AGENT_KEYWORDS = ("policy:", "prompt:", "sample", "output:", "unconsumed:")
+AGENT_KEYWORDS = ("policy:", "prompt:", "sample", "output:", "unconsumed:", "system:", "memory:", "think:")
 TRANSITION_KEYWORDS = ("consume:", "tool", "reward:", "activate:", "max_rounds:")
 
 _STRINGS_COMMENTS = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*(?:"""|\Z)|"(?:[^"\\\n]|\\.)*(?:"|\Z)|#[^\n]*', re.S)
@@ -152,7 +152,7 @@ def complete(text: str, offset: int, ix: Index | None, base_dir: Path | None) ->
     if ix is not None and re.search(r"(\breward\s*:|\bvia|\btool\s+\w+\s*=)\s*\w*\Z", prefix):
         return _items(ix.names("module"), K.Module, "imported module")  # then `alias.` lists its functions
     # the item the cursor is in: its keyword, then names (a list may go on after a comma and a newline)
-    item = re.search(r"\b(consume|activate|start|policy|output|unconsumed|max_rounds|max_steps)[ \t]*:"
+    item = re.search(r"\b(consume|activate|start|policy|output|unconsumed|memory|think|max_rounds|max_steps)[ \t]*:"
                      r"[^:{}\"#\n]*(?:,\s*\n[^:{}\"#\n]*)*\Z", prefix)
     arrow = re.search(r"->\s*[\w\s,]*\Z", prefix) if block == "route" else None
     if arrow is not None:
@@ -178,6 +178,8 @@ def complete(text: str, offset: int, ix: Index | None, base_dir: Path | None) ->
             return [] if re.search(r"\bvia\s", prefix[item.start():]) else _items(TYPES, K.TypeParameter, "type")
         if word == "unconsumed":
             return _items(["allow"], K.Keyword)
+        if word in ("memory", "think"):  # a chat agent's options (lang/chat.py)
+            return _items(["chat", "none"] if word == "memory" else ["keep", "strip"], K.Keyword)
         return []
     if re.search(r"(^|[\s{}])\w*\Z", prefix) is None:
         return []

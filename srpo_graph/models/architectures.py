@@ -17,9 +17,10 @@ Sizes (``SIZES``; all with tied embeddings, as Qwen2.5-0.5B, Qwen3-0.6B and Llam
 * ``scale``: ``mid`` at the real vocabulary size (151,936 rows for Qwen, 128,256 for Llama 3):
   136-167M parameters, for memory and time measurements (benchmarks/bench_real_models.py).
 
-The embedding has ``vocab_size`` rows, at least the tokenizer's length (rounded up to 64, or the
-real size at ``scale``); rows beyond the tokenizer are never produced by it, as in Qwen's own
-models. Builds are deterministic for the seed and atomic (``tiny.build_atomically``), cached under
+The embedding has exactly the tokenizer's length of rows at ``test`` and ``mid`` (these models
+are sampled from: an untrained model gives padding rows as much mass as any token, and an id the
+tokenizer cannot decode would end the rollout), and the real size at ``scale`` (measured, never
+sampled), whose rows beyond the tokenizer are never produced by it, as in Qwen's own models. Builds are deterministic for the seed and atomic (``tiny.build_atomically``), cached under
 ``$SRPO_GRAPH_HOME/NAME`` (else ``~/.cache/srpo-graph/NAME``).
 """
 
@@ -33,7 +34,7 @@ from typing import Any
 from srpo_graph.models.chat_templates import FAMILIES
 from srpo_graph.models.tiny import build_atomically
 
-VERSION = 1
+VERSION = 2  # 2: no padding rows at test/mid (they were sampled by the untrained models)
 MARKER = "srpo_graph_local.json"
 SEED = 4321
 
@@ -105,7 +106,7 @@ def _write(name: str, target: Path) -> None:
 
     family, size = LOCAL_MODELS[name]
     tok = build_bpe_tokenizer(family)
-    vocab = -(-len(tok) // 64) * 64
+    vocab = len(tok)
     config = build_config(family, size, vocab, tok)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)

@@ -143,6 +143,7 @@ class EpisodeRun:
         self.failure_kind: str | None = None  # one of usercode.FAILURE_KINDS once failed
         self.reward = 0.0
         self.waiting: tuple[Transition, list[str]] | None = None  # a firing whose tools run
+        self.chats: dict[str, Any] = {}  # chat agent -> its runtime.chat.Conversation (``memory: chat``)
         self._activate(self.wf.start)
 
     # ------------------------------------------------------------------ queries

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import BackendError, RuntimeFailure, SrpoGraphError
+from srpo_graph.runtime.chat import chat_prompt
 from srpo_graph.runtime.episode import Callables, EpisodeRun, Sampled, ToolJob, at_node
 from srpo_graph.runtime.prompts import AgentPlan, plan_agents, trim_at_stop
 from srpo_graph.runtime.render import render
@@ -285,16 +286,25 @@ def _requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan]
     sends that). An episode whose prompt cannot be rendered is failed here (kind ``prompt``).
     """
     rendered: list[tuple[EpisodeRun, AgentPlan, str]] = []
+    chat_ids: dict[int, tuple[int, ...]] = {}  # chat agents' prompts come from their conversation
     for ep, agent in work:
         plan = plans[agent]
         try:
-            rendered.append((ep, plan, render(plan.agent.template, ep.state)))
+            if plan.chat is not None:
+                ids, text = chat_prompt(ep, plan.chat)
+                chat_ids[len(rendered)] = ids
+                rendered.append((ep, plan, text))
+            else:
+                rendered.append((ep, plan, render(plan.agent.template, ep.state)))
         except Exception as exc:  # noqa: BLE001 - e.g. an absent reference
             ep.fail(at_node(plan.agent.template, f"prompt of agent {agent!r}: {exc}"), "prompt")
     by_agent: dict[str, list[int]] = {}
     for i, (_, plan, _) in enumerate(rendered):
-        by_agent.setdefault(plan.agent.name, []).append(i)
+        if i not in chat_ids:
+            by_agent.setdefault(plan.agent.name, []).append(i)
     prompts: list[tuple[int, ...]] = [()] * len(rendered)
+    for i, ids in chat_ids.items():
+        prompts[i] = ids
     for idx in by_agent.values():
         for i, ids in zip(idx, rendered[idx[0]][1].encode_many([rendered[i][2] for i in idx])):
             prompts[i] = ids

@@ -9,6 +9,9 @@ recorded as sent; completion text is decoded from the sampled ids for extraction
   tokens; without one it is encoded plainly and ``<bos>`` is put first when the tokenizer has
   one and did not add it.
 * ``allow`` strings must each be one token of the policy's tokenizer (else an error at start).
+* A chat agent (``system:`` / ``memory: chat``) gets its prompt ids from ``runtime/chat.py``
+  instead (a conversation, token in and token out across turns); the turn ends at the
+  tokenizer's end-of-turn token (its ``eos``, always a stop id).
 * ``stop`` strings that are one token become ``stop_token_ids``; longer ones are matched on
   the decoded text afterwards and the completion is cut after the token that completes the
   match (the kept ids and log-probs are exactly the sampled prefix).
@@ -22,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import RuntimeFailure
+from srpo_graph.runtime.chat import ChatPlan, chat_plan
 from srpo_graph.runtime.episode import at_node
 from srpo_graph.workflow import Agent, Workflow
 
@@ -104,6 +108,7 @@ class AgentPlan:
     allowed_token_ids: tuple[int, ...] | None
     stop_token_ids: tuple[int, ...]
     stop_strings: tuple[str, ...]  # multi-token stops, matched on the decoded text
+    chat: ChatPlan | None = None  # a chat agent's conversation rules (runtime/chat.py)
     # the G samples of a task send the same prompts and sample the same short completions:
     # encoding a text (decoding ids) once and reusing the result is exact, both are pure functions
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -152,6 +157,7 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
     plans = {}
     for agent in workflow.agents:
         tok = backends[agent.policy].tokenizer
+        chat = chat_plan(agent, tok) if agent.chat is not None else None
         if tok is None:  # a text-only backend (an external model): stops go as strings
             if agent.sampling.allow is not None or agent.sampling.top_k:  # the checker refuses these for
                 # openai(...) policies; `run --backend openai` on a local policy's agent gets here
@@ -176,7 +182,7 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
         eos = getattr(tok, "eos_token_id", None)
         if eos is not None and eos not in stop_ids:
             stop_ids.append(eos)
-        plans[agent.name] = AgentPlan(agent, tok, allowed, tuple(stop_ids), tuple(stop_strs))
+        plans[agent.name] = AgentPlan(agent, tok, allowed, tuple(stop_ids), tuple(stop_strs), chat)
     return plans
 
 

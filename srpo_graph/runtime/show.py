@@ -3,7 +3,8 @@
 Runtime stage. Consumes :class:`~srpo_graph.runtime.trace.Episode` objects; produces text for a
 terminal or an HTML document (with the workflow, each episode is also drawn on its graph). Events are shown in order: each output (agent, policy, step,
 the prompt it was given -- its prompt ids decoded with its policy's tokenizer, so a template's
-``{ref?}`` holes appear filled in, and a chat agent's conversation as its template rendered it --,
+``{ref?}`` holes appear filled in, and a chat prompt as its conversation, one line per turn with
+its role (:func:`conversation`: ChatML and Llama 3 markers) --,
 text, extracted value, tokens, summed log-prob) and each transition (the outputs it consumed --
 its active set --, tool results, reward, what it activated).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 from srpo_graph.runtime.trace import Episode, Output
@@ -58,6 +60,31 @@ class PromptDecoder:
         return tok.decode(o.prompt_ids, skip_special_tokens=False)
 
 
+# a chat template's turns in a decoded prompt: ChatML (Qwen) and Llama 3 headers
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)"
+                   r"|<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|$)", re.S)
+
+
+def conversation(prompt: str) -> list[tuple[str, str]] | None:
+    """The (role, content) turns of a decoded chat prompt, or None when it holds no chat turns.
+    The last turn is the open assistant turn the output completed (its content empty).
+
+    >>> conversation("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n")
+    [('system', 'Be brief.'), ('user', 'hi'), ('assistant', '')]
+    >>> conversation("<q>7<s>") is None
+    True
+    """
+    turns = [(m.group(1) or m.group(3), m.group(2) if m.group(1) else m.group(4)) for m in _TURN.finditer(prompt)]
+    return turns or None
+
+
+def _conversation_lines(prompt: str) -> str | None:
+    turns = conversation(prompt)
+    if turns is None:
+        return None
+    return "\n".join(f"{role:>9} │ {content}" for role, content in turns if content or role != "assistant")
+
+
 def timeline(ep: Episode) -> list[tuple[str, Any]]:
     """Outputs and transitions interleaved in the order they happened (by step).
 
@@ -89,8 +116,11 @@ def print_episode(console: Any, ep: Episode, index: int | None = None, decode: D
             prompt = ""
             if decode is not None:
                 text = decode(obj)
+                chat = None if text is None else _conversation_lines(text)
                 prompt = (f"[dim]prompt ({len(obj.prompt_ids)} ids, no local tokenizer for {escape(obj.policy)})[/]\n"
-                          if text is None else f"[blue]prompt[/] [dim]│[/] {escape(text)}\n[blue]output[/] [dim]│[/] ")
+                          if text is None else
+                          f"[blue]conversation[/]\n{escape(chat)}\n[blue]assistant[/] [dim]│[/] " if chat is not None else
+                          f"[blue]prompt[/] [dim]│[/] {escape(text)}\n[blue]output[/] [dim]│[/] ")
             table.add_row(
                 str(obj.step), f"[cyan]{obj.id}[/] [bold]{obj.agent}[/]",
                 f"[dim]{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+{len(obj.completion_ids)} tok, "
@@ -167,10 +197,11 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
                 prompt = ""
                 if decode is not None:
                     text = decode(obj)
+                    chat = None if text is None else _conversation_lines(text)
                     prompt = (f"<div class='dim'>prompt: {len(obj.prompt_ids)} ids (no local tokenizer for policy "
                               f"{html.escape(obj.policy)})</div>" if text is None else
-                              f"<details class='prompt' open><summary>prompt</summary><code>{html.escape(text)}"
-                              "</code></details>")
+                              f"<details class='prompt' open><summary>{'conversation' if chat else 'prompt'}</summary>"
+                              f"<code>{html.escape(chat or text)}</code></details>")
                 parts.append(
                     f"<tr class='out'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.agent)}</b></td><td>{prompt}"
                     f"<code>{html.escape(obj.text)}</code> → <b>{html.escape(_short(obj.value))}</b>"

@@ -3,7 +3,7 @@
 Runtime stage (it needs the backends' tokenizers; ``check`` reaches it through the CLI). Consumes
 a checked :class:`~srpo_graph.workflow.Workflow` and a tokenizer per policy; produces
 diagnostics: an ``allow`` entry that is not exactly one token is an error (sampling could never
-be constrained to it), literal prompt text the tokenizer turns into its unknown token is a
+be constrained to it), so is a chat agent on a tokenizer without a chat template, literal prompt text the tokenizer turns into its unknown token is a
 warning (``<judge>`` silently becoming ``<unk>`` for the tiny model). Only tokenizers found on
 this machine are used -- ``"tiny"`` and local model folders -- never a download.
 """
@@ -53,6 +53,11 @@ def token_diagnostics(workflow: Workflow, tokenizers: Mapping[str, Any]) -> list
         tok = tokenizers.get(agent.policy)
         if tok is None:
             continue
+        if agent.chat is not None and not getattr(tok, "chat_template", None):  # lang/chat.py reads built folders
+            diags.append(Diagnostic(
+                f"agent '{agent.name}' is a chat agent, but policy '{agent.policy}''s tokenizer has no chat template",
+                agent.span, "use a chat model (e.g. \"qwen3-test\"), or drop `system`, `memory` and `think`",
+                code="no-chat-template"))
         bad = [s for s in agent.sampling.allow or () if single_token_id(tok, s) is None]
         if bad:
             diags.append(Diagnostic(
@@ -96,6 +101,12 @@ def cached_tokenizer(model: str) -> Any | None:
             return load_tokenizer(resolve_model(model))
         if model in RECIPES:
             built = default_dir(model)
+            return load_tokenizer(built) if any(built.glob("tokenizer*")) else None
+        from srpo_graph.models.architectures import LOCAL_MODELS
+        from srpo_graph.models.architectures import default_dir as local_dir
+
+        if model in LOCAL_MODELS:  # qwen3-test & co.: read once built (building takes seconds, not done here)
+            built = local_dir(model)
             return load_tokenizer(built) if any(built.glob("tokenizer*")) else None
         if Path(model).is_dir():
             return load_tokenizer(model)

@@ -84,6 +84,8 @@ EXPECTED_CODES = {
     "bad_templates_in_two_agents": "bad-template",
     "unclosed_before_item_keyword": "unclosed-block",
     "not_utf8_in_prompt": "not-utf8",
+    # issue 21: a chat agent on a policy without a chat template
+    "chat_without_template": "no-chat-template",
 }
 
 

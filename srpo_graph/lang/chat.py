@@ -1,0 +1,99 @@
+"""Checking a chat agent's ``system:``, ``memory:`` and ``think:`` items (lang stage, check).
+
+Consumes an agent's chat items and the policies declared so far; produces the agent's
+:class:`~srpo_graph.workflow.Chat` (None for a plain agent). Rules: ``memory`` is ``chat`` or
+``none``, ``think`` is ``keep`` or ``strip``, references in ``system`` are checked like a
+prompt's, an ``openai(...)`` policy cannot keep a token-level conversation, and a chat agent's
+policy must have a chat template when its tokenizer is on this machine (a model folder, or a
+model built locally under the srpo-graph home, e.g. ``qwen3-test`` once built): the folder's
+``chat_template.jinja`` or the ``chat_template`` of its ``tokenizer_config.json``. A hub name
+not on disk is not looked up; the runtime refuses it at start (``runtime/chat.py``).
+Reading a JSON file is all this does: no tokenizer, no transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from srpo_graph.lang import ast
+from srpo_graph.lang.scope import Scope
+from srpo_graph.workflow import Chat, Policy, Ref, Template, TextPart
+
+MEMORY = ("none", "chat")
+THINK = ("keep", "strip")
+
+
+def _home() -> Path:
+    # the folder models/architectures.default_dir builds into (lang may not import models)
+    home = os.environ.get("SRPO_GRAPH_HOME")
+    return Path(home) if home else Path.home() / ".cache" / "srpo-graph"
+
+
+def has_chat_template(model: str, base_dir: Path | None = None) -> bool | None:
+    """Whether the local tokenizer of ``model`` has a chat template (None: no local tokenizer).
+
+    >>> has_chat_template("no/such-model") is None
+    True
+    """
+    candidates = [Path(model)]
+    if base_dir is not None:
+        candidates.append(base_dir / model)
+    if "/" not in model and model:
+        candidates.append(_home() / model)
+    for c in candidates:
+        try:
+            config = c / "tokenizer_config.json"
+            if not config.is_file():
+                continue
+            if (c / "chat_template.jinja").is_file():
+                return True
+            data = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        return bool(isinstance(data, dict) and data.get("chat_template"))
+    return None
+
+
+def chat_of(scope: Scope, a: ast.AgentDecl, policy: Policy | None, refs: list[Ref]) -> Chat | None:
+    """The :class:`Chat` of agent ``a`` (None when it has no chat item); problems go to ``scope``.
+    References of ``system`` are appended to ``refs`` (the agent's references, for the path rules)."""
+    items = [i for i in a.items if isinstance(i, (ast.SystemItem, ast.MemoryItem, ast.ThinkItem))]
+    if not items:
+        return None
+    name = a.name.value
+    fields: dict = {}
+    for i in items:
+        if isinstance(i, ast.SystemItem):
+            parts: list[TextPart | Ref] = []
+            for p in i.template.parts:
+                if isinstance(p, ast.Ref):
+                    scope.ref_type(p)
+                    r = Ref(path=p.path, optional=p.optional, span=p.span)
+                    refs.append(r)
+                    parts.append(r)
+                else:
+                    parts.append(TextPart(text=p.text))
+            fields["system"] = Template(parts=tuple(parts), span=i.template.span)
+        else:
+            word, allowed = ("memory", MEMORY) if isinstance(i, ast.MemoryItem) else ("think", THINK)
+            if i.value.value not in allowed:
+                scope.err(f"unknown value '{i.value.value}' for `{word}`", i.value.span,
+                          f"write `{word}: {allowed[-1]}` or `{word}: {allowed[0]}`", "bad-value")
+            else:
+                fields[word] = i.value.value
+    if policy is None:
+        return Chat(**fields)
+    if policy.external is not None and fields.get("memory") == "chat":
+        mem = next(i for i in items if isinstance(i, ast.MemoryItem))
+        scope.err(f"agent '{name}' keeps a chat (`memory: chat`) on policy '{policy.name}', an openai(...) "
+                  "endpoint that takes text, not token ids", mem.span,
+                  "drop `memory: chat` for this agent, or give it a local policy", "no-chat-template")
+    elif policy.external is None and has_chat_template(policy.model, scope.base_dir) is False:
+        scope.err(f"agent '{name}' is a chat agent, but policy '{policy.name}' (model \"{policy.model}\") "
+                  "has no chat template", items[0].span,
+                  "use a chat model (e.g. \"qwen3-test\", built here by `srpo-graph init-model --model "
+                  "qwen3-test`), or drop `system`, `memory` and `think` to send one plain prompt per turn",
+                  "no-chat-template")
+    return Chat(**fields)

@@ -1,0 +1,75 @@
+"""Chat agents on the real SGLang CPU server (issue 21): a qwen3-test chat agent runs token in and
+token out against it -- each turn's ``input_ids`` extend the last turn's prompt and the ids the
+server sampled (under ``think: strip`` without the think block) -- and the trainer's fp32
+log-probs of every turn match the server's per agent (``train/sglang_rollout.agent_mismatch``;
+bf16 server, ATOL as in test_sglang_local_models.py).
+
+Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one module-scoped server.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
+from sglang_servers import require_sglang, start_real_server  # noqa: E402
+from test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(tmp_path_factory):
+    from srpo_graph.models.architectures import ensure_local_model
+
+    require_sglang()
+    tmp = tmp_path_factory.mktemp("sglang-chat")
+    path = ensure_local_model("qwen3-test", tmp / "qwen3-test")
+    server = start_real_server(path, tmp)
+    yield path, server
+    server.stop()
+
+
+def test_a_chat_agent_runs_token_in_token_out_on_sglang(qwen3_server):
+    from transformers import AutoModelForCausalLM
+
+    from srpo_graph.backends import load_backend
+    from srpo_graph.compiler.compile import CompileConfig, compile
+    from srpo_graph.lang import check, parse
+    from srpo_graph.runtime.chat import chat_plan
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.srpo.logprobs import packed_logprobs
+    from srpo_graph.train.sglang_rollout import agent_mismatch
+
+    path, server = qwen3_server
+    backend = load_backend("sglang", str(path), url=server.url, backoff=0.05)
+    wf = check(parse(WF.format(model=path, system=SYSTEM, think="strip")))
+    rec = Recorder(backend)
+    episodes = run(wf, TASKS, {"m": rec}, samples=2, seed=5).episodes
+    sent = {req.request_id: req for req, _ in rec.calls}
+    cp = chat_plan(wf.agent_by_name["talker"], backend.tokenizer)
+    later = 0
+    for ep in episodes:
+        assert ep.status != "failed", ep.error
+        talker = [o for o in ep.outputs if o.agent == "talker"]
+        for before, o in zip(talker, talker[1:]):
+            assert list(sent[f"{ep.group_id}/{ep.sample}/{o.id}"].prompt_ids) == o.prompt_ids
+            kept = list(cp.strip_think(before.completion_ids))
+            assert o.prompt_ids[:len(before.prompt_ids) + len(kept)] == before.prompt_ids + kept
+            later += 1
+    assert later >= len(episodes)
+    batch = compile(episodes, CompileConfig(micro_batch_tokens=0))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    with torch.no_grad():
+        batch.old_logprobs, _ = packed_logprobs([model], batch)
+    gaps = agent_mismatch(batch)
+    print(gaps)
+    assert set(gaps) == {"talker/mean_abs", "talker/max_abs", "critic/mean_abs", "critic/max_abs"}
+    assert gaps["talker/max_abs"] < ATOL and gaps["critic/max_abs"] < ATOL, gaps
+    backend.close()
