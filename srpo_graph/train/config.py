@@ -86,6 +86,12 @@ class _RolloutFields(_Section):
         "continuously) or `auto` (streaming when every policy's backend is a server, e.g. sglang or an external "
         "endpoint; else lockstep). The same seeds give the same traces under both wherever the backend is "
         "deterministic; failures and user-code deadlines are handled alike.")
+    max_staleness: int = Field(
+        0, ge=0, le=64, description="Overlapped rollouts with bounded staleness (`train/async_rollout.py`): 0 = the "
+        "synchronous loop (step s samples after update s-1 synced); k >= 1 = a producer thread samples the batches of "
+        "the next steps while the trainer updates, and no output used by update s was sampled more than k weight "
+        "versions before the weights it starts from (k = 1: one-step-off). Needs a server backend (sglang); not "
+        "under torchrun yet.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")
