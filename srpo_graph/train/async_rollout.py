@@ -88,7 +88,7 @@ class AsyncRollouts:
     :meth:`close`."""
 
     def __init__(self, wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
-                 frozen: dict[str, Any] | None = None, *, close_seconds: float = 30.0,
+                 frozen: dict[str, Any] | None = None, *, close_seconds: float = 10.0,
                  gate_seconds: float = 900.0) -> None:
         self.wf, self.train_tasks, self.slots, self.config, self.dist = wf, train_tasks, slots, config, dist
         self.k = config.rollout.max_staleness

@@ -1,0 +1,101 @@
+"""Overlapped rollouts with bounded staleness on REAL SGLang CPU servers that `train` launches
+(issue 26 items 2 and 4): `srpo-graph train ... rollout.max_staleness=1` trains with the batches of
+step s+1 sampled during update s (staleness 1 in the metrics' histogram), and with k = 2 and an
+update made slower than the rollouts (a real delay) the producer runs up to the bound and never
+past it -- checked on every output of every step's traces; a stop drops the batches sampled ahead
+(counted) and `--resume` samples them again, still within the bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_servers import require_sglang  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+ROOT = Path(__file__).resolve().parents[2]
+WF = ROOT / "workflows" / "coord_par2.wf"
+COMMON = ["rollout.backend=sglang", "rollout.sglang.launch=cpu", "rollout.tasks_per_step=2", "rollout.samples=4",
+          "eval.every=0", "logging.tensorboard=false", "logging.progress=false", "logging.plots=false",
+          "logging.traces_every=1", "checkpoint.every=1"]
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def _staleness(run: Path) -> dict[int, list[int]]:
+    """Per step s, every output's staleness (s - 1) - policy_version, from the step's traces."""
+    out = {}
+    for path in (run / "traces").glob("step_*.jsonl"):
+        s = int(path.stem.split("_")[1])
+        out[s] = [(s - 1) - o["policy_version"] for line in path.read_text().splitlines() if line
+                  for o in json.loads(line)["outputs"]]
+    return out
+
+
+def test_one_step_off_trains_from_the_command_line(tmp_path):
+    """The issue's command, k = 1: every output of step s was sampled at version s-1 or s-2, the
+    histogram in metrics.jsonl shows staleness 1, and the run ends normally with nothing dropped."""
+    require_sglang()
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "rollout.max_staleness=1",
+                           "steps=4", f"run_dir={json.dumps(str(run))}", *COMMON],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dropped" not in proc.stderr
+    stale = _staleness(run)
+    assert sorted(stale) == [1, 2, 3, 4] and all(stale.values())
+    assert all(0 <= x <= 1 for xs in stale.values() for x in xs), stale
+    rows = _metrics(run)
+    assert all(r["staleness/max"] <= 1 for r in rows)
+    assert any(r.get("staleness/s1", 0) > 0 for r in rows), [r.get("staleness/s1") for r in rows]
+    # step 2's batch was dispatched with step 1's (version 0 >= 2 - 1 - 1): sampled during update 1
+    assert rows[1]["async/started_at_version"] == 0 and rows[1]["staleness/s1"] > 0
+    assert 'max_staleness = 1' in (run / "config.toml").read_text()
+
+
+def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_was_dropped(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """k = 2 with every update delayed 1.5 s (a real sleep: the update is the slow side, so the producer
+    is always at the bound): the largest staleness is exactly 2, never more; stopping after step 3
+    drops the batches of steps 4 and 5 (counted), and --resume samples them again within the bound."""
+    import torch
+
+    from srpo_graph.train import trainer as trainer_mod
+    from srpo_graph.train.config import load_config
+
+    require_sglang()
+    torch.set_num_threads(1)
+    learn = trainer_mod.learn_step
+
+    def slow_learn_step(*args, **kwargs):
+        time.sleep(1.5)
+        return learn(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "learn_step", slow_learn_step)
+    run = tmp_path / "run"
+    cfg = load_config(None, ["steps=5", f"run_dir={json.dumps(str(run))}", "rollout.max_staleness=2",
+                             "debug.stop_after_step=3", *COMMON])
+    trainer_mod.train(WF, cfg)
+    err = capsys.readouterr().err
+    assert "2 batch(es) sampled ahead dropped (steps 4..5); --resume samples them again" in err, err[-2000:]
+    rows = _metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["async/ahead"] == 2
+    stale = _staleness(run)
+    assert max(max(xs) for xs in stale.values()) == 2  # the producer reached the bound ...
+    assert all(0 <= x <= 2 for xs in stale.values() for x in xs), stale  # ... and never passed it
+    trainer_mod.train(WF, load_config(None, ["steps=5", f"run_dir={json.dumps(str(run))}", "rollout.max_staleness=2",
+                                             *COMMON]), resume=True)
+    rows = _metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    stale = _staleness(run)
+    assert sorted(stale) == [1, 2, 3, 4, 5] and all(0 <= x <= 2 for xs in stale.values() for x in xs), stale
