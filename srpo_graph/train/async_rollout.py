@@ -30,6 +30,15 @@ Note [Checkpoints and resume]
     ``--resume`` samples them again from their steps' tasks and seeds, now with the checkpoint's
     weights (so their outputs are less stale than the dropped ones would have been).
 
+Note [In-process backends, later]
+    The transformers backend samples from the model being updated, so ``check_async`` refuses it
+    for k >= 1. The rollout worker process (issue 26 item 4, ``train/rollout_worker.py``: its own
+    copy of each policy, ``run(tasks, seed, samples, versions) -> (episodes, stats)`` callable from a
+    thread, ``push_weights(slots, version)``) plugs in here as ``sampler``: the stage calls
+    ``sampler(tasks, seed)`` on each batch's thread instead of sampling through the slots' backends,
+    and the worker applies a push between its own requests (its gate); the bound and the step
+    order above do not change.
+
 Failures of a batch (the failure budget, a server that died) are raised by ``get`` for that step
 in the main thread, as the same exceptions the synchronous stage raises; nothing is dispatched
 after one. ``close()`` stops dispatching, closes the gates (no new request) and joins the threads
@@ -42,7 +51,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from srpo_graph.backends import backend_spec
 from srpo_graph.errors import ConfigError
@@ -89,10 +98,11 @@ class AsyncRollouts:
 
     def __init__(self, wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
                  frozen: dict[str, Any] | None = None, *, close_seconds: float = 10.0,
-                 gate_seconds: float = 900.0) -> None:
+                 gate_seconds: float = 900.0, sampler: Callable[[list, int], tuple[list, Any]] | None = None) -> None:
         self.wf, self.train_tasks, self.slots, self.config, self.dist = wf, train_tasks, slots, config, dist
         self.k = config.rollout.max_staleness
         self.close_seconds = close_seconds
+        self.sampler = sampler  # None: rollout_stage.rollout through the gated backends (Note [In-process backends, later])
         gates: dict[int, WeightGate] = {}
 
         def gated(backend: Any) -> GatedBackend:
@@ -199,8 +209,12 @@ class AsyncRollouts:
         try:
             idx = task_indices(len(self.train_tasks), self._cursor0 + (step - self._first), r.tasks_per_step,
                                self.config.seed)
-            episodes, stats = rollout(self.wf, [self.train_tasks[i] for i in idx], self.slots, self.config,
-                                      self.config.seed * 1_000_003 + step, self.dist, r.samples, frozen=self.frozen)
+            tasks, seed = [self.train_tasks[i] for i in idx], self.config.seed * 1_000_003 + step
+            if self.sampler is not None:
+                episodes, stats = self.sampler(tasks, seed)
+            else:
+                episodes, stats = rollout(self.wf, tasks, self.slots, self.config, seed, self.dist, r.samples,
+                                          frozen=self.frozen)
             res = StepRollout(episodes, stats, time.perf_counter() - t0, metrics={"async/started_at_version": version})
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread by get(step)
             res = exc

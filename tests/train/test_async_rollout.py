@@ -181,3 +181,46 @@ def test_overlap_is_refused_where_it_cannot_run():
         check_async(validate({"rollout": {"max_staleness": 2, "backend": "sglang"}}),
                     DistInfo(rank=0, world_size=2))
     check_async(validate({"rollout": {"max_staleness": 1, "backend": "sglang"}}))  # one process, a server: fine
+
+
+def test_the_dispatch_rule_with_a_plugged_in_sampler():
+    """The stage's own rule, through its ``sampler`` hook (where the rollout worker process of issue
+    26 item 4 plugs in; a recording function stands in for it until that worker is merged): batch s is
+    asked for only once the version is >= s - 1 - k, with the tasks and seed the synchronous stage
+    gives step s, and the batches come back in step order whatever order they finish in."""
+    from srpo_graph.train.data import task_indices
+
+    k, steps = 2, 6
+    cfg = validate({"steps": steps, "seed": 3, "rollout": {"backend": "sglang", "max_staleness": k,
+                                                            "tasks_per_step": 2}})
+    tasks = [f"t{i}" for i in range(7)]
+    calls: dict[int, tuple[int, list, int]] = {}
+    lock = threading.Lock()
+
+    def sampler(batch, seed):
+        step = (seed - 3 * 1_000_003)
+        with lock:
+            calls[step] = (stage._version, batch, seed)
+        time.sleep(0.3 if step % 2 else 0.05)  # odd steps finish after the next even one
+        return [step], None
+
+    stage = AsyncRollouts(None, tasks, [], cfg, DistInfo(), sampler=sampler)
+
+    class State:
+        cursor = 4  # a resumed run's cursor
+
+    state = State()
+    try:
+        for s in range(1, steps + 1):
+            got = stage.get(s, state)
+            assert got.episodes == [s] and state.cursor == 4 + s
+            assert got.metrics["async/started_at_version"] >= s - 1 - k  # the rule, at dispatch time
+            time.sleep(0.2)  # the update
+            stage.weights_updated(s)
+    finally:
+        stage.close()
+    assert sorted(calls) == list(range(1, steps + 1)) and stage.dropped == []
+    for s, (version, batch, seed) in calls.items():
+        assert version >= s - 1 - k
+        assert batch == [tasks[i] for i in task_indices(len(tasks), 4 + s - 1, 2, 3)] and seed == 3 * 1_000_003 + s
+    assert calls[3][0] == 0  # k = 2: batch 3 started before any update
