@@ -70,6 +70,10 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
             torchrun (rank 0 broadcasts each batch in step order; not built for overlap yet).
     """
     k = config.rollout.max_staleness
+    if config.rollout.partial_rollouts and (k == 0 or config.rollout.backend != "sglang"):
+        raise ConfigError.at("field `rollout.partial_rollouts`", "partial rollouts pause and resume SGLang requests "
+                             "in flight across a weight sync: they need rollout.backend=sglang and "
+                             "rollout.max_staleness >= 1", fix="set both, or rollout.partial_rollouts=false")
     if k == 0:
         return
     if backend_spec(config.rollout.backend).in_process:
@@ -84,9 +88,9 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
 def make_rollouts(wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
                   frozen: dict[str, Any] | None = None):
     """The rollout stage ``config`` asks for: synchronous (``max_staleness = 0``) or overlapped."""
+    check_async(config, dist)
     if config.rollout.max_staleness == 0:
         return Rollouts(wf, train_tasks, slots, config, dist, frozen)
-    check_async(config, dist)
     return AsyncRollouts(wf, train_tasks, slots, config, dist, frozen)
 
 
@@ -107,7 +111,7 @@ class AsyncRollouts:
 
         def gated(backend: Any) -> GatedBackend:
             gate = gates.setdefault(id(backend), WeightGate(gate_seconds))  # one gate per backend object
-            return GatedBackend(backend, gate)
+            return GatedBackend(backend, gate, partial=config.rollout.partial_rollouts)
 
         self._gates = gates
         self._original = [(s, s.backend) for s in slots]

@@ -15,8 +15,12 @@ the main thread syncs new weights. A sync must not race a request:
   report; any other gets the version read under the gate stamped on each completion. So an
   episode in flight across a sync finishes with outputs of two versions, each recorded per output.
 
-Partial rollouts (a request paused at a sync and resumed on the new weights) are not done here:
-a call finishes on the weights it started with. See docs/training.md (Overlapped rollouts).
+Partial rollouts (``partial=True``, a backend with ``pause_generation`` / ``continue_generation``:
+SGLang): a sync does not wait for the requests in flight; it pauses the server (its running
+requests retracted to the queue), loads the weights, and resumes them on the new ones. A member's
+tokens may then come from two versions; the behaviour log-probs of record are still the
+sampler's, token by token, and the version of record is the oldest (the server's spans), so the
+staleness bound still holds. See docs/training.md (Overlapped rollouts).
 """
 
 from __future__ import annotations
@@ -122,9 +126,10 @@ class GatedBackend:
 
     reports_weight_versions = True  # every completion carries the version it was sampled at
 
-    def __init__(self, inner: Any, gate: WeightGate) -> None:
+    def __init__(self, inner: Any, gate: WeightGate, *, partial: bool = False) -> None:
         self.inner = inner
         self.gate = gate
+        self.partial = partial and hasattr(inner, "pause_generation")
         self._inner_reports = bool(getattr(inner, "reports_weight_versions", False))
 
     def __getattr__(self, name: str) -> Any:  # only for what this class does not define
@@ -143,6 +148,13 @@ class GatedBackend:
         return [dataclasses.replace(c, weight_version=version) if isinstance(c, Completion) else c for c in out]
 
     def sync_weights(self, model: Any, version: int) -> None:
+        if self.partial:  # requests in flight are paused and resumed on the new weights, not waited for
+            self.inner.pause_generation()
+            try:
+                self.inner.sync_weights(model, version)
+            finally:
+                self.inner.continue_generation()
+            return
         with self.gate.exclusive():
             self.inner.sync_weights(model, version)
 

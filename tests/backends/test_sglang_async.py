@@ -99,3 +99,51 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     stale = _staleness(run)
     assert sorted(stale) == [1, 2, 3, 4, 5] and all(0 <= x <= 2 for xs in stale.values() for x in xs), stale
+
+
+def test_a_partial_sync_pauses_a_request_in_flight_and_resumes_it_on_the_new_weights(sglang_url, tiny_dir):
+    """rollout.partial_rollouts on the real server: a long request (ignore_eos, 1500 tokens) is in
+    flight when a partial sync loads weights tagged version 1; the sync returns while the request
+    is still running (it did not wait for it), and the request finishes whole with two spans,
+    version 0 then version 1, each token's log-prob the sampler's; the SGLang backend records the
+    oldest. (The session's shared server: the same weights are loaded, and version 0 is put back.)"""
+    import threading
+
+    import httpx
+
+    from srpo_graph.backends.sglang import SGLangBackend
+    from srpo_graph.models.tiny import load_tokenizer
+    from srpo_graph.train.weight_gate import GatedBackend, WeightGate
+
+    backend = SGLangBackend(sglang_url, load_tokenizer(str(tiny_dir)), sync="disk")
+    gated = GatedBackend(backend, WeightGate(60), partial=True)
+    assert gated.partial
+    answer: dict = {}
+    done: dict[str, float] = {}
+
+    def long_request() -> None:
+        body = {"input_ids": [5, 6, 7], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 1500, "temperature": 1.0, "ignore_eos": True}}
+        answer.update(httpx.post(f"{sglang_url}/generate", json=body, timeout=600).json())
+        done["request"] = time.monotonic()
+
+    t = threading.Thread(target=long_request)
+    try:
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive(), "the request finished before the sync: make it longer"
+        gated.sync_weights(str(tiny_dir), 1)
+        done["sync"] = time.monotonic()
+        t.join(600)
+        assert done["sync"] < done["request"]  # the sync did not wait for the request in flight
+        meta = answer["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and meta["completion_tokens"] == 1500
+        spans = meta["weight_versions"]
+        assert [s["version"] for s in spans] in (["0", "1"], ["default", "1"]) and spans[0]["start"] == 0 and spans[-1]["end"] == 1500
+        assert len(meta["output_token_logprobs"]) == 1500
+        assert backend._version_of(meta) == 0  # the version of record: the oldest
+    finally:
+        backend.continue_generation()  # whatever happened, the shared server is not left paused
+        t.join(120)
+        backend.sync_weights(str(tiny_dir), 0)  # the shared server as it was
+        backend.close()

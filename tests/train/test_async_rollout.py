@@ -181,6 +181,8 @@ def test_overlap_is_refused_where_it_cannot_run():
         check_async(validate({"rollout": {"max_staleness": 2, "backend": "sglang"}}),
                     DistInfo(rank=0, world_size=2))
     check_async(validate({"rollout": {"max_staleness": 1, "backend": "sglang"}}))  # one process, a server: fine
+    with pytest.raises(ConfigError, match="partial rollouts pause and resume SGLang requests"):
+        check_async(validate({"rollout": {"partial_rollouts": True, "backend": "sglang"}}))  # k = 0
 
 
 def test_the_dispatch_rule_with_a_plugged_in_sampler():
