@@ -34,10 +34,11 @@ Note [In-process backends, later]
     The transformers backend samples from the model being updated, so ``check_async`` refuses it
     for k >= 1. The rollout worker process (issue 26 item 4, ``train/rollout_worker.py``: its own
     copy of each policy, ``run(tasks, seed, samples, versions) -> (episodes, stats)`` callable from a
-    thread, ``push_weights(slots, version)``) plugs in here as ``sampler``: the stage calls
-    ``sampler(tasks, seed)`` on each batch's thread instead of sampling through the slots' backends,
-    and the worker applies a push between its own requests (its gate); the bound and the step
-    order above do not change.
+    thread, ``push_weights(slots, version)``) plugs in here as ``sampler`` and ``on_weights``: the
+    stage calls ``sampler(tasks, seed)`` on each batch's thread instead of sampling through the
+    slots' backends, and ``on_weights(version)`` in ``weights_updated`` before any batch that needs
+    that version may start (the worker applies a push between its own requests: its gate); the
+    bound and the step order above do not change.
 
 Failures of a batch (the failure budget, a server that died) are raised by ``get`` for that step
 in the main thread, as the same exceptions the synchronous stage raises; nothing is dispatched
@@ -102,11 +103,13 @@ class AsyncRollouts:
 
     def __init__(self, wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
                  frozen: dict[str, Any] | None = None, *, close_seconds: float = 10.0,
-                 gate_seconds: float = 900.0, sampler: Callable[[list, int], tuple[list, Any]] | None = None) -> None:
+                 gate_seconds: float = 900.0, sampler: Callable[[list, int], tuple[list, Any]] | None = None,
+                 on_weights: Callable[[int], None] | None = None) -> None:
         self.wf, self.train_tasks, self.slots, self.config, self.dist = wf, train_tasks, slots, config, dist
         self.k = config.rollout.max_staleness
         self.close_seconds = close_seconds
         self.sampler = sampler  # None: rollout_stage.rollout through the gated backends (Note [In-process backends, later])
+        self.on_weights = on_weights  # e.g. lambda v: worker.push_weights(slots, v), before batches of v may start
         gates: dict[int, WeightGate] = {}
 
         def gated(backend: Any) -> GatedBackend:
@@ -160,7 +163,10 @@ class AsyncRollouts:
         return res
 
     def weights_updated(self, version: int) -> None:
-        """Every policy's weights now have ``version``: batches up to ``version + 1 + k`` may start."""
+        """Every policy's weights now have ``version``: batches up to ``version + 1 + k`` may start
+        (after ``on_weights(version)``, if given: a rollout worker gets the weights first)."""
+        if self.on_weights is not None:
+            self.on_weights(int(version))
         with self._cond:
             self._version = max(self._version, int(version))
             self._cond.notify_all()

@@ -206,7 +206,8 @@ def test_the_dispatch_rule_with_a_plugged_in_sampler():
         time.sleep(0.3 if step % 2 else 0.05)  # odd steps finish after the next even one
         return [step], None
 
-    stage = AsyncRollouts(None, tasks, [], cfg, DistInfo(), sampler=sampler)
+    pushed: list[int] = []
+    stage = AsyncRollouts(None, tasks, [], cfg, DistInfo(), sampler=sampler, on_weights=pushed.append)
 
     class State:
         cursor = 4  # a resumed run's cursor
@@ -221,7 +222,7 @@ def test_the_dispatch_rule_with_a_plugged_in_sampler():
             stage.weights_updated(s)
     finally:
         stage.close()
-    assert sorted(calls) == list(range(1, steps + 1)) and stage.dropped == []
+    assert sorted(calls) == list(range(1, steps + 1)) and stage.dropped == [] and pushed == list(range(1, steps + 1))
     for s, (version, batch, seed) in calls.items():
         assert version >= s - 1 - k
         assert batch == [tasks[i] for i in task_indices(len(tasks), 4 + s - 1, 2, 3)] and seed == 3 * 1_000_003 + s
