@@ -3,7 +3,8 @@
 step s+1 sampled during update s (staleness 1 in the metrics' histogram), and with k = 2 and an
 update made slower than the rollouts (a real delay) the producer runs up to the bound and never
 past it -- checked on every output of every step's traces; a stop drops the batches sampled ahead
-(counted) and `--resume` samples them again, still within the bound."""
+(counted) and `--resume` samples them again, still within the bound; a partial sync pauses a
+request in flight and resumes it on the new weights (two version spans)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
                                                                                             capsys):
     """k = 2 with every update delayed 1.5 s (a real sleep: the update is the slow side, so the producer
     is always at the bound): the largest staleness is exactly 2, never more; stopping after step 3
-    drops the batches of steps 4 and 5 (counted), and --resume samples them again within the bound."""
+    drops the batches of steps 4 and 5 (counted), and --resume (with partial rollouts on) samples them
+    again within the bound."""
     import torch
 
     from srpo_graph.train import trainer as trainer_mod
@@ -93,10 +95,13 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
     stale = _staleness(run)
     assert max(max(xs) for xs in stale.values()) == 2  # the producer reached the bound ...
     assert all(0 <= x <= 2 for xs in stale.values() for x in xs), stale  # ... and never passed it
+    # resumed with partial rollouts: a sync pauses the requests in flight and resumes them on the new weights
     trainer_mod.train(WF, load_config(None, ["steps=5", f"run_dir={json.dumps(str(run))}", "rollout.max_staleness=2",
-                                             *COMMON]), resume=True)
+                                             "rollout.partial_rollouts=true", *COMMON]), resume=True)
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    logs = "".join(p.read_text(errors="replace") for p in (run / "sglang").glob("*.log"))
+    assert "POST /pause_generation" in logs and "POST /continue_generation" in logs  # the resumed run's syncs
     stale = _staleness(run)
     assert sorted(stale) == [1, 2, 3, 4, 5] and all(0 <= x <= 2 for xs in stale.values() for x in xs), stale
 
