@@ -151,6 +151,7 @@ class SGLangBackend:
             raise BackendError(f"field `rollout.sglang.sync`: {sync!r} is not one of auto, distributed, disk")
         self.sync, self.sync_options = sync, {"timeout": self.timeout, **(sync_options or {})}
         self._streamer: Any = None
+        self._paused = False
         self.stats = {"requests": 0, "retries": 0, "retractions": 0, "failed": 0}
         self._lock = threading.Lock()
         self._disallowed: dict[tuple[int, ...], list[int]] = {}
@@ -402,6 +403,21 @@ class SGLangBackend:
         if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
             self.weights.keep_only({f"v{int(version)}", f"v{int(version) - 1}"})
 
+    def pause_generation(self) -> None:
+        """Pause every worker, its running requests retracted to its queue (``/pause_generation``,
+        ``mode = "retract"``: KV recomputed on resume): a weight update then runs at once instead of
+        waiting for them, and they go on with the new weights (partial rollouts: their
+        ``meta_info.weight_versions`` then has a span per version; the version of record is the oldest)."""
+        for worker in self.worker_urls:
+            self._post(worker, "/pause_generation", {"mode": "retract"})
+        self._paused = True  # _flush_cache: a paused server is flushed at once (its queue is ignored)
+
+    def continue_generation(self) -> None:
+        """Resume every worker paused by :meth:`pause_generation` (``/continue_generation``)."""
+        self._paused = False
+        for worker in self.worker_urls:
+            self._post(worker, "/continue_generation", {})
+
     def _stream(self, model: Any, version: int) -> bool:
         """Stream ``model`` over the workers' weight-update groups; False: ``auto`` fell back to disk."""
         from srpo_graph.backends.weight_sync import DistributedSync
@@ -431,7 +447,9 @@ class SGLangBackend:
         deadline = time.monotonic() + self.timeout
         url, attempt = f"{worker}/flush_cache", 0
         while True:
-            wait = max(0.0, deadline - time.monotonic())
+            # paused (partial rollouts): timeout 0 flushes at once, ignoring the retracted requests queued
+            # (SGLang defers a flush with a timeout until the queue is empty too, which a pause never reaches)
+            wait = 0.0 if self._paused else max(0.0, deadline - time.monotonic())
             try:
                 status, body = self._read(f"{url}?timeout={wait:.1f}", {}, deadline + 5.0)
             except httpx.HTTPError as exc:

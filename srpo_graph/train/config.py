@@ -93,6 +93,16 @@ class _RolloutFields(_Section):
         "and broadcasts them; `auto` (default) every rank with an in-process backend (transformers) under strategy = "
         "\"ddp\", rank 0 alone with a server backend (one server batches every request) or under fsdp (the other "
         "ranks hold only shards).")
+    max_staleness: int = Field(
+        0, ge=0, le=64, description="Overlapped rollouts with bounded staleness (`train/async_rollout.py`): 0 = the "
+        "synchronous loop (step s samples after update s-1 synced); k >= 1 = a producer thread samples the batches of "
+        "the next steps while the trainer updates, and no output used by update s was sampled more than k weight "
+        "versions before the weights it starts from (k = 1: one-step-off). Needs a server backend (sglang); not "
+        "under torchrun yet.")
+    partial_rollouts: bool = Field(
+        False, description="With max_staleness >= 1 on sglang: a weight sync pauses the requests in flight and "
+        "resumes them on the new weights (a member's tokens may come from two versions; the version of record is "
+        "the oldest, the behaviour log-probs the sampler's) instead of waiting for them to finish.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 # Fields that depend on wall-clock time: excluded when comparing runs for equality.
-TIMING_PREFIXES = ("time/", "throughput/")
+TIMING_PREFIXES = ("time/", "throughput/", "async/")  # async/: overlapped rollouts' timing
 
 
 def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

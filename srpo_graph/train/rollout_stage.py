@@ -9,14 +9,14 @@ broadcasts the episodes (servers, fsdp); either way as JSON lines (never pickle)
 compiles the same batch.
 
 This is the seam where the rollout stage changes shape (every rank sampling its share, rollouts
-overlapping the update): the loop only calls ``Rollouts.get(step, state)`` and, after each update,
-``Rollouts.weights_updated(version)``.
+overlapping the update: ``async_rollout.py``, chosen by ``rollout.max_staleness``): the loop only
+calls ``Rollouts.get(step, state)`` and, after each update, ``Rollouts.weights_updated(version)``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from srpo_graph.backends import backend_spec
@@ -86,11 +86,15 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
 @dataclass
 class StepRollout:
     """One step's rollout: its episodes (every rank has them), the executor's statistics (merged over
-    the sampling ranks; None on the ranks that did not sample) and the rollout's wall time in seconds."""
+    the sampling ranks; None on the ranks that did not sample), the rollout's wall time in seconds,
+    and the stage's own metrics for the step's record (``time/rollout_wait``: seconds the loop waited
+    for the batch; ``time/clock``: seconds since the stage started; the overlapped stage adds
+    ``async/...``)."""
 
     episodes: list[Episode]
     stats: Any
     seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class Rollouts:
@@ -101,6 +105,7 @@ class Rollouts:
                  frozen: dict[str, Any] | None = None) -> None:
         self.wf, self.train_tasks, self.slots, self.config, self.dist, self.frozen = \
             wf, train_tasks, slots, config, dist, frozen
+        self._t0 = time.perf_counter()
 
     def get(self, step: int, state) -> StepRollout:
         """Step ``step``'s episodes; advances ``state.cursor`` (batches of tasks consumed) by one."""
@@ -110,7 +115,9 @@ class Rollouts:
         state.cursor += 1
         episodes, stats = rollout(self.wf, [self.train_tasks[i] for i in idx], self.slots, self.config,
                                   self.config.seed * 1_000_003 + step, self.dist, r.samples, frozen=self.frozen)
-        return StepRollout(episodes, stats, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        return StepRollout(episodes, stats, seconds, {"time/rollout_wait": seconds,
+                                                      "time/clock": time.perf_counter() - self._t0})
 
     def weights_updated(self, version: int) -> None:
         """Every policy's weights now have ``version`` (synced to the backends)."""

@@ -118,6 +118,7 @@ def learn_step(step: int, wf, rolled: StepRollout, slots, config: TrainConfig, c
     record["time"] = timings
     record["throughput"] = {"gen_tokens_per_s": gen_tokens / max(timings["rollout"], 1e-9),
                             "train_tokens_per_s": train_tokens / max(timings["update"], 1e-9)}
+    record.update(rolled.metrics)  # the rollout stage's: time/rollout_wait, time/clock, async/...
     if torch.cuda.is_available() and str(slots[0].model.device).startswith("cuda"):  # this rank's GPU, since the start
         record["throughput"]["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return StepResult(record, episodes)

@@ -43,6 +43,7 @@ from srpo_graph.runtime.trace import write_traces
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
+from srpo_graph.train.async_rollout import check_async, make_rollouts
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks
 from srpo_graph.train.distributed import DistInfo, collective_failed, init_distributed, shutdown
@@ -53,7 +54,7 @@ from srpo_graph.train.plots import draw_plots
 from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
 from srpo_graph.train.rank_rollout import samples_on_every_rank
-from srpo_graph.train.rollout_stage import Rollouts, rollout
+from srpo_graph.train.rollout_stage import rollout
 from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
 from srpo_graph.train.sglang_rollout import server_scope, with_backend_defaults
@@ -226,6 +227,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     workflow_path = Path(workflow_path)
     device = _device(config)
     dist = init_distributed(device, config.dist_timeout)
+    check_async(config, dist)  # overlapped rollouts: a server backend, one process
     if dist.enabled:  # several nodes may have resolved their own command lines: rank 0's config wins
         config = validate(json.loads(agree_config(json.dumps(to_data(config)), workflow_path.read_text(), dist,
                                                        follow=os.environ.get(FOLLOW_ENV) == "1")),
@@ -299,12 +301,13 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
     report = FailureReport(enabled=dist.is_main)
     completed = False
-    rollouts = Rollouts(wf, train_tasks, slots, config, dist, frozen)
+    rollouts = make_rollouts(wf, train_tasks, slots, config, dist, frozen)  # max_staleness >= 1: overlapped
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
                 result = learn_step(step, wf, rollouts.get(step, state), slots, config, compile_cfg, state, dist,
                                     report)
+                rollouts.weights_updated(step)  # the weights of version `step` are synced
                 record, episodes = result.record, result.episodes
                 state.step = step
                 rewards.append(record["reward"])
