@@ -176,7 +176,13 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     """
     from transformers import AutoConfig
 
-    from srpo_graph.backends.sglang_server import SGLangServer, launch_command, launch_ports, refuse_connected
+    from srpo_graph.backends.sglang_server import (
+        SGLangServer,
+        launch_command,
+        launch_ports,
+        recipe_env,
+        refuse_connected,
+    )
     from srpo_graph.backends.weight_dir import run_owner
     from srpo_graph.errors import ConfigError
 
@@ -209,7 +215,7 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
             shim = run_dir / "sglang" / "cpu-lora-shim"
             shim.mkdir(parents=True, exist_ok=True)
             (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
-            env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(shim)}
+            env = {**recipe_env("cpu"), "PYTHONPATH": str(shim)}
         plan.append((group, SGLangServer(argv, ports[i], log_path=run_dir / "sglang" / f"{base.name}.log",
                                          env=env).start()))
     refuse_connected(options, [where for _, where in plan if isinstance(where, str)])

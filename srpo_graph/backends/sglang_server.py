@@ -19,8 +19,9 @@ How no server is ever left behind:
 Recipes (``{model}``, ``{port}``, ``{host}`` and ``{python}`` are filled in):
 
 * ``"cpu"``: this repository's CPU recipe, the flags of ``shared/sglang-cpu/launch.sh`` (bf16,
-  ``torch_native`` attention, no overlap schedule, 65,536-token KV cache) with the SGLang venv's
-  python (``SRPO_GRAPH_SGLANG_PYTHON``, default ``~/.cache/srpo-graph/sglang-venv/bin/python``);
+  ``torch_native`` attention, no overlap schedule, 65,536-token KV cache) and ``--sleep-on-idle``
+  (an idle scheduler otherwise spins a whole core, taken from the trainer between rollouts) with
+  the SGLang venv's python (``SRPO_GRAPH_SGLANG_PYTHON``, default ``~/.cache/srpo-graph/sglang-venv/bin/python``);
 * ``"gpu"``: ``python -m sglang.launch_server`` with SGLang's defaults;
 * anything else: a command template, split like a shell would (no shell runs it).
 
@@ -53,14 +54,28 @@ from srpo_graph.errors import BackendError
 DEFAULT_VENV = Path.home() / ".cache" / "srpo-graph" / "sglang-venv"
 CPU_TEMPLATE = ("{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} "
                 "--device cpu --dtype bfloat16 --attention-backend torch_native --disable-overlap-schedule "
-                "--max-total-tokens 65536")
+                "--max-total-tokens 65536 --sleep-on-idle")
 GPU_TEMPLATE = "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
 PRESETS = {"cpu": CPU_TEMPLATE, "gpu": GPU_TEMPLATE}
+# The cpu recipe's environment. SGLang's crash diagnostics (py-spy of the schedulers, CUDA core
+# dumps) are GPU tools; left on, every stop of a CPU server (SIGTERM to its process group, which
+# its launcher reads as a crashed scheduler) sleeps 5 s "to let GPU activity settle" first.
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+           "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 CUSTOM_LOGIT_FLAG = "--enable-custom-logit-processor"
 TOKEN_FLAG = "--served-model-name"  # carries the per-launch token, read back from /server_info
 
 _LIVE: dict[int, "SGLangServer"] = {}
 _LIVE_LOCK = threading.Lock()
+
+
+def recipe_env(recipe: str) -> dict[str, str]:
+    """The environment a server launched with ``recipe`` gets on top of this process's.
+
+    >>> recipe_env("cpu")["SGLANG_USE_CPU_ENGINE"], recipe_env("gpu")
+    ('1', {})
+    """
+    return dict(CPU_ENV) if recipe == "cpu" else {}
 
 
 def sglang_python() -> str:
@@ -119,7 +134,7 @@ class SGLangServer:
         port: the port it listens on.
         host: its address (loopback by default).
         log_path: where its stdout/stderr go.
-        env: extra environment (``SGLANG_USE_CPU_ENGINE=1`` is added for the cpu recipe).
+        env: extra environment (the cpu recipe's is :func:`recipe_env`).
     """
 
     def __init__(self, argv: Sequence[str], port: int, *, host: str = "127.0.0.1",
@@ -279,8 +294,7 @@ def start_server(model: str, port: int, *, recipe: str = "cpu", host: str = "127
         BackendError: it cannot start, exits, or is not healthy in time (nothing is left running).
     """
     argv = launch_command(recipe, model, port, host)
-    env = {"SGLANG_USE_CPU_ENGINE": "1"} if recipe == "cpu" else {}
-    server = SGLangServer(argv, port, host=host, log_path=log_path, env=env).start()
+    server = SGLangServer(argv, port, host=host, log_path=log_path, env=recipe_env(recipe)).start()
     try:
         return server.wait_healthy(health_timeout)
     except BaseException:
@@ -403,7 +417,7 @@ def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
         servers = [SGLangServer(
             launch_command(options.launch, models[n], port), port,
             log_path=run_dir / "sglang" / f"{n}.log",
-            env={"SGLANG_USE_CPU_ENGINE": "1"} if options.launch == "cpu" else None)
+            env=recipe_env(options.launch))
             for n, port in zip(names, ports)]
         for s in servers:
             s.start()

@@ -1,4 +1,4 @@
-"""Fixtures for the backend tests: the real tiny model, built into a temporary directory."""
+"""Fixtures for the backend tests: the real tiny model, in a temporary directory (a copy: tests/conftest.py::tiny_copy)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    from srpo_graph.models.tiny import ensure_tiny_model
-
-    return ensure_tiny_model(tmp_path_factory.mktemp("tinyb") / "tiny")
+def tiny_dir(tmp_path_factory, tiny_copy):
+    return tiny_copy(tmp_path_factory.mktemp("tinyb") / "tiny")
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 
-def _free_port(lo: int = 30010, hi: int = 30100, count: int = 2) -> int:
-    """A port p in [lo, hi) with p .. p+count-1 free now, tried in random order (two test runs on
-    one machine rarely pick the same one; a launched server binds it ~20 s later)."""
+def _free_port(lo: int = 30010, hi: int = 30100, count: int = 2, exclude: frozenset[int] | set[int] = frozenset()) -> int:
+    """A port p in [lo, hi) with p .. p+count-1 free now and not in ``exclude`` (ports already
+    handed to servers that have not bound them yet), tried in random order (two test runs on one
+    machine rarely pick the same one; a launched server binds it ~20 s later)."""
     import random
     import socket
 
@@ -25,7 +26,7 @@ def _free_port(lo: int = 30010, hi: int = 30100, count: int = 2) -> int:
     ports = list(range(lo, hi - count + 1))
     random.shuffle(ports)
     for port in ports:
-        if all(free(port + i) for i in range(count)):
+        if all(port + i not in exclude and free(port + i) for i in range(count)):
             return port
     raise RuntimeError(f"no {count} free consecutive ports in {lo}..{hi}")
 
@@ -59,6 +60,41 @@ def start_real_server(model_dir, log_dir, port: int | None = None):
 
     port = port or _free_port()
     return start_server(str(model_dir), port, recipe="cpu", log_path=log_dir / f"sglang-{port}.log")
+
+
+def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0) -> list:
+    """Real SGLang servers (CPU recipe), one per entry of ``model_dirs``, started together and then
+    each waited for, as training's ``serve_policies`` does: their ~30 s start-ups overlap instead
+    of adding up. The caller stops them (:func:`stop_servers`); on a failure to start, none is
+    left running."""
+    from srpo_graph.backends.sglang_server import SGLangServer, launch_command, recipe_env
+
+    servers: list = []
+    taken: set[int] = set()
+    try:
+        for model_dir in model_dirs:
+            port = _free_port(exclude=taken)
+            taken.update((port, port + 1))
+            servers.append(SGLangServer(launch_command("cpu", str(model_dir), port), port,
+                                        log_path=log_dir / f"sglang-{port}.log",
+                                        env=recipe_env("cpu")).start())
+        for server in servers:
+            server.wait_healthy(health_timeout)
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers) -> None:
+    """Stop servers together (each stop waits for its process group, ~5 s for SGLang's shutdown)."""
+    import threading
+
+    threads = [threading.Thread(target=s.stop) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 

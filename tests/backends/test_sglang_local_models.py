@@ -4,7 +4,8 @@ through each family's chat template go in as token ids, completion ids and log-p
 the log-probs match the trainer's fp32 forward (bf16 server, ATOL as in test_sglang_real.py), and a
 turn ends at the template's end-of-turn token.
 
-Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one server per family.
+Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one server per family, both
+started together for the module (their start-ups overlap).
 """
 
 from __future__ import annotations
@@ -19,10 +20,27 @@ from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.backends.sampling import scaled_logprobs
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import require_sglang, start_real_server  # noqa: E402
+from sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
+NAMES = ("qwen3-test", "llama3-test")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """{name: (model folder, its real server)} for each family, the servers started together."""
+    from srpo_graph.models.architectures import ensure_local_model
+
+    require_sglang()
+    root = tmp_path_factory.mktemp("local-models")
+    paths = [ensure_local_model(name, root / name) for name in NAMES]
+    servers = start_real_servers(paths, root)
+    try:
+        yield {name: (path, server) for name, path, server in zip(NAMES, paths, servers)}
+    finally:
+        stop_servers(servers)
+        assert not any(server.alive() for server in servers)
 
 
 def _reference(model, prompt, completion, temperature, allowed=None):
@@ -37,17 +55,15 @@ def _reference(model, prompt, completion, temperature, allowed=None):
     return lp.gather(1, torch.tensor(list(completion))[:, None]).squeeze(1)
 
 
-@pytest.mark.parametrize("name", ["qwen3-test", "llama3-test"])
-def test_sglang_serves_the_local_chat_models_token_in_token_out(name, tmp_path):
+@pytest.mark.parametrize("name", NAMES)
+def test_sglang_serves_the_local_chat_models_token_in_token_out(name, served):
     from transformers import AutoModelForCausalLM
 
     from srpo_graph.backends import load_backend
-    from srpo_graph.models.architectures import ensure_local_model
     from srpo_graph.models.chat_templates import FAMILIES
     from srpo_graph.models.tiny import load_tokenizer
 
-    require_sglang()
-    path = ensure_local_model(name, tmp_path / name)
+    path, server = served[name]
     tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     eot = tok.convert_tokens_to_ids(FAMILIES[name.split("-")[0]].eos)
@@ -57,27 +73,23 @@ def test_sglang_serves_the_local_chat_models_token_in_token_out(name, tmp_path):
                                        {"role": "user", "content": f"What is {i} + {i}?"}],
                                       tokenize=True, add_generation_prompt=True)
         prompts.append(tuple(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    server = start_real_server(path, tmp_path)
-    try:
-        b = load_backend("sglang", str(path), url=server.url, backoff=0.05)
-        reqs = [GenerationRequest(p, max_new_tokens=6, temperature=t) for p in prompts for t in (1.0, 0.7)]
-        gaps = []
-        for r, c in zip(reqs, b.generate(reqs)):
-            assert 1 <= len(c.completion_ids) <= 6 and len(c.logprobs) == len(c.completion_ids)
-            gaps.append(float((torch.tensor(c.logprobs) - _reference(model, r.prompt_ids, c.completion_ids,
-                                                                       r.temperature)).abs().max()))
-        assert max(gaps) < ATOL, gaps
-        # a turn ends at the end-of-turn token: allowed {a word, end of turn}, so it comes soon
-        word = tok.encode(" the", add_special_tokens=False)[0]
-        allowed = (word, eot)
-        ends = b.generate([GenerationRequest(p, max_new_tokens=40, temperature=1.0, allowed_token_ids=allowed,
-                                             stop_token_ids=(eot,)) for p in prompts])
-        for p, c in zip(prompts, ends):
-            assert set(c.completion_ids) <= set(allowed)
-            assert c.completion_ids[-1] == eot and eot not in c.completion_ids[:-1], c.completion_ids
-            ref = _reference(model, p, c.completion_ids, 1.0, allowed)
-            assert (torch.tensor(c.logprobs) - ref).abs().max() < ATOL
-        b.close()
-    finally:
-        server.stop()
-    assert not server.alive()
+    b = load_backend("sglang", str(path), url=server.url, backoff=0.05)
+    reqs = [GenerationRequest(p, max_new_tokens=6, temperature=t) for p in prompts for t in (1.0, 0.7)]
+    gaps = []
+    for r, c in zip(reqs, b.generate(reqs)):
+        assert 1 <= len(c.completion_ids) <= 6 and len(c.logprobs) == len(c.completion_ids)
+        gaps.append(float((torch.tensor(c.logprobs) - _reference(model, r.prompt_ids, c.completion_ids,
+                                                                   r.temperature)).abs().max()))
+    assert max(gaps) < ATOL, gaps
+    # a turn ends at the end-of-turn token: allowed {a word, end of turn}, so it comes soon
+    word = tok.encode(" the", add_special_tokens=False)[0]
+    allowed = (word, eot)
+    ends = b.generate([GenerationRequest(p, max_new_tokens=40, temperature=1.0, allowed_token_ids=allowed,
+                                         stop_token_ids=(eot,)) for p in prompts])
+    for p, c in zip(prompts, ends):
+        assert set(c.completion_ids) <= set(allowed)
+        assert c.completion_ids[-1] == eot and eot not in c.completion_ids[:-1], c.completion_ids
+        ref = _reference(model, p, c.completion_ids, 1.0, allowed)
+        assert (torch.tensor(c.logprobs) - ref).abs().max() < ATOL
+    b.close()
+

@@ -27,7 +27,7 @@ from srpo_graph.backends.sampling import scaled_logprobs
 from srpo_graph.errors import BackendError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import require_sglang, start_real_server  # noqa: E402
+from sglang_servers import require_sglang, start_real_server, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (measured max 0.007)
@@ -254,9 +254,12 @@ def test_qwen2_shaped_model_with_biased_layers_syncs(tmp_path, tiny_dir, tok):
     assert not server.alive()
 
 
-def test_a_killed_server_fails_the_episodes_it_held(tmp_path, tiny_dir):
+def test_a_killed_server_fails_the_episodes_it_held_or_stops_a_raising_run(tmp_path, tiny_dir):
     """Kill the server by its PID mid-rollout: finished episodes stay ok, the ones it held are
-    failed with a message naming the server, counted in the run's stats; the run does not crash."""
+    failed with a message naming the server, counted in the run's stats; the run does not crash.
+    Then the default for `srpo-graph run` (``on_backend_error="raise"``) against that dead server:
+    the first backend failure stops the run, naming the server (one real server for both facts;
+    each used to start its own)."""
 
     from srpo_graph.backends import load_backend
     from srpo_graph.lang import load_workflow
@@ -270,6 +273,7 @@ def test_a_killed_server_fails_the_episodes_it_held(tmp_path, tiny_dir):
     server = start_real_server(tiny_dir, tmp_path)
     try:
         b = load_backend("sglang", str(tiny_dir), url=server.url, max_retries=0)
+        raising = load_backend("sglang", str(tiny_dir), url=server.url, max_retries=1, backoff=0.05)  # for the end
 
         def killer():
             while b.stats["requests"] < 24:
@@ -289,23 +293,11 @@ def test_a_killed_server_fails_the_episodes_it_held(tmp_path, tiny_dir):
     assert all(server.url in e.error and "connection error" in e.error for e in failed), failed[0].error
     assert server.url in res.stats.backend_error
 
-
-def test_a_killed_server_stops_run_with_raise(tmp_path, tiny_dir):
-    """The default for `srpo-graph run`: the first backend failure stops the run, naming the server."""
-
-    from srpo_graph.backends import load_backend
-    from srpo_graph.lang import load_workflow
-    from srpo_graph.runtime.executor import run
-    from srpo_graph.runtime.tasks import Task
-
-    require_sglang()
-    root = Path(__file__).resolve().parents[2]
-    wf = load_workflow(root / "workflows" / "coord_par2.wf")
-    server = start_real_server(tiny_dir, tmp_path)
-    b = load_backend("sglang", str(tiny_dir), url=server.url, max_retries=1, backoff=0.05)
-    server.stop()
-    with pytest.raises(BackendError, match="failed after 2 attempts; last: connection error"):
-        run(wf, [Task(id="t", fields={"target": 3})], {"tiny": b}, samples=2)
+    assert not server.alive()
+    par2 = load_workflow(root / "workflows" / "coord_par2.wf")
+    with pytest.raises(BackendError, match="failed after 2 attempts; last: connection error") as info:
+        run(par2, [Task(id="t", fields={"target": 3})], {"tiny": raising}, samples=2)
+    assert server.url in str(info.value)
 
 
 def _until_the_router_uses_both(backend, prompt, workers, seconds: float = 90.0) -> None:
@@ -338,11 +330,10 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
         if os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG"):
             pytest.fail("sglang-router is not installed in the SGLang venv (.ci/run installs it)")
         pytest.skip("sglang-router is not installed in the SGLang venv (pip install sglang-router)")
-    w1 = start_real_server(tiny_dir, tmp_path)
-    w2 = start_real_server(tiny_dir, tmp_path)
+    w1, w2 = start_real_servers([tiny_dir, tiny_dir], tmp_path)  # started together: one start-up's wait
     from sglang_servers import _free_port
 
-    port = _free_port(30091, 30100)
+    port = _free_port(30091, 30100, exclude={w1.port, w2.port})
     router = SGLangServer([sglang_python(), "-m", "sglang_router.launch_router", "--worker-urls", w1.url, w2.url,
                            "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)], port,
                           log_path=tmp_path / "router.log")
@@ -364,6 +355,4 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
             assert (torch.tensor(c.logprobs) - reference_logprobs(other, p, c.completion_ids, 1.0)).abs().max() < ATOL
         b.close()
     finally:
-        router.stop()
-        w1.stop()
-        w2.stop()
+        stop_servers([router, w1, w2])

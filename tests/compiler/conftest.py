@@ -6,11 +6,10 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def tiny_backend(tmp_path_factory):
+def tiny_backend(tmp_path_factory, tiny_copy):
     import torch
 
     from srpo_graph.backends.transformers import TransformersBackend
-    from srpo_graph.models.tiny import ensure_tiny_model
 
     torch.set_num_threads(1)
-    return TransformersBackend.from_pretrained(str(ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")))
+    return TransformersBackend.from_pretrained(str(tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny")))

@@ -1,4 +1,4 @@
-"""Fixtures for the runtime tests: the real tiny model (built into a temporary directory)."""
+"""Fixtures for the runtime tests: the real tiny model (copied into a temporary directory: tests/conftest.py::tiny_copy)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ sys.path.insert(0, str(Path(__file__).parent))  # runtime_workflows, failing_too
 
 
 @pytest.fixture(scope="session")
-def tiny_backend(tmp_path_factory):
+def tiny_backend(tmp_path_factory, tiny_copy):
     import torch
 
     from srpo_graph.backends.transformers import TransformersBackend
-    from srpo_graph.models.tiny import ensure_tiny_model
 
     torch.set_num_threads(1)
-    path = ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
+    path = tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny")
     return TransformersBackend.from_pretrained(str(path))
 
 

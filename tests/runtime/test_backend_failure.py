@@ -31,8 +31,9 @@ def _run_search(tmp_path, url: str, out: Path):
     return CliRunner().invoke(app, args)
 
 
-def test_a_dead_server_stops_the_run_and_keeps_finished_episodes(tmp_path, monkeypatch):
+def test_a_dead_server_stops_the_run_and_keeps_finished_episodes(tmp_path, monkeypatch, tiny_copy):
     monkeypatch.setenv("SRPO_GRAPH_HOME", str(tmp_path / "home"))
+    tiny_copy(tmp_path / "home" / "tiny")  # `--model tiny` finds it there (copied, not built again)
     out = tmp_path / "traces.jsonl"
     with FakeSGLang() as server:
         full = _run_search(tmp_path, server.url, tmp_path / "full.jsonl")  # the same run, never failing
@@ -52,8 +53,9 @@ def test_a_dead_server_stops_the_run_and_keeps_finished_episodes(tmp_path, monke
         assert ep.status == "ok" and ep == complete[(ep.task_id, ep.sample)]
 
 
-def test_a_completed_run_is_rewritten_in_task_order(tmp_path, monkeypatch):
+def test_a_completed_run_is_rewritten_in_task_order(tmp_path, monkeypatch, tiny_copy):
     monkeypatch.setenv("SRPO_GRAPH_HOME", str(tmp_path / "home"))
+    tiny_copy(tmp_path / "home" / "tiny")  # `--model tiny` finds it there (copied, not built again)
     with FakeSGLang() as server:
         res = _run_search(tmp_path, server.url, tmp_path / "t.jsonl")
     assert res.exit_code == 0, res.output
@@ -63,16 +65,16 @@ def test_a_completed_run_is_rewritten_in_task_order(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("error", [RuntimeError("device lost"), BackendError("sglang: gone")])
-def test_any_backend_exception_becomes_a_backend_error(tmp_path, error):
+def test_any_backend_exception_becomes_a_backend_error(tmp_path, error, tiny_copy):
     """A backend raising anything mid-run: the run raises BackendError naming the policy."""
     import runtime_workflows as wfs
 
-    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import Task
 
     class Failing:  # a test double standing for an engine that breaks: it has no model at all
-        tokenizer = load_tokenizer(ensure_tiny_model(tmp_path / "tiny"))
+        tokenizer = load_tokenizer(tiny_copy(tmp_path / "tiny"))
         weight_version = 0
 
         def generate(self, requests):

@@ -21,10 +21,13 @@ EXAMPLES = [
 
 
 @pytest.mark.parametrize("wf, tasks", EXAMPLES, ids=[w for w, _ in EXAMPLES])
-def test_run_every_example_with_the_tiny_model(tmp_path, monkeypatch, wf, tasks):
+def test_run_every_example_with_the_tiny_model(tmp_path, monkeypatch, wf, tasks, tiny_copy):
     if not (ROOT / "workflows" / f"{wf}.wf").exists():
         pytest.skip(f"workflows/{wf}.wf not written yet")
-    monkeypatch.setenv("SRPO_GRAPH_HOME", str(tmp_path.parent / "shared-home"))  # one tiny build for all
+    home = tmp_path.parent / "shared-home"
+    monkeypatch.setenv("SRPO_GRAPH_HOME", str(home))  # one tiny model for all (copied, not built again)
+    if not (home / "tiny").exists():
+        tiny_copy(home / "tiny")
     out = tmp_path / "tr.jsonl"
     small = wf.startswith(("math", "search"))
     args = ["run", str(ROOT / "workflows" / f"{wf}.wf"), "--tasks", str(ROOT / "workflows" / "tasks" / f"{tasks}.jsonl"),

@@ -14,7 +14,6 @@ import torch
 from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.lang import load_workflow
-from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.srpo.logprobs import packed_logprobs
@@ -41,11 +40,11 @@ max_steps: 2
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_copy):
     torch.set_num_threads(1)
     d = tmp_path_factory.mktemp("topk")
     (d / "topk.wf").write_text(WF)
-    backend = TransformersBackend.from_pretrained(str(ensure_tiny_model(d / "tiny")))
+    backend = TransformersBackend.from_pretrained(str(tiny_copy(d / "tiny")))
     return load_workflow(d / "topk.wf"), backend
 
 

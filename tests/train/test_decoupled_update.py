@@ -14,7 +14,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from srpo_graph.backends.tiny import ensure_tiny_model
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.srpo.diagnostics import staleness_histogram
 from srpo_graph.srpo.loss import LossConfig
@@ -22,14 +21,14 @@ from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update
 
 
 @pytest.fixture(scope="module")
-def stale(tmp_path_factory):
+def stale(tmp_path_factory, tiny_copy):
     from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import Task
 
     torch.set_num_threads(1)
-    model_dir = ensure_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny")
+    model_dir = tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny")
     wf = load_workflow("workflows/coord_par2.wf")
     backend = TransformersBackend.from_pretrained(str(model_dir))
     eps = run(wf, [Task(id=f"t{i}", fields={"target": i}) for i in range(6)], {"tiny": backend},

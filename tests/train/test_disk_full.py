@@ -48,12 +48,22 @@ def _can_mount() -> bool:
     return probe.returncode == 0
 
 
+def _cli_train(*args: str) -> None:
+    """``srpo-graph train ARGS`` through the CLI's own entry point, in this process (the runs on a
+    full disk are subprocesses: they need the tmpfs's mount namespace; these two need no process
+    and Python+torch start-up of their own)."""
+    from click.testing import CliRunner
+
+    from srpo_graph.cli import app
+
+    res = CliRunner().invoke(app, ["train", *args])
+    assert res.exit_code == 0, (res.output[-2000:], res.exception)
+
+
 @pytest.fixture(scope="module")
 def one_step(tmp_path_factory):
     run = tmp_path_factory.mktemp("ref") / "run"
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--steps", "1", "--run-dir",
-                           str(run), *ARGS], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _cli_train(str(WF), "--steps", "1", "--run-dir", str(run), *ARGS)
     return run
 
 
@@ -87,8 +97,6 @@ def test_disk_full_inside_a_checkpoint_stops_with_the_resume_command(one_step, t
     assert (tmp_path / "ls.txt").read_text().split() == [".", "..", "step_1"]  # no .tmp- folder left
     # with space (the same folder, on the normal disk), the printed command finishes the run
     after = tmp_path / "after"
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--resume", str(after)],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _cli_train(str(WF), "--resume", str(after))
     assert [r["step"] for r in read_metrics(after / "metrics.jsonl")] == [1, 2]
     assert ck.latest_good_checkpoint(after)[0] == after / "checkpoints" / "step_2"

@@ -60,6 +60,8 @@ def test_a_reward_failing_on_every_episode_stops_the_run_with_the_real_command(t
            "rollout.max_failed_fraction=0.5)" in err, err
     assert f"first reward failure: {path}:{line}:9: error: terminal reward mine.{reward}" in err
     assert f"srpo-graph train {path} --resume {run}" in err and "FILE.wf" not in err and "RUN_DIR" not in err
+    if reward != "raising_reward":
+        return  # the resume below does not depend on how the reward failed: checked once, not per kind
     # the advice works: with no checkpoint yet, --resume starts the run again (and stops the same way)
     proc = _cli(str(path), "--resume", str(run))
     out, err2 = proc.communicate(timeout=300)

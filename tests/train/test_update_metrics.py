@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.srpo.diagnostics import LossDiagnostics
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
 from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
@@ -72,9 +71,9 @@ def _train(model_dir, batch, loss_cfg):
     return res, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def test_clipping_acts_from_the_second_epoch_and_changes_the_update(tmp_path):
+def test_clipping_acts_from_the_second_epoch_and_changes_the_update(tmp_path, tiny_copy):
     torch.set_num_threads(1)
-    model_dir = ensure_tiny_model(tmp_path / "tiny")
+    model_dir = tiny_copy(tmp_path / "tiny")
     batch = _real_batch(model_dir)
     res, clipped_w = _train(model_dir, batch, LossConfig(eps_low=0.05, eps_high=0.05))
     d = res.diagnostics
