@@ -46,8 +46,9 @@ def test_a_dead_server_stops_the_run_and_keeps_finished_episodes(tmp_path, monke
     assert "failed after 1 attempts" in res.output and "connection error" in res.output
     kept = read_traces(out)  # a valid trace file: every line validates
     assert "episodes finished before are in" in res.output and f"the {len(kept)} episodes" in res.output
-    # episodes run two at a time; with 5 generations answered, the first pairs finished
-    assert per_episode == 1.0 and len(kept) == 4
+    # episodes run two at a time, one generation each: with 5 generations answered, 4 or 5 episodes
+    # finished (the 5th's answer and the 6th's connection error race: whichever the run sees first)
+    assert per_episode == 1.0 and len(kept) in (4, 5)
     complete = {(e.task_id, e.sample): e for e in read_traces(tmp_path / "full.jsonl")}
     for ep in kept:  # exactly the episodes of the undisturbed run
         assert ep.status == "ok" and ep == complete[(ep.task_id, ep.sample)]
