@@ -23,9 +23,13 @@ micro-batch count and, per micro-batch, run every policy active in the mini-batc
 order; a policy without local members gets a one-token forward whose output enters the loss
 with weight 0 (:func:`ordered_models`). Its gradient is exactly 0, so results do not change.
 
-Rank 0 samples; with the transformers backend it samples from an unsharded replica that is
-refreshed from the gathered full state dict after every step (exact, no drift; memory: one full
-copy of each policy on rank 0). Frozen reference models (KL) are not sharded.
+Rank 0 samples. With an in-process backend (transformers) it samples from an unsharded replica
+that is refreshed from the gathered full state dict after every step (exact, no drift; memory:
+one full copy of each policy on rank 0 -- sampling in process needs the whole model somewhere).
+With a server backend (SGLang) there is no replica: the sync streams the weights one gathered
+bucket at a time (``fsdp_stream.py``), and checkpoints are written sharded
+(``sharded_checkpoint.py``), so no rank ever holds a full model. Frozen reference models (KL)
+are not sharded.
 """
 
 from __future__ import annotations
@@ -184,9 +188,16 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def sync_backend(model: torch.nn.Module, replica: Any, backend: Any, version: int) -> None:
     """Hand ``model``'s weights to ``backend`` (if any), tagged ``version``.
 
-    Sharded: every rank must call it (the full state dict is gathered); rank 0 loads it into its
-    unsharded ``replica``, which the backend samples from (transformers) or saves (sglang).
+    Sharded: every rank must call it. Without a replica (server backends) the weights are
+    streamed, one gathered bucket at a time (``fsdp_stream.stream_to_backend``); with one
+    (in-process backends) the full state dict is gathered and rank 0 loads it into the replica,
+    which the backend samples from.
     """
+    if is_sharded(model) and replica is None:
+        from srpo_graph.train.fsdp_stream import stream_to_backend
+
+        stream_to_backend(model, backend, version)
+        return
     if is_sharded(model):
         full = full_state_dict(model)
         if replica is not None:

@@ -14,7 +14,8 @@ one); an event spanning policies sends gradient to each. A frozen reference mode
 loaded only when the objective's KL coefficient is non-zero. Departures from a textbook PPO
 loop: no value function (group-relative advantages), models kept in eval mode (no dropout),
 rollouts on rank 0 only under torchrun (episodes broadcast as JSON). ``strategy = "fsdp"``: models
-sharded (``fsdp.py``); rank 0 samples from and saves an unsharded replica synced every step.
+sharded (``fsdp.py``); rank 0 samples in process from an unsharded replica synced every step, or
+streams the weights to servers bucket by bucket (``fsdp_stream.py``, no replica).
 """
 
 from __future__ import annotations
@@ -146,10 +147,11 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model = model.to(device).eval()  # no dropout: update.py
         tok = load_tokenizer(path)
-        # fsdp: shard before the optimizer sees the parameters; rank 0 keeps a whole replica to
-        # sample from (in-process backends, on the device) or to save for a server (CPU)
-        replica = fsdp.shard_with_replica(model, path, dtype, device if spec.in_process else "cpu", dist) \
-            if sharded else None
+        # fsdp: shard before the optimizer sees the parameters; rank 0 keeps a whole replica only to
+        # sample from in process; a server gets the weights streamed bucket by bucket (fsdp_stream.py)
+        replica = fsdp.shard_with_replica(model, path, dtype, device, dist) if sharded and spec.in_process else None
+        if sharded and not spec.in_process:
+            fsdp.shard_model(model)
         o = config.optim
         opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, updates_total))
