@@ -48,7 +48,7 @@ def main(model_dir: str, out: Path, url: str, route: str, seed: int = 1) -> None
             result["files"] = sorted(p.name for p in (out / "saved").iterdir()) if dist.is_main else []
             result["peak_bucket_bytes"] = g.peak_bucket_bytes
         else:
-            fsdp.sync_backend(m, None, backend, 31)
+            fsdp.sync_backend(m, None, backend, 31, stream=True)
             if backend is not None and backend._streamer is not None:
                 result["stats"] = backend._streamer.stats
     except BackendError as exc:
