@@ -11,7 +11,9 @@ rank); produces :class:`GatheredModel`, which a weight sync consumes in place of
   + ``model.safetensors.index.json`` + ``config.json``), one shard of at most ``shard_bytes``
   gathered and written at a time (the disk route of an SGLang sync).
 
-So neither route holds more than one bucket (or shard) of full tensors. A tied weight (embedding
+So neither route holds more than one bucket (or shard) of full tensors. A server that computes
+in bf16 gets shards cast before they are gathered (``gather_dtype``, set by the consumer on rank 0
+and broadcast to the others before the first gather): half the bytes gathered and held. A tied weight (embedding
 and ``lm_head``) is one parameter: it is gathered and sent once, under its first name, as
 ``save_pretrained`` and SGLang's loaders expect.
 
@@ -37,6 +39,9 @@ from srpo_graph.errors import BackendError
 DEFAULT_SHARD_BYTES = 1 << 30  # the disk route's safetensors shards (save_pretrained's default is 5 GB)
 
 
+_DTYPE_CODES: list[torch.dtype | None] = [None, torch.bfloat16, torch.float16, torch.float32]
+
+
 def _global_nbytes(t: torch.Tensor) -> int:
     return math.prod(t.shape) * t.element_size()  # a DTensor's shape and dtype are the full tensor's
 
@@ -60,6 +65,7 @@ class GatheredModel:
             seen.add(id(t))
             self.plan.append((name, t))
         self.position = 0
+        self.gather_dtype: torch.dtype | None = None  # set by the consumer (the server's dtype): shards cast first
         self.peak_bucket_bytes = 0  # largest shard save_pretrained held (measured, for the benchmark)
 
     @property
@@ -71,10 +77,25 @@ class GatheredModel:
         return self.model.parameters()
 
     def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        if self.gather_dtype is not None and t.is_floating_point():  # elementwise: the same as casting after
+            t = t.detach().to(self.gather_dtype)
         full = t.full_tensor() if hasattr(t, "full_tensor") else t  # FSDP2: all-gather this tensor only
         return full.detach()
 
+    def _agree_dtype(self) -> None:
+        """Rank 0's ``gather_dtype`` on every rank (one broadcast before the first gather): only
+        rank 0's consumer sets it, and an all-gather needs one dtype on all ranks."""
+        import torch.distributed as tdist
+
+        if not (tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1):
+            return
+        code = torch.tensor([_DTYPE_CODES.index(self.gather_dtype)], dtype=torch.int64)
+        tdist.broadcast(code, src=0)  # under the default group's deadline (dist_timeout)
+        self.gather_dtype = _DTYPE_CODES[int(code.item())]
+
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.position == 0 and self.plan:
+            self._agree_dtype()
         while self.position < len(self.plan):
             name, t = self.plan[self.position]
             self.position += 1
