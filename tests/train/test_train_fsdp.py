@@ -100,3 +100,9 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
     for i, n in enumerate(names):
         for k in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(moments[n][k], adam[f"state.{i}.{k}"], atol=2e-5, rtol=1e-4)
+    # `srpo-graph eval` reads the consolidated folder, and the sharded run folder itself (in one process)
+    ev = tmp_path / "eval"
+    _run([sys.executable, "-m", "srpo_graph.cli", "eval", str(ROOT / "workflows/coord_mixed.wf"), str(out),
+          str(tmp_path / "fsdp"), "--num-tasks", "2", "--samples", "2", "--out", str(ev), "--no-progress"])
+    a_rep, b_rep = json.loads((ev / "eval.json").read_text())["reports"]
+    assert a_rep["problems"] == b_rep["problems"] and a_rep["overall"] == b_rep["overall"]
