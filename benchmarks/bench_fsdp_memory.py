@@ -170,10 +170,7 @@ def main() -> None:
         p1 = r1["rows"][name]["peak_bytes"]
         lines.append(f"| {name} | {row['detail']} | {row['peak_bytes'] / MB:.1f} | {row['peak_bytes'] / full:.2f} | "
                      f"{row['peak_bytes'] / base:.2f} | {p1 / MB:.1f} | {row['seconds']:.2f} |")
-    lines += ["", "With buckets smaller than the model, rank 0 holds one bucket (plus its flat copy and one "
-              "fp32 tensor) instead of a replica plus a gathered state dict; at the default 256 MiB a model this "
-              "small fits one bf16 bucket, so the stream still holds its whole bf16 copy once (half the fp32 "
-              "size), and nothing after the sync. Rank 1 gathers each tensor too (one at a time)."]
+    lines += ["", "With buckets smaller than the model, rank 0 holds one bf16 bucket and its flat copy (a one-tensor bucket is sent as a view) instead of a replica plus a gathered state dict; with 16 MiB buckets: 16 + 16 MiB + the tensor being gathered (the largest tensor is always gathered whole; at most 6 MiB in bf16 for qwen3-mid). At the default 256 MiB a model this small is one bucket: its bf16 copy plus the flat copy (= the fp32 size), held during the sync only, where the replica stays for the whole run. Rank 1 gathers each tensor too, one at a time."]
     sys.path.insert(0, str(Path(__file__).parent))
     from _perfdoc import write_result, write_section
 
