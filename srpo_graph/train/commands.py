@@ -308,9 +308,12 @@ def consolidate_command(source, out, step, policy):
     from srpo_graph.train.eval_run import resolve_source
     from srpo_graph.train.sharded_checkpoint import consolidate
 
+    is_run = (source / "config.toml").is_file() and (source / "checkpoints").is_dir()
+    if not (is_run or ((source / "COMPLETE").is_file() and source.parent.name == "checkpoints")):
+        raise ConfigError.at(str(source), "not a run folder (config.toml + checkpoints/) or one checkpoints/step_N "
+                             "folder", fix="give RUN_DIR or RUN_DIR/checkpoints/step_N")
     src = resolve_source(str(source), step)
-    if src.kind != "run" or src.checkpoint is None:
-        raise ConfigError.at(str(source), "not a run folder or checkpoint", fix="give RUN_DIR or RUN_DIR/checkpoints/step_N")
+    assert src.checkpoint is not None
     policies = [policy] if policy else list(json.loads((src.checkpoint / "state.json").read_text())["policies"])
     for name in policies:
         written = consolidate(src.checkpoint, name, out if len(policies) == 1 else out / name)

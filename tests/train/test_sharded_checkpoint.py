@@ -95,3 +95,17 @@ def test_the_verifier_names_a_damaged_shard_and_a_nan_weight(tiny, tmp_path):
     assert "is not finite" in ckpt.verify_checkpoint(ck2)
     with pytest.raises(ValueError, match="not finite"):  # save itself refuses a NaN model
         _save(tmp_path / "c", m, opt, sched, tiny)
+
+
+def test_consolidate_names_a_folder_that_is_no_run(tmp_path):
+    """A user error: the command names the folder and what it expected, exit code 7, no traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(tmp_path), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 7 and "not a run folder" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
