@@ -57,11 +57,11 @@ def table(c: dict) -> str:
     for name, (n, h, i, layers, vocab, layout, shards) in MODELS.items():
         weights = n * per_param[0]
         full = n * sum(per_param)
-        per_gpu = full / shards + (weights if shards > 1 else 0.0)  # FSDP: rank 0 keeps a whole copy to sample from
+        per_gpu = full / shards  # FSDP with SGLang rollouts: the sync streams buckets, no whole copy on rank 0
         scale = (h + i) / MID_WIDTH * layers * MICRO_TOKENS
         whole = head * vocab / 151_936 * MICRO_TOKENS
         lines.append(f"| {name} | {weights / GIB:.0f} GiB | {full / GIB:.0f} GiB | {layout} | {per_gpu / GIB:.0f} GiB"
-                     f"{' (incl. rank 0 copy)' if shards > 1 else ''} | {act_bf16 * scale / GIB:.0f} GiB / "
+                     f"{' (+ one sync bucket)' if shards > 1 else ''} | {act_bf16 * scale / GIB:.0f} GiB / "
                      f"{act_ckpt * scale / GIB:.1f} GiB | {whole / GIB:.1f} GiB / ~0.2 GiB |")
     return "\n".join(lines)
 

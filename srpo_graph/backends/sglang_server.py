@@ -126,6 +126,23 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def server_environ() -> dict[str, str]:
+    """This process's environment without torchrun's rendezvous variables: a server launched by
+    rank 0 of a torchrun job would otherwise join the job's store (``TORCHELASTIC_USE_AGENT_STORE``,
+    ``MASTER_PORT``) when it makes its own process group, and wait there for ever.
+
+    >>> os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    >>> out = server_environ(); del os.environ["TORCHELASTIC_USE_AGENT_STORE"]
+    >>> "TORCHELASTIC_USE_AGENT_STORE" in out
+    False
+    """
+    return {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+
+
 class SGLangServer:
     """One SGLang server process (group) on ``host:port``.
 
@@ -161,7 +178,7 @@ class SGLangServer:
     def start(self) -> "SGLangServer":
         """Start the process in its own session; register it for the exit hook."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env}
+        env = {**server_environ(), **self.env}
         with open(self.log_path, "ab") as log:
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -138,7 +138,10 @@ def buckets(pairs: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, dtype:
 
 
 def flatten(bucket: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
-    """The bucket's tensors' bytes back to back, one uint8 tensor (SGLang's flattened bucket)."""
+    """The bucket's tensors' bytes back to back, one uint8 tensor (SGLang's flattened bucket);
+    a bucket of one (contiguous) tensor is a view of it, not a copy."""
+    if len(bucket) == 1:
+        return bucket[0][1].reshape(-1).view(torch.uint8)
     return torch.cat([t.reshape(-1).view(torch.uint8) for _, t in bucket])
 
 
@@ -285,6 +288,8 @@ class DistributedSync:
         t0 = time.perf_counter()
         groups = {w: self.connect(w) for w in workers}
         dtype = self.dtypes.get(workers[0])  # the workers of one policy serve one model
+        if hasattr(model, "gather_dtype"):  # FSDP (fsdp_stream.GatheredModel): cast the shards, gather half the bytes
+            model.gather_dtype = dtype
         for w in workers:
             self._begin(w)
         try:

@@ -5,6 +5,8 @@ state (step, data cursor); produces a folder that ``--resume`` reads back exactl
 
     step_N/
       policies/<policy>/      model (save_pretrained, safetensors) + tokenizer
+                              (fsdp: config + tokenizer; weights and optimizer as DCP shards in
+                              dcp/<policy>/, see sharded_checkpoint.py)
       optim/<policy>.safetensors   optimizer tensors (Adam moments, step counters)
       optim/<policy>.json          optimizer param groups + scheduler state
       rng.safetensors              torch (and CUDA) RNG states
@@ -196,22 +198,40 @@ def save_checkpoint(
             save_file(tensors, tmp / "optim" / f"{name}.safetensors")
             meta["scheduler"] = schedulers[name].state_dict() if name in schedulers else None
             (tmp / "optim" / f"{name}.json").write_text(json.dumps(meta))
+    except BaseException as exc:
+        _failed(exc, tmp, root, final)
+    return finish_checkpoint(run_dir, tmp, state, sorted(models), keep_last=keep_last)
+
+
+def _failed(exc: BaseException, tmp: Path, root: Path, final: Path) -> None:
+    """Remove the half-written ``tmp``; re-raise ``exc`` (a full disk as ``OSError(ENOSPC)``)."""
+    full = isinstance(exc, Exception) and disk_full(exc, root)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if full and not isinstance(exc, OSError):  # safetensors / torch report ENOSPC as their own errors
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final)) from exc
+    raise exc
+
+
+def finish_checkpoint(run_dir: str | Path, tmp: Path, state: LoopState, policies: list[str], *, keep_last: int = 2,
+                      sharded: bool = False) -> Path:
+    """Complete the folder ``tmp`` (the policies' files are in it): config copy, RNG states,
+    ``state.json``, the ``COMPLETE`` manifest; fsync, rename to ``step_N``, prune to ``keep_last``.
+    Also the last part of a sharded checkpoint (``sharded_checkpoint.py``)."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{state.step}"
+    try:
         if (Path(run_dir) / "config.toml").is_file():  # a copy, so a damaged config.toml loses nothing
             shutil.copyfile(Path(run_dir) / "config.toml", tmp / "config.toml")
         rng_tensors, rng_meta = _rng_state()
         save_file(rng_tensors, tmp / "rng.safetensors")
         payload = {"step": state.step, "cursor": state.cursor, "skipped_updates": state.skipped_updates,
-                   "extra": state.extra, "rng": rng_meta, "policies": sorted(models)}
+                   "extra": state.extra, "rng": rng_meta, "policies": policies, "sharded": sharded}
         (tmp / "state.json").write_text(json.dumps(payload))
         (tmp / COMPLETE).write_text(json.dumps({"step": state.step, "manifest": MANIFEST_VERSION,
                                                 "files": _manifest(tmp)}, indent=1))
         _fsync_tree(tmp)
     except BaseException as exc:
-        full = isinstance(exc, Exception) and disk_full(exc, root)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if full and not isinstance(exc, OSError):  # safetensors / torch report ENOSPC as their own errors
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final)) from exc
-        raise
+        _failed(exc, tmp, root, final)
     if final.exists():  # e.g. the same step saved again after a resume
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -305,6 +325,13 @@ def verify_checkpoint(checkpoint: str | Path) -> str | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         return f"state.json unreadable ({type(exc).__name__}: {exc})"
     for name in policies:
+        if (ck / "dcp" / name).is_dir():  # an fsdp checkpoint: DCP shards (sharded_checkpoint.py)
+            from srpo_graph.train.sharded_checkpoint import check_finite
+
+            problem = check_finite(ck, name)
+            if problem is not None:
+                return problem
+            continue
         weights = sorted(policy_path(ck, name).glob("*.safetensors"))
         if not weights:
             return f"policy {name!r} has no weights (policies/{name}/*.safetensors)"
@@ -371,6 +398,10 @@ def load_checkpoint(
                 raise ConfigError.at(str(ck), f"checkpoint has no policy {name!r} (has {payload['policies']})",
                                      fix="resume with the workflow the run was started with")
             meta = json.loads((ck / "optim" / f"{name}.json").read_text())
+            if meta.get("format") == "dcp":  # loaded with the sharded weights (sharded_checkpoint.load_policy)
+                if meta.get("scheduler") is not None and name in schedulers:
+                    schedulers[name].load_state_dict(meta["scheduler"])
+                continue
             opt_sd = _optimizer_from_files(load_file(ck / "optim" / f"{name}.safetensors"), meta)
             (loaders or {}).get(name, opt.load_state_dict)(opt_sd)
             if meta.get("scheduler") is not None and name in schedulers:

@@ -290,6 +290,36 @@ def export_adapter_command(source, out, policy, dtype):
     click.echo(f"wrote {export_adapter(source, policy, out, dtype=dtype)} (load it with from_pretrained)")
 
 
+@click.command("consolidate")
+@click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Where to write.")
+@click.option("--step", type=int, default=None, help="Checkpoint step_N of a run folder (default: newest good).")
+@click.option("--policy", default=None, help="One policy only (default: every policy of the checkpoint).")
+def consolidate_command(source, out, step, policy):
+    """Write a checkpoint's policies as save_pretrained model folders (+ tokenizer).
+
+    SOURCE is a run folder (its newest good checkpoint, or --step N) or one checkpoints/step_N
+    folder; its checkpoint may be sharded (strategy=fsdp: DCP shards, read one file-sized piece at
+    a time) or not. One policy (or --policy): OUT is the model folder; several: OUT/<policy>/.
+
+    Example: srpo-graph consolidate runs/coord_fsdp --out exported/coord
+    """
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.train.eval_run import resolve_source
+    from srpo_graph.train.sharded_checkpoint import consolidate
+
+    is_run = (source / "config.toml").is_file() and (source / "checkpoints").is_dir()
+    if not (is_run or ((source / "COMPLETE").is_file() and source.parent.name == "checkpoints")):
+        raise ConfigError.at(str(source), "not a run folder (config.toml + checkpoints/) or one checkpoints/step_N "
+                             "folder", fix="give RUN_DIR or RUN_DIR/checkpoints/step_N")
+    src = resolve_source(str(source), step)
+    assert src.checkpoint is not None
+    policies = [policy] if policy else list(json.loads((src.checkpoint / "state.json").read_text())["policies"])
+    for name in policies:
+        written = consolidate(src.checkpoint, name, out if len(policies) == 1 else out / name)
+        click.echo(f"wrote {written} ({name}, {src.checkpoint.name}; load it with from_pretrained)")
+
+
 from srpo_graph.train.eval_run import eval_command  # noqa: E402  (its own module: evaluation)
 
-COMMANDS: list = [train_command, export_adapter_command, eval_command]
+COMMANDS: list = [train_command, export_adapter_command, consolidate_command, eval_command]

@@ -286,8 +286,9 @@ class TrainConfig(_Section):
         "gradients are all-reduced (fastest while a policy, its gradients and Adam state fit one device). "
         "`fsdp`: FSDP2 `fully_shard` per decoder layer, each rank holds 1/N of weights, gradients and Adam "
         "state (for models too large for one device; more communication: parameters are all-gathered in "
-        "every forward, and rank 0 keeps an unsharded copy to sample from or to save for SGLang). "
-        "Same results either way (docs/training.md).")
+        "every forward; with the transformers backend rank 0 keeps an unsharded copy to sample from, with "
+        "SGLang the weights are streamed bucket by bucket; checkpoints are sharded, see `srpo-graph "
+        "consolidate`). Same results either way (docs/training.md).")
     rollout: RolloutConfig = RolloutConfig()  # its backend sections are generated from BACKENDS
     optim: OptimConfig = OptimConfig()
     objective: ObjectiveConfig = ObjectiveConfig()

@@ -23,9 +23,13 @@ micro-batch count and, per micro-batch, run every policy active in the mini-batc
 order; a policy without local members gets a one-token forward whose output enters the loss
 with weight 0 (:func:`ordered_models`). Its gradient is exactly 0, so results do not change.
 
-Rank 0 samples; with the transformers backend it samples from an unsharded replica that is
-refreshed from the gathered full state dict after every step (exact, no drift; memory: one full
-copy of each policy on rank 0). Frozen reference models (KL) are not sharded.
+Rank 0 samples. With an in-process backend (transformers) it samples from an unsharded replica
+that is refreshed from the gathered full state dict after every step (exact, no drift; memory:
+one full copy of each policy on rank 0 -- sampling in process needs the whole model somewhere).
+With a server backend (SGLang) there is no replica: the sync streams the weights one gathered
+bucket at a time (``fsdp_stream.py``), and checkpoints are written sharded
+(``sharded_checkpoint.py``), so no rank ever holds a full model. Frozen reference models (KL)
+are not sharded.
 """
 
 from __future__ import annotations
@@ -61,10 +65,10 @@ def shard_with_replica(model: torch.nn.Module, path: str, dtype: torch.dtype, re
         The replica (rank 0) or None.
     """
     replica = None
-    if dist.is_main:
-        from transformers import AutoModelForCausalLM
+    if dist.is_main:  # a sharded checkpoint's folder: built from its config, filled by the first sync
+        from srpo_graph.train.sharded_checkpoint import load_model
 
-        replica = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().to(replica_device)
+        replica = load_model(path, dtype).eval().to(replica_device)
     shard_model(model)
     return replica
 
@@ -181,39 +185,22 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return cast(dict[str, torch.Tensor], full)  # full_state_dict=True: every value is a plain tensor
 
 
-def sync_backend(model: torch.nn.Module, replica: Any, backend: Any, version: int) -> None:
+def sync_backend(model: torch.nn.Module, replica: Any, backend: Any, version: int, *, stream: bool = False) -> None:
     """Hand ``model``'s weights to ``backend`` (if any), tagged ``version``.
 
-    Sharded: every rank must call it (the full state dict is gathered); rank 0 loads it into its
-    unsharded ``replica``, which the backend samples from (transformers) or saves (sglang).
+    Sharded: every rank must call it, with the same ``stream``. ``stream`` (server backends, no
+    replica): the weights are streamed, one gathered bucket at a time
+    (``fsdp_stream.stream_to_backend``); otherwise (in-process backends) the full state dict is
+    gathered and rank 0 loads it into its ``replica``, which the backend samples from.
     """
+    if is_sharded(model) and stream:
+        from srpo_graph.train.fsdp_stream import stream_to_backend
+
+        stream_to_backend(model, backend, version)
+        return
     if is_sharded(model):
         full = full_state_dict(model)
         if replica is not None:
             replica.load_state_dict(full)
     if backend is not None:
         backend.sync_weights(replica if replica is not None else model, version)
-
-
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's unsharded state (rank 0, CPU) in ``optimizer.state_dict()`` form, keyed
-    by parameter index as an unsharded optimizer would be. A collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    sd: dict[str, Any] = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    unique = {id(p): i for i, p in enumerate(model.parameters())}  # a tied weight has several names
-    index = {name: unique[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
-    state = {index[name]: st for name, st in sd.get("state", {}).items()}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in sd.get("param_groups", [])]
-    return {"state": state, "param_groups": groups}
-
-
-def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> None:
-    """Load an index-keyed full optimizer state (as a checkpoint stores it) into a sharded optimizer."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    names = [name for name, _ in model.named_parameters()]
-    state = {names[int(i)]: st for i, st in sd["state"].items()}
-    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in sd["param_groups"]]
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
-                             options=StateDictOptions(full_state_dict=True))

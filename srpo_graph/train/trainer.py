@@ -15,14 +15,14 @@ loaded only when the objective's KL coefficient is non-zero. Departures from a t
 loop: no value function (group-relative advantages), models kept in eval mode (no dropout).
 Under torchrun every rank samples its share of the tasks with in-process backends
 (``rank_rollout.py``); with servers or under fsdp rank 0 samples alone (episodes broadcast as
-JSON). ``strategy = "fsdp"``: models sharded (``fsdp.py``); rank 0 samples from and saves an
-unsharded replica synced every step.
+JSON). ``strategy = "fsdp"``: models sharded (``fsdp.py``); rank 0 samples in process from an
+unsharded replica synced every step, or streams the weights to servers bucket by bucket
+(``fsdp_stream.py``, no replica); checkpoints are sharded (``sharded_checkpoint.py``).
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import math
 import os
@@ -43,6 +43,7 @@ from srpo_graph.runtime.trace import write_traces
 from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train import frozen as frozen_policies
 from srpo_graph.train import fsdp, lora
+from srpo_graph.train import sharded_checkpoint as sharded_ckpt
 from srpo_graph.train.async_rollout import check_async, make_rollouts
 from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.data import default_task_file, override_workflow, split_tasks
@@ -99,12 +100,13 @@ class PolicySlot:
     backend: Any
     ref_model: Any = None
     version: int = 0
-    replica: Any = None  # fsdp: rank 0's unsharded copy (sampled from, saved); None otherwise
+    replica: Any = None  # fsdp: rank 0's unsharded copy (sampled from in process); None otherwise
+    stream: bool = False  # fsdp with a server backend: the sync streams gathered buckets (every rank)
 
     def sync(self, version: int) -> None:
         """Give the backend the current weights, tagged ``version``. A collective under fsdp."""
         self.version = version
-        fsdp.sync_backend(self.model, self.replica, self.backend, version)
+        fsdp.sync_backend(self.model, self.replica, self.backend, version, stream=self.stream)
 
 
 def _lr_lambda(config: TrainConfig, updates_total: int):
@@ -147,22 +149,26 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
             continue
         base = resolve_model(pol.model)
         path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model: Any = sharded_ckpt.load_model(path, dtype)  # a sharded checkpoint: its config; shards below
         model = model.to(device).eval()  # no dropout: update.py
         tok = load_tokenizer(path)
-        # fsdp: shard before the optimizer sees the parameters; rank 0 keeps a whole replica to
-        # sample from (in-process backends, on the device) or to save for a server (CPU)
-        replica = fsdp.shard_with_replica(model, path, dtype, device if spec.in_process else "cpu", dist) \
-            if sharded else None
+        # fsdp: shard before the optimizer sees the parameters; rank 0 keeps a whole replica only to
+        # sample from in process; a server gets the weights streamed bucket by bucket (fsdp_stream.py)
+        replica = fsdp.shard_with_replica(model, path, dtype, device, dist) if sharded and spec.in_process else None
+        if sharded and not spec.in_process:
+            fsdp.shard_model(model)
         o = config.optim
         opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, updates_total))
+        if resume_from is not None and sharded_ckpt.is_sharded_checkpoint(resume_from):  # every rank its shards
+            sharded_ckpt.load_policy(resume_from, pol.name, model, opt)
         ref: Any = None
         if kl != 0.0:
             ref = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
             ref = ref.to(device).eval()
             ref.requires_grad_(False)
-        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, None, ref, replica=replica))
+        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, None, ref, replica=replica,
+                                stream=sharded and not spec.in_process))
     frozen_backends: dict[str, Any] = {}
     if dist.is_main or samples_on_every_rank(config, dist):  # the ranks that sample build backends (rank 0
         # alone starts servers); each rank's in-process backends sample from its own models
@@ -262,9 +268,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     if resume_from is not None:
         state = ckpt.load_checkpoint(
             resume_from, optimizers={s.name: s.optimizer for s in slots},
-            schedulers={s.name: s.scheduler for s in slots},
-            loaders={s.name: functools.partial(fsdp.load_full_optimizer_state, s.model, s.optimizer)
-                     for s in slots if fsdp.is_sharded(s.model)})
+            schedulers={s.name: s.scheduler for s in slots})
         started_with = state.extra.get("workflow")
         if started_with is not None and started_with != wf.name:
             raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
@@ -327,12 +331,15 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                         write_traces(run_dir / "traces" / f"step_{step}.jsonl", episodes)
                     if config.logging.plots and _due(step, config.logging.plots_every, config.steps):
                         draw_plots(run_dir)
-                if _due(step, config.checkpoint.every, config.steps):
-                    opt_states = {s.name: fsdp.full_optimizer_state(s.model, s.optimizer)
-                                  for s in slots if fsdp.is_sharded(s.model)}
+                if _due(step, config.checkpoint.every, config.steps) and any(fsdp.is_sharded(s.model) for s in slots):
+                    last_ckpt = str(sharded_ckpt.save(  # every rank writes its shards: sharded_checkpoint.py
+                        run_dir, state, models={s.name: s.model for s in slots},
+                        tokenizers={s.name: s.tokenizer for s in slots}, optimizers={s.name: s.optimizer for s in slots},
+                        schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
+                elif _due(step, config.checkpoint.every, config.steps):
                     if writer is not None:
                         last_ckpt = str(ckpt.save_checkpoint(
-                            run_dir, state, models={s.name: s.model if s.replica is None else s.replica for s in slots}, optimizer_states=opt_states,
+                            run_dir, state, models={s.name: s.model for s in slots},
                             tokenizers={s.name: s.tokenizer for s in slots},
                             optimizers={s.name: s.optimizer for s in slots},
                             schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))

@@ -180,3 +180,34 @@ def test_a_server_killed_mid_sync_stops_it_clearly_and_resume_continues(tmp_path
     summary = train(wf, cfg, resume=True)  # a fresh server, same run
     no_servers_left()
     assert summary.steps == 3 and [r["step"] for r in _metrics(run)] == [1, 2, 3]
+
+
+def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_servers_left):
+    """``strategy=fsdp`` with 2 gloo processes and a launched real server: no replica (the sync
+    streams gathered buckets: nothing under weights/), the server samples the trainer's weights
+    after each sync (per-token mismatch of step 2, sampled after step 1's sync, within bf16), and
+    the checkpoints are sharded (DCP) and verify."""
+    import subprocess
+
+    from srpo_graph.train.checkpoint import verify_checkpoint
+
+    require_sglang()
+    run = tmp_path / "fsdp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(ROOT / "workflows" / "coord_par2.wf"),
+                           "--nproc", "2", "--steps", "2", "--run-dir", str(run), "strategy=fsdp",
+                           "rollout.backend=sglang", "rollout.sglang.launch=cpu", "rollout.sglang.sync=distributed",
+                           "rollout.sglang.sync_bucket_mb=0.01", "rollout.tasks_per_step=4", "checkpoint.every=1",
+                           "eval.every=0", "logging.tensorboard=false", "logging.plots=false", "logging.traces_every=1"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[1]["mismatch/a/max_abs"] < 0.05 and rows[1]["mismatch/b/max_abs"] < 0.05
+    versions = {o["policy_version"] for line in (run / "traces" / "step_2.jsonl").read_text().splitlines()
+                for o in json.loads(line)["outputs"]}
+    assert versions == {1}  # the server reported the version streamed after step 1
+    assert not (run / "weights").exists()
+    ck = run / "checkpoints" / "step_2"
+    assert (ck / "dcp").is_dir() and verify_checkpoint(ck) is None

@@ -57,8 +57,10 @@ def test_fsdp_two_gloo_processes_equal_one_process(tmp_path):
 @pytest.mark.slow
 def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
     """The trainer with strategy=fsdp (rank 0 samples from a replica refreshed from the gathered
-    weights; checkpoints gather weights and Adam state): stopped after step 1 and resumed, it
-    gives the metrics and checkpoint of an uninterrupted single-process run."""
+    weights; checkpoints written sharded with DCP, no gather): stopped after step 1 and resumed
+    with 2 processes, it gives the metrics of an uninterrupted single-process run, and
+    ``srpo-graph consolidate`` turns its sharded checkpoint into that run's model (and its DCP
+    shards hold that run's Adam moments)."""
     small = ["--steps", "2", "rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2", "checkpoint.every=1",
              "logging.tensorboard=false", "logging.plots=false"]
     cli = [sys.executable, "-m", "srpo_graph.cli", "train", str(ROOT / "workflows/coord_mixed.wf")]
@@ -73,9 +75,34 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
     assert rows["one"][1]["eval/reward"] == rows["fsdp"][1]["eval/reward"]
-    for part in ("policies/tiny/model.safetensors", "optim/tiny.safetensors"):
-        a = load_file(tmp_path / "one" / "checkpoints" / "step_2" / part)
-        b = load_file(tmp_path / "fsdp" / "checkpoints" / "step_2" / part)
-        assert a.keys() == b.keys()
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4)
+    # the fsdp checkpoint is sharded (DCP: each rank wrote its shard), verifies, and consolidates to
+    # the single-process run's model and Adam state
+    from transformers import AutoModelForCausalLM
+
+    from srpo_graph.train.checkpoint import verify_checkpoint
+
+    ck = tmp_path / "fsdp" / "checkpoints" / "step_2"
+    assert sorted(p.name for p in (ck / "dcp" / "tiny").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not list((ck / "policies" / "tiny").glob("*.safetensors")) and verify_checkpoint(ck) is None
+    out = tmp_path / "consolidated"
+    _run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(tmp_path / "fsdp"), "--out", str(out)])
+    a = load_file(tmp_path / "one" / "checkpoints" / "step_2" / "policies/tiny/model.safetensors")
+    b = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
+    names = [n for n, _ in AutoModelForCausalLM.from_pretrained(str(out)).named_parameters()]
+    adam = load_file(tmp_path / "one" / "checkpoints" / "step_2" / "optim/tiny.safetensors")
+    import torch.distributed.checkpoint as dcp
+
+    moments = {n: {k: torch.empty_like(adam[f"state.{i}.{k}"]) for k in ("exp_avg", "exp_avg_sq")}
+               for i, n in enumerate(names)}
+    dcp.load({"optim": {"state": moments}}, checkpoint_id=str(ck / "dcp" / "tiny"), no_dist=True)
+    for i, n in enumerate(names):
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(moments[n][k], adam[f"state.{i}.{k}"], atol=2e-5, rtol=1e-4)
+    # `srpo-graph eval` reads the consolidated folder, and the sharded run folder itself (in one process)
+    ev = tmp_path / "eval"
+    _run([sys.executable, "-m", "srpo_graph.cli", "eval", str(ROOT / "workflows/coord_mixed.wf"), str(out),
+          str(tmp_path / "fsdp"), "--num-tasks", "2", "--samples", "2", "--out", str(ev), "--no-progress"])
+    a_rep, b_rep = json.loads((ev / "eval.json").read_text())["reports"]
+    assert a_rep["problems"] == b_rep["problems"] and a_rep["overall"] == b_rep["overall"]
