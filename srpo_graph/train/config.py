@@ -86,6 +86,16 @@ class _RolloutFields(_Section):
         "continuously) or `auto` (streaming when every policy's backend is a server, e.g. sglang or an external "
         "endpoint; else lockstep). The same seeds give the same traces under both wherever the backend is "
         "deterministic; failures and user-code deadlines are handled alike.")
+    worker: bool = Field(
+        False, description="Transformers backend only: sample in a rollout worker process holding its own copy of "
+        "each policy (weights pushed after every update over a gloo group: full policies all weights, LoRA policies "
+        "their adapters only) instead of in the trainer's process on the trained model objects, so sampling can run "
+        "while an update mutates them. The same episodes and metrics for the same seed; costs a second copy of "
+        "each model and a weight push per step (docs/training.md, \"Rollout worker\").")
+    worker_timeout: float = Field(
+        1800.0, gt=0.0, le=86_400.0, description="Seconds the trainer waits for the rollout worker (`rollout.worker`) "
+        "to start, to answer one rollout batch, or to take one policy's weights; past it, or when the worker dies, "
+        "the step stops with an error naming the worker (never a hang).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")
@@ -108,6 +118,13 @@ class _KnownBackend(_RolloutFields):
         if v not in BACKENDS:
             raise ValueError(f"unknown backend {v!r}; known: {', '.join(BACKENDS)}")
         return v
+
+    @model_validator(mode="after")
+    def _worker_needs_in_process(self) -> Any:
+        if self.worker and not BACKENDS[self.backend].in_process:
+            raise ValueError(f"rollout.worker runs the transformers backend in a process of its own; backend "
+                             f"{self.backend!r} already samples outside the trainer (set rollout.worker = false)")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from srpo_graph.runtime.trace import Episode
 from srpo_graph.train.config import TrainConfig
 from srpo_graph.train.data import task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes
+from srpo_graph.train.rollout_worker import close_worker, worker_of
 from srpo_graph.train.stops import FailureBudgetExceeded, check_failure_budget
 
 _STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
@@ -33,12 +34,18 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
     data = None
     stats = None
     if dist.is_main:  # frozen policies sample too, always at version 0 (never synced)
-        res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
-                           seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
-                           progress=progress,
-                           on_backend_error="fail" if backend_spec(config.rollout.backend).remote
-                           or any(p.external is not None for p in wf.policies) else "raise",
-                           deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
+        on_backend_error = "fail" if backend_spec(config.rollout.backend).remote \
+            or any(p.external is not None for p in wf.policies) else "raise"
+        worker = worker_of(slots)
+        if worker is not None:  # rollout.worker: the whole batch in the worker process, on its copies
+            res = worker.run(wf, tasks, samples=samples, seed=seed, policy_versions={s.name: s.version for s in slots},
+                             on_backend_error=on_backend_error, deadlines=config.rollout.deadlines,
+                             scheduler=config.rollout.scheduler)
+        else:
+            res = run_episodes(wf, tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
+                               seed=seed, policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
+                               progress=progress, on_backend_error=on_backend_error,
+                               deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
         stats = res.stats
         try:
             check_failure_budget(stats, config)  # every failure class counts: stop clearly past the budget
@@ -90,4 +97,5 @@ class Rollouts:
         """Every policy's weights now have ``version`` (synced to the backends)."""
 
     def close(self) -> None:
-        """Stop whatever the stage runs in the background (nothing, synchronously)."""
+        """Stop whatever the stage runs in the background (synchronously: the rollout worker, if any)."""
+        close_worker(self.slots)
