@@ -87,6 +87,7 @@ class RolloutWorker:
         self.timeout = float(timeout)
         self._lock = threading.Lock()
         self._broken: str | None = None
+        self.stats = {"pushes": 0, "tensors": 0, "bytes": 0, "push_seconds": 0.0, "runs": 0, "run_seconds": 0.0}
         token = secrets.token_hex(16)
         server = socket.create_server(("127.0.0.1", 0))
         self.proc = subprocess.Popen(
@@ -157,8 +158,18 @@ class RolloutWorker:
                 return fn(*args)
             except WorkerRefused:
                 raise
-            except BaseException as exc:  # mid-exchange: the wire's state is unknown, so the worker goes
-                self._broken = str(exc).strip() or type(exc).__name__
+            except (BackendError, OSError) as exc:  # mid-exchange: the wire's state is unknown, so the worker goes
+                try:  # a lost connection is most often a dead worker: say so, with its exit code
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+                dead = self._why_dead()
+                msg = str(exc).strip() if dead is None or dead in str(exc) else f"the {self.name} {dead} ({exc})"
+                self._broken = msg
+                self.kill()
+                raise BackendError(msg) from None
+            except BaseException:  # e.g. Ctrl-C mid-request
+                self._broken = "interrupted in the middle of a request"
                 self.kill()
                 raise
 
@@ -184,8 +195,11 @@ class RolloutWorker:
                   "max_concurrent": max_concurrent}
 
         def exchange() -> RunResult:
+            t0 = time.monotonic()
             send(self.sock, header)
-            answer, payload = self._answer(time.monotonic() + self.timeout)
+            answer, payload = self._answer(t0 + self.timeout)
+            self.stats["runs"] += 1
+            self.stats["run_seconds"] += time.monotonic() - t0
             episodes = [Episode.model_validate_json(line) for line in payload.decode().splitlines() if line]
             return RunResult(episodes, RunStats.model_validate(answer["stats"]))
 
@@ -202,7 +216,8 @@ class RolloutWorker:
             self._guard(self._push_one, name, model, int(version))
 
     def _push_one(self, name: str, model: Any, version: int) -> None:
-        deadline = time.monotonic() + self.timeout
+        t0 = deadline = time.monotonic()
+        deadline += self.timeout
         send(self.sock, {"op": "weights", "policy": name, "version": version})
         for bucket in buckets(weight_pairs(model), BUCKET_BYTES, None):
             flat = flatten(bucket).cpu()
@@ -211,10 +226,14 @@ class RolloutWorker:
             while not work.is_completed():
                 self._check(deadline, f"take the weights of policy {name!r}")
                 time.sleep(0.001)
-            if not work.is_success():
+            if work.exception() is not None:
                 raise BackendError(f"the {self.name}: the weight broadcast failed ({work.exception()})")
+            self.stats["tensors"] += len(bucket)
+            self.stats["bytes"] += flat.numel()
         send(self.sock, {"op": "end"})
         self._answer(deadline)
+        self.stats["pushes"] += 1
+        self.stats["push_seconds"] += time.monotonic() - t0
 
     # ------------------------------------------------------------------ end
 
