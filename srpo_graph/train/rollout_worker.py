@@ -226,8 +226,10 @@ class RolloutWorker:
             while not work.is_completed():
                 self._check(deadline, f"take the weights of policy {name!r}")
                 time.sleep(0.001)
-            if work.exception() is not None:
-                raise BackendError(f"the {self.name}: the weight broadcast failed ({work.exception()})")
+            try:
+                work.wait()  # completed: returns at once, or raises the broadcast's error
+            except RuntimeError as exc:
+                raise BackendError(f"the {self.name}: the weight broadcast failed ({exc})") from None
             self.stats["tensors"] += len(bucket)
             self.stats["bytes"] += flat.numel()
         send(self.sock, {"op": "end"})

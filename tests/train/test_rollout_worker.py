@@ -132,16 +132,22 @@ def test_worker_errors_are_backend_errors_naming_it_and_it_serves_on(every_kind)
     assert worker.run(wf, tasks[:1], samples=1, seed=0).stats.episodes == 1  # still serving
 
 
-def test_a_dead_worker_is_named_at_once(tmp_path):
+@pytest.mark.parametrize("fault", ["killed", "stalled"])
+def test_a_dead_or_stalled_worker_is_named_within_its_deadline(fault):
+    """A real fault on demand: SIGKILL (dies) or SIGSTOP (stalls: answers nothing, ever)."""
     wf = load_workflow(ROOT / "workflows" / "coord_par2.wf")
     worker = RolloutWorker(wf, timeout=300)
-    os.kill(worker.proc.pid, signal.SIGKILL)
+    worker.timeout = 3.0  # the deadline of the waits to come (rollout.worker_timeout)
+    os.kill(worker.proc.pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+    tasks = load_tasks(ROOT / "workflows" / "tasks" / "coord.jsonl", wf)[:1]
     t0 = time.monotonic()
-    with pytest.raises(BackendError, match=r"rollout worker \(pid \d+\) .*exited with code -9"):
-        worker.run(wf, load_tasks(ROOT / "workflows" / "tasks" / "coord.jsonl", wf)[:1], samples=1, seed=0)
-    assert time.monotonic() - t0 < 30
+    why = r"exited with code -9" if fault == "killed" else r"did not answer within the deadline"
+    with pytest.raises(BackendError, match=rf"rollout worker \(pid \d+\).*{why}"):
+        worker.run(wf, tasks, samples=1, seed=0)
+    assert time.monotonic() - t0 < 10
+    assert worker.proc.poll() is not None  # a stalled worker is stopped, not left behind
     with pytest.raises(BackendError, match="stopped earlier"):
-        worker.run(wf, [], samples=1, seed=0)
+        worker.run(wf, tasks, samples=1, seed=0)
     worker.close()
 
 
