@@ -37,8 +37,10 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
         on_backend_error = "fail" if backend_spec(config.rollout.backend).remote \
             or any(p.external is not None for p in wf.policies) else "raise"
         worker = worker_of(slots)
-        if worker is not None:  # rollout.worker: the whole batch in the worker process, on its copies
-            res = worker.run(wf, tasks, samples=samples, seed=seed, policy_versions={s.name: s.version for s in slots},
+        if worker is not None:  # rollout.worker: the whole batch in the worker process, on its copies;
+            # each output records the version the worker holds (what it was pushed last), which is the
+            # truth even when another thread is pushing newer weights right now (overlapped rollouts)
+            res = worker.run(wf, tasks, samples=samples, seed=seed, policy_versions=None,
                              on_backend_error=on_backend_error, deadlines=config.rollout.deadlines,
                              scheduler=config.rollout.scheduler)
         else:

@@ -207,13 +207,17 @@ class RolloutWorker:
 
     def push_weights(self, models: Mapping[str, Any], version: int) -> None:
         """Give the worker each policy's current weights (``{policy name: model}``), tagged ``version``:
-        a full model's every weight, a LoRA adapter's matrices only (:func:`weight_pairs`).
+        a full model's every weight, a LoRA adapter's matrices only (:func:`weight_pairs`). The
+        policies of one call move together: no rollout batch runs between two of them.
 
         Raises:
             BackendError: a name or shape the worker's model lacks, a worker that died or stalled.
         """
-        for name, model in models.items():
-            self._guard(self._push_one, name, model, int(version))
+        def push_all() -> None:  # under one hold of the channel: no rollout batch starts between two policies
+            for name, model in models.items():
+                self._push_one(name, model, int(version))
+
+        self._guard(push_all)
 
     def _push_one(self, name: str, model: Any, version: int) -> None:
         t0 = deadline = time.monotonic()

@@ -107,6 +107,36 @@ def test_worker_episodes_equal_the_in_process_backend_for_every_kind_of_policy(e
         previous = logprobs
 
 
+def test_run_from_a_thread_while_the_main_thread_pushes(every_kind):
+    """The overlapped stage's pattern: a producer thread samples while the trainer pushes new weights.
+    Requests are served one at a time, so a batch samples each policy at one version throughout, the
+    one it records; the policies of one push move together."""
+    import threading
+
+    wf, tasks, worker = every_kind
+    side = TrainerSide(wf)
+    worker.push_weights(side.models, 20)
+    results: list = []
+    producer = threading.Thread(target=lambda: results.extend(
+        worker.run(wf, tasks, samples=3, seed=11) for _ in range(3)))
+    producer.start()
+    for version in (21, 22):
+        side.perturb(version)
+        worker.push_weights(side.models, version)
+    producer.join(timeout=120)
+    assert not producer.is_alive() and len(results) == 3
+    for res in results:
+        versions = {o.policy_version for e in res.episodes for o in e.outputs if o.policy != "judge"}
+        assert len(versions) == 1 and versions <= {20, 21, 22}
+    # pushed one policy at a time (as PolicySlot.sync does), a batch may see the policies at two versions,
+    # each output recording its own policy's
+    worker.push_weights({"full": side.full}, 23)
+    res = worker.run(wf, tasks, samples=3, seed=11)
+    assert {(o.policy, o.policy_version) for e in res.episodes for o in e.outputs} == {
+        ("full", 23), ("role_a", 22), ("base", 22), ("judge", 0)}
+    assert worker.run(wf, tasks, samples=3, seed=11, policy_versions={"full": 23}).stats.episodes == 9
+
+
 def test_a_lora_push_carries_the_adapter_only(every_kind):
     wf, _, worker = every_kind
     side = TrainerSide(wf)
