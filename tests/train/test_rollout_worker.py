@@ -218,7 +218,8 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
 def _config(run: Path, **over):
     data = {"run_dir": str(run), "steps": 2, "seed": 3,
             "rollout": {"tasks_per_step": 3, "samples": 4},
-            "checkpoint": {"every": 1, "keep_last": 3}, "eval": {"every": 0},
+            "checkpoint": {"every": 1, "keep_last": 3}, "eval": {"every": 2, "num_tasks": 4, "mode": "sampled",
+                                                                "samples": 2},
             "logging": {"tensorboard": False, "plots": False, "progress": False}}
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
@@ -251,6 +252,7 @@ def test_training_with_the_worker_gives_the_same_metrics_and_resumes(tmp_path, w
     want, got = _rows(tmp_path / "inproc"), _rows(tmp_path / "worker")
     assert [r["step"] for r in got] == [1, 2]
     assert any(r["reward"] > 0 for r in want) and all(r["updates"] > 0 for r in want)  # something to learn from
+    assert "eval/reward" in got[1]  # the eval rollout (greedy or sampled) runs in the worker too
     assert got == want
 
 
