@@ -4,7 +4,8 @@ The loop asks :class:`Rollouts` for step ``s``'s episodes; it chooses the step's
 cursor), runs the workflow on the policies' backends (``runtime.run``: G episodes per task, each
 output tagged with the weight version it was sampled at) and hands back the episodes and the
 rollout's statistics. Today one process samples: rank 0 under torchrun, which broadcasts the
-episodes as JSON lines (never pickle) so every rank compiles the same batch.
+episodes as JSON lines (never pickle) so every rank compiles the same batch -- or, with
+``rollout.worker``, rank 0's rollout worker process (``rollout_worker.py``) on its own copies.
 
 This is the seam where the rollout stage changes shape (every rank sampling its share, rollouts
 overlapping the update): the loop only calls ``Rollouts.get(step, state)`` and, after each update,
