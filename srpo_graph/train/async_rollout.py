@@ -30,15 +30,15 @@ Note [Checkpoints and resume]
     ``--resume`` samples them again from their steps' tasks and seeds, now with the checkpoint's
     weights (so their outputs are less stale than the dropped ones would have been).
 
-Note [In-process backends, later]
+Note [In-process backends: the rollout worker]
     The transformers backend samples from the model being updated, so ``check_async`` refuses it
-    for k >= 1. The rollout worker process (issue 26 item 4, ``train/rollout_worker.py``: its own
-    copy of each policy, ``run(tasks, seed, samples, versions) -> (episodes, stats)`` callable from a
-    thread, ``push_weights(slots, version)``) plugs in here as ``sampler`` and ``on_weights``: the
-    stage calls ``sampler(tasks, seed)`` on each batch's thread instead of sampling through the
-    slots' backends, and ``on_weights(version)`` in ``weights_updated`` before any batch that needs
-    that version may start (the worker applies a push between its own requests: its gate); the
-    bound and the step order above do not change.
+    for k >= 1 unless ``rollout.worker`` is on: then the rollout worker process
+    (``train/rollout_worker.py``, its own copy of each policy) samples each batch (``rollout`` finds
+    it through the slots' ``WorkerPolicy`` backends) and the learning step's sync pushes the weights
+    to it. The worker serves one request at a time, so a push waits for the batch in flight and
+    weights change between batches, never inside one; each output records the version the worker
+    held when it sampled it. No gate is needed, and the bound and the step order above do not
+    change. ``sampler`` and ``on_weights`` remain hooks for other samplers (tests use them).
 
 Failures of a batch (the failure budget, a server that died) are raised by ``get`` for that step
 in the main thread, as the same exceptions the synchronous stage raises; nothing is dispatched
@@ -60,6 +60,7 @@ from srpo_graph.train.config import TrainConfig
 from srpo_graph.train.data import task_indices
 from srpo_graph.train.distributed import DistInfo
 from srpo_graph.train.rollout_stage import Rollouts, StepRollout, rollout
+from srpo_graph.train.rollout_worker import worker_of
 from srpo_graph.train.weight_gate import GatedBackend, WeightGate
 
 
@@ -69,6 +70,7 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
     Raises:
         ConfigError: an in-process backend (it samples from the very model being updated), or
             torchrun (rank 0 broadcasts each batch in step order; not built for overlap yet).
+            The transformers backend is accepted with ``rollout.worker = true``.
     """
     k = config.rollout.max_staleness
     if config.rollout.partial_rollouts and (k == 0 or config.rollout.backend != "sglang"):
@@ -77,10 +79,12 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
                              "rollout.max_staleness >= 1", fix="set both, or rollout.partial_rollouts=false")
     if k == 0:
         return
-    if backend_spec(config.rollout.backend).in_process:
+    if backend_spec(config.rollout.backend).in_process and not config.rollout.worker:
         raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}) need a "
-                             f"server backend; `{config.rollout.backend}` samples from the model being updated in "
-                             "this process", fix="use rollout.backend=sglang, or rollout.max_staleness=0")
+                             f"server backend or a rollout worker; `{config.rollout.backend}` samples from the model "
+                             "being updated in this process",
+                             fix="rollout.worker=true (sampling in a process of its own), rollout.backend=sglang, "
+                             "or rollout.max_staleness=0")
     if dist is not None and dist.enabled:
         raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}) are not "
                              "supported under torchrun yet", fix="run one process, or use rollout.max_staleness=0")
@@ -108,7 +112,7 @@ class AsyncRollouts:
         self.wf, self.train_tasks, self.slots, self.config, self.dist = wf, train_tasks, slots, config, dist
         self.k = config.rollout.max_staleness
         self.close_seconds = close_seconds
-        self.sampler = sampler  # None: rollout_stage.rollout through the gated backends (Note [In-process backends, later])
+        self.sampler = sampler  # None: rollout_stage.rollout through the gated backends (Note [In-process backends: the rollout worker])
         self.on_weights = on_weights  # e.g. lambda v: worker.push_weights(slots, v), before batches of v may start
         gates: dict[int, WeightGate] = {}
 
@@ -118,10 +122,13 @@ class AsyncRollouts:
 
         self._gates = gates
         self._original = [(s, s.backend) for s in slots]
-        for s in slots:
-            if s.backend is not None:
-                s.backend = gated(s.backend)
-        self.frozen = {name: gated(b) for name, b in (frozen or {}).items()}
+        if worker_of(slots) is None:
+            for s in slots:
+                if s.backend is not None:
+                    s.backend = gated(s.backend)
+            self.frozen = {name: gated(b) for name, b in (frozen or {}).items()}
+        else:  # a rollout worker serves one request at a time: a push waits for the batch in flight,
+            self.frozen = dict(frozen or {})  # and each output records the version the worker held (its gate)
         self._cond = threading.Condition()
         self._version = min((s.version for s in slots), default=0)
         self._results: dict[int, StepRollout | BaseException] = {}

@@ -97,12 +97,22 @@ class _RolloutFields(_Section):
         0, ge=0, le=64, description="Overlapped rollouts with bounded staleness (`train/async_rollout.py`): 0 = the "
         "synchronous loop (step s samples after update s-1 synced); k >= 1 = a producer thread samples the batches of "
         "the next steps while the trainer updates, and no output used by update s was sampled more than k weight "
-        "versions before the weights it starts from (k = 1: one-step-off). Needs a server backend (sglang); not "
-        "under torchrun yet.")
+        "versions before the weights it starts from (k = 1: one-step-off). Needs a server backend (sglang) or, "
+        "with the transformers backend, rollout.worker = true; not under torchrun yet.")
     partial_rollouts: bool = Field(
         False, description="With max_staleness >= 1 on sglang: a weight sync pauses the requests in flight and "
         "resumes them on the new weights (a member's tokens may come from two versions; the version of record is "
         "the oldest, the behaviour log-probs the sampler's) instead of waiting for them to finish.")
+    worker: bool = Field(
+        False, description="Transformers backend only: sample in a rollout worker process holding its own copy of "
+        "each policy (weights pushed after every update over a gloo group: full policies all weights, LoRA policies "
+        "their adapters only) instead of in the trainer's process on the trained model objects, so sampling can run "
+        "while an update mutates them. The same episodes and metrics for the same seed; costs a second copy of "
+        "each model and a weight push per step (docs/training.md, \"Rollout worker\").")
+    worker_timeout: float = Field(
+        1800.0, gt=0.0, le=86_400.0, description="Seconds the trainer waits for the rollout worker (`rollout.worker`) "
+        "to start, to answer one rollout batch, or to take one policy's weights; past it, or when the worker dies, "
+        "the step stops with an error naming the worker (never a hang).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the trained models live; `auto` = cuda if available.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Model weight dtype (float32 on CPU). float16 is "
                                                                       "refused for training: there is no loss scaler.")
@@ -135,6 +145,13 @@ class _KnownBackend(_RolloutFields):
         if v not in BACKENDS:
             raise ValueError(f"unknown backend {v!r}; known: {', '.join(BACKENDS)}")
         return v
+
+    @model_validator(mode="after")
+    def _worker_needs_in_process(self) -> Any:
+        if self.worker and not BACKENDS[self.backend].in_process:
+            raise ValueError(f"rollout.worker runs the transformers backend in a process of its own; backend "
+                             f"{self.backend!r} already samples outside the trainer (set rollout.worker = false)")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -41,14 +41,19 @@ from srpo_graph.train.distributed import DistInfo, all_gather_bytes
 def samples_on_every_rank(config: Any, dist: DistInfo) -> bool:
     """Whether every rank samples its share of the step's tasks (``rollout.every_rank``).
 
-    ``auto``: yes under torchrun with an in-process backend (``transformers``) and ``strategy =
-    "ddp"``; ``false``: rank 0 alone; ``true``: yes, refused where it cannot work.
+    ``auto``: yes under torchrun with an in-process backend (``transformers``), ``strategy = "ddp"``
+    and no rollout worker; ``false``: rank 0 alone; ``true``: yes, refused where it cannot work.
 
     Raises:
-        ConfigError: ``every_rank = true`` with a server backend or ``strategy = "fsdp"``.
+        ConfigError: ``every_rank = true`` with a server backend, ``strategy = "fsdp"`` or a rollout worker.
     """
     choice = config.rollout.every_rank
     if choice is False or not dist.enabled:
+        return False
+    if getattr(config.rollout, "worker", False):  # rank 0's rollout worker samples every task
+        if choice is True:
+            raise ConfigError.at("field `rollout.every_rank`", "with rollout.worker = true, rank 0's rollout worker "
+                                 "process samples every task", fix="rollout.every_rank = \"auto\" (or rollout.worker = false)")
         return False
     in_process = backend_spec(config.rollout.backend).in_process
     if choice == "auto":

@@ -5,8 +5,9 @@ cursor), runs the workflow on the policies' backends (``runtime.run``: G episode
 output tagged with the weight version it was sampled at) and hands back the episodes and the
 rollout's statistics. Under torchrun every rank samples its share of the tasks and the shares are
 gathered on every rank (in-process backends, ``rank_rollout.py``), or rank 0 samples alone and
-broadcasts the episodes (servers, fsdp); either way as JSON lines (never pickle), so every rank
-compiles the same batch.
+broadcasts the episodes (servers, fsdp, a rollout worker); either way as JSON lines (never
+pickle), so every rank compiles the same batch. With ``rollout.worker``, rank 0's rollout worker
+process (``rollout_worker.py``) samples on its own copies of the policies.
 
 This is the seam where the rollout stage changes shape (every rank sampling its share, rollouts
 overlapping the update: ``async_rollout.py``, chosen by ``rollout.max_staleness``): the loop only
@@ -26,6 +27,7 @@ from srpo_graph.train.config import TrainConfig
 from srpo_graph.train.data import task_indices
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes
 from srpo_graph.train.rank_rollout import gather_rollout, rank_share, samples_on_every_rank
+from srpo_graph.train.rollout_worker import close_worker, worker_of
 from srpo_graph.train.stops import FailureBudgetExceeded, check_failure_budget
 
 _STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
@@ -42,13 +44,22 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
     Raises:
         FailureBudgetExceeded: on every rank at once, when too many episodes failed.
     """
+    on_backend_error = "fail" if backend_spec(config.rollout.backend).remote \
+        or any(p.external is not None for p in wf.policies) else "raise"
+
     def sample(some_tasks):  # frozen policies sample too, always at version 0 (never synced)
+        worker = worker_of(slots)
+        if worker is not None:  # rollout.worker: the whole batch in the worker process, on its copies;
+            # each output records the version the worker holds (what it was pushed last), which is the
+            # truth even when another thread is pushing newer weights right now (overlapped rollouts)
+            return worker.run(wf, some_tasks, samples=samples, seed=seed, policy_versions=None,
+                              on_backend_error=on_backend_error, deadlines=config.rollout.deadlines,
+                              scheduler=config.rollout.scheduler)
         return run_episodes(wf, some_tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
                             seed=seed, policy_versions={**{n: 0 for n in frozen or {}},
                                                         **{s.name: s.version for s in slots}},
                             progress=progress,
-                            on_backend_error="fail" if backend_spec(config.rollout.backend).remote
-                            or any(p.external is not None for p in wf.policies) else "raise",
+                            on_backend_error=on_backend_error,
                             deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
 
     if samples_on_every_rank(config, dist):
@@ -123,4 +134,5 @@ class Rollouts:
         """Every policy's weights now have ``version`` (synced to the backends)."""
 
     def close(self) -> None:
-        """Stop whatever the stage runs in the background (nothing, synchronously)."""
+        """Stop whatever the stage runs in the background (synchronously: the rollout worker, if any)."""
+        close_worker(self.slots)

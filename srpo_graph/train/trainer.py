@@ -178,7 +178,12 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         if frozen and lora.uses_adapters(wf) and not spec.in_process:
             raise ConfigError.at("field `rollout.backend`", "frozen policies beside LoRA adapters need the "
                                  "transformers backend", fix='rollout.backend = "transformers"')
-        backends = spec.for_training([*trained, *frozen], options, Path(config.run_dir or "runs"))
+        if config.rollout.worker:  # sampling in a process of its own (train/rollout_worker.py); it builds the frozen ones
+            from srpo_graph.train.rollout_worker import start_for_training
+
+            backends = start_for_training(wf, config, slots, device)
+        else:
+            backends = spec.for_training([*trained, *frozen], options, Path(config.run_dir or "runs"))
         for s in slots:
             s.backend = backends[s.name]
         frozen_backends = {p.name: backends[p.name] for p in frozen}
@@ -261,7 +266,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
     restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
     samplers = dist.is_main or samples_on_every_rank(config, dist)  # (raises on an every_rank it cannot do)
-    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) if samplers else ([], {})
+    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) \
+        if samplers and not config.rollout.worker else ([], {})  # a rollout worker loads its own
     slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
     frozen.update(frozen_backends)
     state = ckpt.LoopState(step=0, cursor=0)
