@@ -175,7 +175,7 @@ def test_a_failure_in_the_producer_stops_the_run_as_the_synchronous_stage_does(t
 
 
 def test_overlap_is_refused_where_it_cannot_run():
-    with pytest.raises(ConfigError, match="need a server backend; `transformers` samples from the model being"):
+    with pytest.raises(ConfigError, match="need a server backend or a rollout worker; `transformers` samples from the model being"):
         check_async(validate({"rollout": {"max_staleness": 1}}))
     with pytest.raises(ConfigError, match="not supported under torchrun yet"):
         check_async(validate({"rollout": {"max_staleness": 2, "backend": "sglang"}}),
