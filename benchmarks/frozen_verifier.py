@@ -1,0 +1,107 @@
+"""A trained solver against a frozen verifier (issue 28): the reward curve and the paired held-out gains.
+
+Run (after training the seeds and evaluating them in one ``srpo-graph eval``, docs/results.md
+"A trained solver against a frozen verifier" gives the commands):
+
+    python benchmarks/frozen_verifier.py --runs runs/frozen-verifier --eval evals/frozen-verifier \
+        --plot docs/img/frozen_verifier_reward.png
+
+Reads each run folder's ``metrics.jsonl`` (``<runs>/seed<k>``) and the eval's ``eval.json`` (sources
+``base`` and every run, the same tasks, samples and seed), pairs every run with ``base`` by
+``srpo_graph.train.evaluate.compare`` (``srpo-graph eval --compare``'s code: paired bootstrap over
+problems, sign-flip p), and prints a markdown table; draws the train reward per step (each seed, and
+the mean over seeds smoothed over 10 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def reward_curves(runs: Path) -> dict[str, list[float]]:
+    """{run folder name: train reward per step} for every ``<runs>/seed*`` with metrics."""
+    out = {}
+    for d in sorted(runs.glob("seed*")):
+        f = d / "metrics.jsonl"
+        if f.is_file():
+            rows = [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+            out[d.name] = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), (int, float))]
+    return out
+
+
+def smooth(xs: list[float], w: int = 10) -> list[float]:
+    """Trailing mean over ``w`` steps (fewer at the start).
+
+    >>> smooth([0.0, 1.0, 2.0, 3.0], 2)
+    [0.0, 0.5, 1.5, 2.5]
+    """
+    return [statistics.mean(xs[max(0, i - w + 1): i + 1]) for i in range(len(xs))]
+
+
+def table(eval_json: Path) -> list[str]:
+    """Markdown rows: each source's Avg@k and Pass@k with 95% intervals, and each run minus ``base``, paired."""
+    from srpo_graph.train.evaluate import EvalReport, compare
+
+    reports = [EvalReport.model_validate(r) for r in json.loads(eval_json.read_text(encoding="utf-8"))["reports"]]
+    base = next(r for r in reports if r.label == "base")
+    k = base.samples
+    lines = [f"| source | Avg@{k} (95% CI) | Pass@{k} (95% CI) | Avg@{k} - base, paired [95% CI], p |", "|---|---|---|---|"]
+    for r in reports:
+        avg, pk = r.overall.avg, r.overall.pass_at.get(k)
+        diff = "-"
+        if r is not base:
+            d = compare(base, r).diffs["avg"]
+            diff = f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}], p={d.p:.3f}"
+        lines.append(f"| {r.label} | {avg.value:.3f} [{avg.low:.3f}, {avg.high:.3f}] | "
+                     + (f"{pk.value:.3f} [{pk.low:.3f}, {pk.high:.3f}]" if pk else "-") + f" | {diff} |")
+    return lines
+
+
+def plot(curves: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, ys in curves.items():
+        ax.plot(range(1, len(ys) + 1), ys, lw=0.7, alpha=0.35, label=name)
+    n = min(len(ys) for ys in curves.values())
+    mean = [statistics.mean(ys[i] for ys in curves.values()) for i in range(n)]
+    ax.plot(range(1, n + 1), smooth(mean), color="black", lw=2, label="mean over seeds, 10-step mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train reward (verifier's answer right)")
+    ax.set_title("tinymath_frozen_verifier: solver trained, verifier frozen", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, required=True, help="folder of run folders seed<k>")
+    ap.add_argument("--eval", type=Path, help="an `srpo-graph eval` output folder (its eval.json)")
+    ap.add_argument("--plot", type=Path, help="where to draw the reward curve (PNG)")
+    args = ap.parse_args(argv)
+    curves = reward_curves(args.runs)
+    for name, ys in curves.items():
+        q = max(1, len(ys) // 4)
+        print(f"{name}: {len(ys)} steps, train reward first {q} steps {statistics.mean(ys[:q]):.3f}, "
+              f"last {q} {statistics.mean(ys[-q:]):.3f}")
+    if curves and args.plot:
+        plot(curves, args.plot)
+        print(f"wrote {args.plot}")
+    if args.eval:
+        print("\n".join(table(args.eval / "eval.json")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
