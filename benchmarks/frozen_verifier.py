@@ -61,6 +61,49 @@ def table(eval_json: Path) -> list[str]:
     return lines
 
 
+def breakdown(eval_dir: Path) -> list[str]:
+    """Markdown rows from the eval's traces (``traces/<i>.jsonl``, the i-th report's episodes): how often the
+    solver's own solution is right (the same ``solution_correct`` the reward applies to the verifier's),
+    how often the frozen verifier copies it word for word, and the verifier's accuracy after a right and
+    after a wrong solution: what the verifier passes on of what the solver learned."""
+    from srpo_graph.models.recipes import solution_correct
+
+    labels = [r["label"] for r in json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["reports"]]
+    gold = {}
+    lines = ["| source | solver right | verifier right | verifier copies the solver | verifier right after a right "
+             "/ a wrong solution |", "|---|---|---|---|---|"]
+    for i, label in enumerate(labels):
+        n = sr = vr = copy = 0
+        after = {True: [0, 0], False: [0, 0]}
+        for line in (eval_dir / "traces" / f"{i}.jsonl").read_text(encoding="utf-8").splitlines():
+            ep = json.loads(line)
+            if ep["task_id"] not in gold:
+                gold[ep["task_id"]] = _gold(ep["task_id"])
+            text = {o["agent"]: o.get("text") or "" for o in ep["outputs"]}
+            s_ok = solution_correct(text.get("solver", ""), gold[ep["task_id"]]) == 1.0
+            v_ok = solution_correct(text.get("verifier", ""), gold[ep["task_id"]]) == 1.0
+            n, sr, vr, copy = n + 1, sr + s_ok, vr + v_ok, copy + (text.get("solver") == text.get("verifier"))
+            after[s_ok][0] += v_ok
+            after[s_ok][1] += 1
+        rate = {k: v[0] / v[1] if v[1] else float("nan") for k, v in after.items()}
+        lines.append(f"| {label} | {sr / n:.3f} | {vr / n:.3f} | {copy / n:.3f} | {rate[True]:.3f} / {rate[False]:.3f} |")
+    return lines
+
+
+_TASKS: dict[str, str] = {}
+
+
+def _gold(task_id: str) -> str:
+    """The gold answer of a held-out tinymath task (workflows/tasks/tinymath_eval.jsonl)."""
+    if not _TASKS:
+        path = Path(__file__).resolve().parents[1] / "workflows" / "tasks" / "tinymath_eval.jsonl"
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                t = json.loads(line)
+                _TASKS[t["id"]] = t["answer"]
+    return _TASKS[task_id]
+
+
 def plot(curves: dict[str, list[float]], path: Path) -> None:
     import matplotlib
 
@@ -100,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.plot}")
     if args.eval:
         print("\n".join(table(args.eval / "eval.json")))
+        print()
+        print("\n".join(breakdown(args.eval)))
     return 0
 
 

@@ -556,13 +556,16 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     """
     import torch
 
-    from srpo_graph.models.recipes import ensure_recipe_model, recipe_info
+    from srpo_graph.models.recipes import default_dir, ensure_recipe_model, is_recipe_dir, recipe_info
 
     torch.set_num_threads(1)
     runs_dir.mkdir(parents=True, exist_ok=True)
     # built once, before any worker needs them (the coordination tasks' tiny model builds in a second);
-    # the parent decides what a saved record must match (keys), whatever a worker's own imports say
-    models = {m: recipe_info(ensure_recipe_model(m, log=log)) for m in sorted({m for wf in plan.workflows for m in recipes_of(wf)})}
+    # the parent decides what a saved record must match (keys), whatever a worker's own imports say.
+    # A report (run=False) builds nothing: it describes the models already built
+    recipes = sorted({m for wf in plan.workflows for m in recipes_of(wf)})
+    models = ({m: recipe_info(ensure_recipe_model(m, log=log)) for m in recipes} if run else
+              {m: recipe_info(default_dir(m)) for m in recipes if is_recipe_dir(default_dir(m), m)})
     keys = {wf: (plan.key(wf), inputs_digest(wf)) for wf in plan.workflows}
     start: dict = {}
     for wf in plan.workflows:

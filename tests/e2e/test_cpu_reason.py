@@ -467,5 +467,6 @@ def test_k5_plan_smoke(reason_model, tmp_path):
     text = out.read_text()
     assert "| tinysearch_k5 | `srpo_mean` |" in text and "| tinysearch | `srpo` |" in text
     assert "Paired by seed: `srpo` on tinysearch_k5 - `srpo` on tinysearch" in text
+    assert "| sqrt K (alpha = 1/2) (`srpo` on tinysearch_k5) | 40.1 |" in text and "sqrt K (alpha = 1/2) - sum" in text
     rec = json.loads((tmp_path / "runs" / "tinysearch_k5" / "srpo" / "seed0.json").read_text())
     assert any(k.endswith("/k5") for k in rec["diagnostics"]), sorted(rec["diagnostics"])  # diagnostics by set size
