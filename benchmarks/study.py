@@ -704,16 +704,38 @@ def replication_lines(original: list[dict], rows: list[dict]) -> list[str]:
                 continue
             d0, p0 = r[key][0], r[key][3]
             m = new.get((r["workflow"], r["objective"]), {}).get(key)
-            if m is None:
-                verdict = "not rerun here"
-            elif (m[0] > 0) == (d0 > 0) and m[3] < 0.05:
-                verdict = f"**held**: {m[0]:+.3f}, {_p(m[3])}"
-            elif (m[0] > 0) == (d0 > 0):
-                verdict = f"**did not hold** (same sign, not significant): {m[0]:+.3f}, {_p(m[3])}"
-            else:
-                verdict = f"**did not hold** (reversed): {m[0]:+.3f}, {_p(m[3])}"
             lines.append(f"- {r['workflow']} `{r['objective']}` vs `srpo`, {what}: {d0:+.3f}, {_p(p0)} on the first "
-                         f"seeds; on these seeds {verdict}")
+                         f"seeds; on these seeds {_held(m, d0)}")
+    return lines
+
+
+def _held(m, d0: float) -> str:
+    """Whether a first-seeds difference ``d0`` (significant) held on new seeds' (diff, lo, hi, p) ``m``."""
+    if m is None:
+        return "not rerun here"
+    if (m[0] > 0) == (d0 > 0) and m[3] < 0.05:
+        return f"**held**: {m[0]:+.3f}, {_p(m[3])}"
+    if (m[0] > 0) == (d0 > 0):
+        return f"**did not hold** (same sign, not significant): {m[0]:+.3f}, {_p(m[3])}"
+    return f"**did not hold** (reversed): {m[0]:+.3f}, {_p(m[3])}"
+
+
+def replication_pair_lines(original: dict, contrast_rows: list[dict], paper_rows: list[dict] | None) -> list[str]:
+    """:func:`replication_lines` for the first seeds' other significant comparisons (``original``: their
+    summary): the plan's contrasts (K = 5 - K = 1) and the orderings beside the paper (:func:`beside_paper`)."""
+    lines = []
+    new_c = {(tuple(c["a"]), tuple(c["b"])): c["diff"] for c in contrast_rows}
+    for c in original.get("contrasts") or []:
+        d0, p0 = c["diff"][0], c["diff"][3]
+        if p0 < 0.05:
+            lines.append(f"- `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}: {d0:+.3f}, {_p(p0)} on the first "
+                         f"seeds; on these seeds {_held(new_c.get((tuple(c['a']), tuple(c['b']))), d0)}")
+    new_p = {(q["a"], q["b"]): q.get("ours") for q in paper_rows or []}
+    for q in original.get("paper") or []:
+        if q.get("ours") is not None and q["ours"][3] < 0.05:
+            d0, p0 = q["ours"][0], q["ours"][3]
+            lines.append(f"- {q['a']} - {q['b']} (points; paper {q['paper']:+.1f}): {d0:+.1f}, {_p(p0)} on the first "
+                         f"seeds; on these seeds {_held(new_p.get((q['a'], q['b'])), d0)}")
     return lines
 
 
@@ -836,7 +858,8 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out accuracy (sampled)")
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     done = len({r["seed"] for r in data["runs"]})
     fig.suptitle(f"{plan.section} study: mean over {done if data.get('todo') else plan.seeds} seeds"
                  + (" (PARTIAL: the study is still running)" if data.get("todo") else "") + ", band = ±1 sd over seeds",
@@ -858,7 +881,8 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
         ax.set_title(wf, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("final held-out accuracy (95% CI)", fontsize=8)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(bars, dpi=100)
     plt.close(fig)
@@ -1076,17 +1100,18 @@ def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool
     rows = analyze(plan, data)
     extra = contrasts(plan, data)
     images = plot(plan, data, rows, out.parent / "img")
+    paper = beside_paper(plan, data) if plan.name in PAPER else None
     replication = None
     if plan.seed_offset:  # a replication: compare with the first seeds' summary, when they have run
         first = runs_dir / "summary.json"
         if first.is_file():
             orig = json.loads(first.read_text(encoding="utf-8"))
             lo = orig["plan"].get("seed_offset", 0)
-            replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}", "lines": replication_lines(orig["rows"], rows)}
+            replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}",
+                           "lines": replication_lines(orig["rows"], rows) + replication_pair_lines(orig, extra, paper)}
     name = "summary.json" if not plan.seed_offset else f"summary-{plan.section}.json"
     if data["todo"]:  # a partial table is not the plan's summary (a replication compares with that one)
         name = f"summary-{plan.section}-partial.json"
-    paper = beside_paper(plan, data) if plan.name in PAPER else None
     _save(runs_dir / name, {"plan": asdict(plan), "rows": rows, "contrasts": extra, "start": data["start"],
                             "seconds": total, "paper": paper, "todo": data["todo"]})
     write_doc(plan, data, rows, images, out, total, command, jobs, extra, replication, paper)

@@ -322,6 +322,17 @@ def test_k5_table_beside_the_papers_numbers():
     lines = study.paper_lines(plan, rows, pairs)
     assert "| sqrt K (alpha = 1/2) (`srpo` on tinysearch_k5) | 40.1 | 50.8 ± 1.5 | 30.0 | 6 |" in lines
     assert "| mean (alpha = 1) (`srpo_mean` on tinysearch_k5) | 34.7 | not run yet | - | 0 |" in lines
+    # the replication on fresh seeds names every significant contrast and paper ordering of the first seeds
+    first = {"contrasts": [{"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": [0.05, 0.01, 0.09, 0.01]},
+                           {"a": ["tinysearch_k5", "srpo"], "b": ["tinysearch_k5", "srpo_sum"], "diff": [0.01, -0.1, 0.1, 0.6]}],
+             "paper": json.loads(json.dumps(pairs))}  # as the summary saves them
+    again = [{"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": (-0.02, -0.05, 0.01, 0.3)}]
+    new_pairs = [{"a": q["a"], "b": q["b"], "ours": (0.5, -1.0, 2.0, 0.4)} for q in pairs[:1]]
+    rep = study.replication_pair_lines(first, again, new_pairs)
+    assert len(rep) == 3, rep  # the contrast with p 0.01, sqrt K - sum and sum - single K (p 0.03125); not the p 0.6 one
+    assert rep[0].startswith("- `srpo` on tinysearch_k5 - `srpo` on tinysearch: +0.050") and "(reversed)" in rep[0]
+    assert rep[1].startswith("- sqrt K (alpha = 1/2) - sum (alpha = 0)") and "same sign, not significant" in rep[1]
+    assert rep[2].startswith("- sum (alpha = 0) - single searcher") and rep[2].endswith("not rerun here")
 
 
 @pytest.mark.slow
