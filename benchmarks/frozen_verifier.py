@@ -63,30 +63,40 @@ def table(eval_json: Path) -> list[str]:
 
 def breakdown(eval_dir: Path) -> list[str]:
     """Markdown rows from the eval's traces (``traces/<i>.jsonl``, the i-th report's episodes): how often the
-    solver's own solution is right (the same ``solution_correct`` the reward applies to the verifier's),
-    how often the frozen verifier copies it word for word, and the verifier's accuracy after a right and
+    solver's own solution is right (the same ``solution_correct`` the reward applies to the verifier's; its
+    difference to ``base`` paired by problem as ``compare`` pairs Avg@k: bootstrap over problems, sign-flip
+    p), how often the frozen verifier copies it word for word, and the verifier's accuracy after a right and
     after a wrong solution: what the verifier passes on of what the solver learned."""
     from srpo_graph.models.recipes import solution_correct
+    from srpo_graph.train.evaluate import bootstrap_indices, ratio_interval, sign_flip_p
 
     labels = [r["label"] for r in json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["reports"]]
-    gold = {}
-    lines = ["| source | solver right | verifier right | verifier copies the solver | verifier right after a right "
-             "/ a wrong solution |", "|---|---|---|---|---|"]
+    lines = ["| source | solver right (- base, paired [95% CI], p) | verifier right | verifier copies the solver | "
+             "verifier right after a right / a wrong solution |", "|---|---|---|---|---|"]
+    per_problem: dict[str, list[float]] = {}  # base's solver accuracy per problem
     for i, label in enumerate(labels):
         n = sr = vr = copy = 0
         after = {True: [0, 0], False: [0, 0]}
+        solver: dict[str, list[float]] = {}
         for line in (eval_dir / "traces" / f"{i}.jsonl").read_text(encoding="utf-8").splitlines():
             ep = json.loads(line)
-            if ep["task_id"] not in gold:
-                gold[ep["task_id"]] = _gold(ep["task_id"])
             text = {o["agent"]: o.get("text") or "" for o in ep["outputs"]}
-            s_ok = solution_correct(text.get("solver", ""), gold[ep["task_id"]]) == 1.0
-            v_ok = solution_correct(text.get("verifier", ""), gold[ep["task_id"]]) == 1.0
+            s_ok = solution_correct(text.get("solver", ""), _gold(ep["task_id"])) == 1.0
+            v_ok = solution_correct(text.get("verifier", ""), _gold(ep["task_id"])) == 1.0
             n, sr, vr, copy = n + 1, sr + s_ok, vr + v_ok, copy + (text.get("solver") == text.get("verifier"))
             after[s_ok][0] += v_ok
             after[s_ok][1] += 1
+            solver.setdefault(ep["task_id"], []).append(float(s_ok))
+        acc = {t: sum(v) / len(v) for t, v in solver.items()}
+        diff = ""
+        if label == "base":
+            per_problem = acc
+        elif per_problem:
+            d = [acc[t] - per_problem[t] for t in per_problem]
+            lo, hi = ratio_interval(d, [1.0] * len(d), bootstrap_indices(len(d), seed=0))
+            diff = f" ({sum(d) / len(d):+.3f} [{lo:+.3f}, {hi:+.3f}], p={sign_flip_p(d, seed=0):.3f})"
         rate = {k: v[0] / v[1] if v[1] else float("nan") for k, v in after.items()}
-        lines.append(f"| {label} | {sr / n:.3f} | {vr / n:.3f} | {copy / n:.3f} | {rate[True]:.3f} / {rate[False]:.3f} |")
+        lines.append(f"| {label} | {sr / n:.3f}{diff} | {vr / n:.3f} | {copy / n:.3f} | {rate[True]:.3f} / {rate[False]:.3f} |")
     return lines
 
 
