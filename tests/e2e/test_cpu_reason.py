@@ -481,3 +481,26 @@ def test_k5_plan_smoke(reason_model, tmp_path):
     assert "| sqrt K (alpha = 1/2) (`srpo` on tinysearch_k5) | 40.1 |" in text and "sqrt K (alpha = 1/2) - sum" in text
     rec = json.loads((tmp_path / "runs" / "tinysearch_k5" / "srpo" / "seed0.json").read_text())
     assert any(k.endswith("/k5") for k in rec["diagnostics"]), sorted(rec["diagnostics"])  # diagnostics by set size
+
+
+def test_k5_retrieval_pools_the_five_queries_by_summed_score():
+    """``workflows/searchpool.py``: the passages are the top k by the sum of their BM25 scores under the five
+    queries (``pool="max"``: by the best), against a plain loop over the corpus; an unknown pool is an error."""
+    sys.path.insert(0, str(ROOT / "workflows"))
+    try:
+        import searchpool
+    finally:
+        sys.path.remove(str(ROOT / "workflows"))
+    from srpo_graph.std import DEFAULT_CORPUS, _bm25_index, _norm
+
+    index, docs = _bm25_index(str(DEFAULT_CORPUS))
+    queries = ["capital of morte", "flag of teda", "", "capital morte river crop year founder", "morte"]
+    scores = [index.get_scores(_norm(q).split()) for q in queries if q]
+    for pool, combine in (("sum", sum), ("max", max)):
+        total = [combine(float(s[i]) for s in scores) for i in range(len(docs))]
+        top = sorted(range(len(docs)), key=lambda i: -total[i])[:3]
+        want = "\n".join(f"{docs[i]['title']}: {docs[i]['text']}" for i in top)
+        assert searchpool.pooled(*queries, k=3, pool=pool) == want
+    assert searchpool.pooled(*queries) == searchpool.pooled(*queries, k=2, pool="sum")
+    with pytest.raises(ValueError, match="pool must be"):
+        searchpool.pooled(*queries, pool="mean")
