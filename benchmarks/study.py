@@ -1,6 +1,6 @@
 """The objectives study: objectives x workflows x seeds on the locally pre-trained model, with statistics.
 
-Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [--seeds N] [--seed-offset N] [--runs-dir DIR] [--out docs/results.md]``
+Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [--seeds N] [--seed-offset N] [--runs-dir DIR] [--out docs/results.md] [--report]``
 (no plan flag: the full study, the plans of ``FULL`` in turn; ``--plan k5``: the paper's K = 5 ablation,
 Note [The K = 5 ablation]; ``--seed-offset 100``: the same plan on seeds 100.., a replication).
 
@@ -20,7 +20,11 @@ else differs: same steps, batch, lr, clip, seeds) and records:
   and, where a ``choices`` router picks the set, that set's mean size per step.
 
 Each run's record is one JSON file under ``--runs-dir`` (``<workflow>/<objective>/seed<k>.json``),
-written when the run ends: an interrupted study resumes where it stopped (``--fresh`` reruns).
+written when the run ends: an interrupted study resumes where it stopped (``--fresh`` reruns). It runs
+seed by seed (a seed's evaluations before RL, then its cells), so a study stopped part way has whole
+seeds; ``--report`` runs nothing and writes the page from the records saved so far (while a study runs:
+its section marked partial, naming the cells and seeds done). A plan with the paper's numbers
+(``PAPER``: the k5 plan) puts its table beside them and says, pair by pair, which ordering reproduces.
 The analysis reports, per (workflow, objective): mean final held-out accuracy over seeds with a
 95% t-interval, and for every objective a paired comparison to ``srpo`` (same seeds, so same initial
 sampling and task order: bootstrap interval, exact sign-flip p) with a power estimate (the seeds that would
@@ -197,6 +201,14 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 T80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870, 0.868, 0.866,
        0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
 EFFECT = 0.015  # the paper's smallest gap in its K = 5 ablation: sqrt K 40.1 vs sum 38.6 Avg@16 (1.5 points)
+# the paper's numbers beside a plan's cells: ((workflow, objective), what the paper calls it, its Avg@16), in the
+# paper's order (best first): its K = 5 ablation on multi-turn search (five searchers consumed together)
+PAPER = {
+    "k5": ((("tinysearch_k5", "srpo"), "sqrt K (alpha = 1/2)", 40.1),
+           (("tinysearch_k5", "srpo_sum"), "sum (alpha = 0)", 38.6),
+           (("tinysearch", "srpo"), "single searcher (K = 1)", 37.2),
+           (("tinysearch_k5", "srpo_mean"), "mean (alpha = 1)", 34.7)),
+}
 
 
 # --------------------------------------------------------------------------- statistics
@@ -534,36 +546,33 @@ def _each(jobs: int, calls: list[tuple], log) -> list:
     return results
 
 
-def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1, log=print) -> dict:
-    """Run (or resume) every cell of ``plan`` on ``jobs`` processes; returns {"start": ..., "runs": [...], "models": {recipe: its build info}}.
+def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1, log=print, run: bool = True) -> dict:
+    """Run (or resume) every cell of ``plan`` on ``jobs`` processes; returns {"start": ..., "runs": [...],
+    "models": {recipe: its build info}, "todo": [cells not run yet]}.
 
-    Every record is saved as it finishes, so a killed study resumes where it stopped.
+    Every record is saved as it finishes, so a killed study resumes where it stopped. Seed by seed: a seed's
+    evaluations before RL, then its runs, so a study stopped part way has whole seeds. ``run=False`` runs
+    nothing: what the saved records hold (``--report``, the table of a study still running).
     """
     import torch
 
-    from srpo_graph.models.recipes import ensure_recipe_model, recipe_info
+    from srpo_graph.models.recipes import default_dir, ensure_recipe_model, is_recipe_dir, recipe_info
 
     torch.set_num_threads(1)
     runs_dir.mkdir(parents=True, exist_ok=True)
     # built once, before any worker needs them (the coordination tasks' tiny model builds in a second);
-    # the parent decides what a saved record must match (keys), whatever a worker's own imports say
-    models = {m: recipe_info(ensure_recipe_model(m, log=log)) for m in sorted({m for wf in plan.workflows for m in recipes_of(wf)})}
+    # the parent decides what a saved record must match (keys), whatever a worker's own imports say.
+    # A report (run=False) builds nothing: it describes the models already built
+    recipes = sorted({m for wf in plan.workflows for m in recipes_of(wf)})
+    models = ({m: recipe_info(ensure_recipe_model(m, log=log)) for m in recipes} if run else
+              {m: recipe_info(default_dir(m)) for m in recipes if is_recipe_dir(default_dir(m), m)})
     keys = {wf: (plan.key(wf), inputs_digest(wf)) for wf in plan.workflows}
     start: dict = {}
-    todo = []
     for wf in plan.workflows:
         for seed in plan.seed_list:
-            path = runs_dir / wf / f"start-seed{seed}.json"
-            rec = None if fresh else _load(path, keys[wf])
-            if rec is None:
-                todo.append((wf, seed, path))
-            else:
+            rec = None if fresh else _load(runs_dir / wf / f"start-seed{seed}.json", keys[wf])
+            if rec is not None:
                 start[(wf, seed)] = rec["accuracy"]
-    done = _each(jobs, [(_start_cell, wf, plan, seed, path, keys[wf]) for wf, seed, path in todo], lambda i, r: None)
-    for (wf, seed, _), rec in zip(todo, done):
-        start[(wf, seed)] = rec["accuracy"]
-    for wf in plan.workflows:
-        log(f"{wf}: held-out accuracy before RL {statistics.mean(start[(wf, s)]['all'] for s in plan.seed_list):.3f}")
     # seed outer, objective inner: machine load drifts over hours and should hit all objectives alike
     cells = [(wf, obj, seed) for seed in plan.seed_list for wf in plan.workflows for obj in plan.cells(wf)]
     saved: dict = {}
@@ -571,20 +580,35 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
         rec = None if fresh else _load(runs_dir / wf / obj / f"seed{seed}.json", keys[wf])
         if rec is not None:
             saved[(wf, obj, seed)] = rec
-    todo_cells = [c for c in cells if c not in saved]
-    if saved:
-        log(f"{len(saved)} of {len(cells)} runs reused from {runs_dir}")
+    if saved or start:
+        log(f"{len(saved)} of {len(cells)} runs and {len(start)} of {len(plan.workflows) * plan.seeds} evaluations "
+            f"before RL reused from {runs_dir}")
+    calls: list[tuple] = []  # (what, cell, call), seed by seed
+    for seed in plan.seed_list:
+        calls += [("start", (wf, seed), (_start_cell, wf, plan, seed, runs_dir / wf / f"start-seed{seed}.json", keys[wf]))
+                  for wf in plan.workflows if (wf, seed) not in start]
+        calls += [("run", c, (_run_cell, *c, plan, runs_dir, runs_dir / c[0] / c[1] / f"seed{c[2]}.json", keys[c[0]]))
+                  for c in cells if c[2] == seed and c not in saved]
 
     def report(i: int, rec: dict) -> None:
-        wf, obj, seed = todo_cells[i]
-        log(f"seed {seed} {wf:18s} {obj:12s} held-out {start[(wf, seed)]['all']:.3f} -> "
-            f"{rec['eval'][-1][1]:.3f}  ({rec['seconds']:.0f} s)")
+        what, cell, _ = calls[i]
+        if what == "start":
+            start[cell] = rec["accuracy"]
+            log(f"seed {cell[1]} {cell[0]:18s} held-out accuracy before RL {rec['accuracy']['all']:.3f}")
+            return
+        wf, obj, seed = cell
+        saved[cell] = rec
+        before = start.get((wf, seed), {}).get("all", float("nan"))
+        log(f"seed {seed} {wf:18s} {obj:12s} held-out {before:.3f} -> {rec['eval'][-1][1]:.3f}  ({rec['seconds']:.0f} s)")
 
-    fresh_recs = _each(jobs, [(_run_cell, wf, obj, seed, plan, runs_dir, runs_dir / wf / obj / f"seed{seed}.json", keys[wf])
-                              for wf, obj, seed in todo_cells], report)
-    saved.update(zip(todo_cells, fresh_recs))
-    runs = [saved[c] for c in cells]
-    return {"start": {f"{wf}/{s}": v for (wf, s), v in start.items()}, "runs": runs, "models": models}
+    if run:
+        _each(jobs, [call for _, _, call in calls], report)
+    for wf in plan.workflows:
+        got = [start[(wf, s)]["all"] for s in plan.seed_list if (wf, s) in start]
+        if got:
+            log(f"{wf}: held-out accuracy before RL {statistics.mean(got):.3f} ({len(got)} seeds)")
+    return {"start": {f"{wf}/{s}": v for (wf, s), v in start.items()}, "runs": [saved[c] for c in cells if c in saved],
+            "models": models, "todo": [list(c) for c in cells if c not in saved]}
 
 
 def final_accuracy(rec: dict) -> float:
@@ -609,17 +633,20 @@ def analyze(plan: Plan, data: dict) -> list[dict]:
         cells[(r["workflow"], r["objective"])].append(r)
     rows = []
     for wf in plan.workflows:
-        base = sorted(cells.get((wf, "srpo"), []), key=lambda r: r["seed"])
-        start = [data["start"][f"{wf}/{s}"]["all"] for s in plan.seed_list]
+        base_by_seed = {r["seed"]: r for r in cells.get((wf, "srpo"), [])}
         for obj in plan.cells(wf):
-            rs = sorted(cells.get((wf, obj), []), key=lambda r: r["seed"])
+            # the seeds with a saved run and a saved evaluation before RL (all of them once the study is done)
+            rs = sorted((r for r in cells.get((wf, obj), []) if f"{wf}/{r['seed']}" in data["start"]),
+                        key=lambda r: r["seed"])
             if not rs:
                 continue
+            start = [data["start"][f"{wf}/{r['seed']}"]["all"] for r in rs]
             acc = [final_accuracy(r) for r in rs]
             gain = [a - s for a, s in zip(acc, start)]
             m, ci = mean_ci(acc)
             gm, gci = mean_ci(gain)
-            row = {"workflow": wf, "objective": obj, "seeds": len(rs), "start": statistics.mean(start), "acc": m,
+            row = {"workflow": wf, "objective": obj, "seeds": len(rs), "seed_list": [r["seed"] for r in rs],
+                   "start": statistics.mean(start), "acc": m,
                    "acc_ci": ci, "gain": gm, "gain_ci": gci, "per_seed": acc,
                    "grad_cv": statistics.mean(r["grad_norm_cv"] for r in rs if r["grad_norm_cv"] is not None)
                    if any(r["grad_norm_cv"] is not None for r in rs) else None,
@@ -632,10 +659,15 @@ def analyze(plan: Plan, data: dict) -> list[dict]:
                    "seconds": statistics.mean(r["seconds"] for r in rs)}
             area = [mean_accuracy(r) for r in rs]
             row["area"], row["area_ci"] = mean_ci(area)
-            if obj != "srpo" and len(base) == len(rs):
+            # paired with srpo's run of the same seed (the seeds both have, part way through a study)
+            both = [i for i, r in enumerate(rs) if r["seed"] in base_by_seed]
+            if obj != "srpo" and both:
+                base = [base_by_seed[rs[i]["seed"]] for i in both]
+                acc, area = [acc[i] for i in both], [area[i] for i in both]
                 base_acc = [final_accuracy(r) for r in base]
                 row["vs_srpo"] = paired_comparison(acc, base_acc)
                 row["area_vs_srpo"] = paired_comparison(area, [mean_accuracy(r) for r in base])
+                row["paired_seeds"] = len(both)
                 # the power estimate: seeds that would resolve the paper's 1.5-point gap at this spread
                 diffs = [a - b for a, b in zip(acc, base_acc)]
                 row["sd_diff"] = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
@@ -672,17 +704,112 @@ def replication_lines(original: list[dict], rows: list[dict]) -> list[str]:
                 continue
             d0, p0 = r[key][0], r[key][3]
             m = new.get((r["workflow"], r["objective"]), {}).get(key)
-            if m is None:
-                verdict = "not rerun here"
-            elif (m[0] > 0) == (d0 > 0) and m[3] < 0.05:
-                verdict = f"**held**: {m[0]:+.3f}, {_p(m[3])}"
-            elif (m[0] > 0) == (d0 > 0):
-                verdict = f"**did not hold** (same sign, not significant): {m[0]:+.3f}, {_p(m[3])}"
-            else:
-                verdict = f"**did not hold** (reversed): {m[0]:+.3f}, {_p(m[3])}"
             lines.append(f"- {r['workflow']} `{r['objective']}` vs `srpo`, {what}: {d0:+.3f}, {_p(p0)} on the first "
-                         f"seeds; on these seeds {verdict}")
+                         f"seeds; on these seeds {_held(m, d0)}")
     return lines
+
+
+def _held(m, d0: float) -> str:
+    """Whether a first-seeds difference ``d0`` (significant) held on new seeds' (diff, lo, hi, p) ``m``."""
+    if m is None:
+        return "not rerun here"
+    if (m[0] > 0) == (d0 > 0) and m[3] < 0.05:
+        return f"**held**: {m[0]:+.3f}, {_p(m[3])}"
+    if (m[0] > 0) == (d0 > 0):
+        return f"**did not hold** (same sign, not significant): {m[0]:+.3f}, {_p(m[3])}"
+    return f"**did not hold** (reversed): {m[0]:+.3f}, {_p(m[3])}"
+
+
+def replication_pair_lines(original: dict, contrast_rows: list[dict], paper_rows: list[dict] | None) -> list[str]:
+    """:func:`replication_lines` for the first seeds' other significant comparisons (``original``: their
+    summary): the plan's contrasts (K = 5 - K = 1) and the orderings beside the paper (:func:`beside_paper`)."""
+    lines = []
+    new_c = {(tuple(c["a"]), tuple(c["b"])): c["diff"] for c in contrast_rows}
+    for c in original.get("contrasts") or []:
+        d0, p0 = c["diff"][0], c["diff"][3]
+        if p0 < 0.05:
+            lines.append(f"- `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}: {d0:+.3f}, {_p(p0)} on the first "
+                         f"seeds; on these seeds {_held(new_c.get((tuple(c['a']), tuple(c['b']))), d0)}")
+    new_p = {(q["a"], q["b"]): q.get("ours") for q in paper_rows or []}
+    for q in original.get("paper") or []:
+        if q.get("ours") is not None and q["ours"][3] < 0.05:
+            d0, p0 = q["ours"][0], q["ours"][3]
+            lines.append(f"- {q['a']} - {q['b']} (points; paper {q['paper']:+.1f}): {d0:+.1f}, {_p(p0)} on the first "
+                         f"seeds; on these seeds {_held(new_p.get((q['a'], q['b'])), d0)}")
+    return lines
+
+
+def beside_paper(plan: Plan, data: dict) -> list[dict]:
+    """Every pair of the paper's settings (``PAPER[plan.name]``, paper order: A above B), paired by seed on
+    ours: the paper's gap A - B in Avg@16 points, ours (final held-out accuracy x 100, on the seeds both
+    cells have: mean, bootstrap 95% interval, sign-flip p) and the verdict: ``reproduces`` (same sign,
+    p < 0.05), ``same sign, not significant``, ``reversed`` (p < 0.05 the other way),
+    ``reversed, not significant``, or ``not run yet``."""
+    settings = PAPER.get(plan.name, ())
+    by = {(r["workflow"], r["objective"], r["seed"]): r for r in data["runs"]}
+    out = []
+    for i, (a, name_a, paper_a) in enumerate(settings):
+        for b, name_b, paper_b in settings[i + 1:]:
+            seeds = [s for s in plan.seed_list if (*a, s) in by and (*b, s) in by]
+            row = {"a": name_a, "b": name_b, "paper": round(paper_a - paper_b, 1), "seeds": len(seeds)}
+            if seeds:
+                d, lo, hi, p = paired_comparison([100 * final_accuracy(by[(*a, s)]) for s in seeds],
+                                                 [100 * final_accuracy(by[(*b, s)]) for s in seeds])
+                same = (d > 0) == (row["paper"] > 0) and d != 0
+                row.update(ours=(d, lo, hi, p), verdict=("reproduces" if same and p < 0.05 else
+                                                         "same sign, not significant" if same else
+                                                         "reversed" if p < 0.05 else "reversed, not significant"))
+            else:
+                row["verdict"] = "not run yet"
+            out.append(row)
+    return out
+
+
+def paper_lines(plan: Plan, rows: list[dict], pairs: list[dict]) -> list[str]:
+    """The table of our cells beside the paper's numbers, then each pair's ordering (:func:`beside_paper`)."""
+    settings = PAPER.get(plan.name, ())
+    if not settings:
+        return []
+    cell = {(r["workflow"], r["objective"]): r for r in rows}
+    lines = ["", "Beside the paper (its Avg@16 on multi-turn search with Qwen2.5 and a real retriever; ours: final "
+             "held-out Avg@16 x 100 on `tiny-search`, mean over the seeds done, 95% t-interval; the scales differ, "
+             "the orderings are what compare):", "",
+             "| setting | paper Avg@16 | ours Avg@16 (95% CI) | ours before RL | seeds |", "|---|---|---|---|---|"]
+    for (wf, obj), name, value in settings:
+        r = cell.get((wf, obj))
+        ours = (f"{100 * r['acc']:.1f} ± {_fmt(100 * r['acc_ci'], 1)}", f"{100 * r['start']:.1f}", str(r["seeds"])) if r \
+            else ("not run yet", "-", "0")
+        lines.append(f"| {name} (`{obj}` on {wf}) | {value:.1f} | {ours[0]} | {ours[1]} | {ours[2]} |")
+    lines += ["", "Each ordering the paper reports, on ours (A - B paired by seed, points; bootstrap 95% interval; "
+              "sign-flip p):", ""]
+    for q in pairs:
+        if "ours" in q:
+            d, lo, hi, p = q["ours"]
+            lines.append(f"- {q['a']} - {q['b']}: paper {q['paper']:+.1f}; ours {d:+.1f} [{lo:+.1f}, {hi:+.1f}], "
+                         f"{_p(p)}, {q['seeds']} seeds: **{q['verdict']}**")
+        else:
+            lines.append(f"- {q['a']} - {q['b']}: paper {q['paper']:+.1f}; ours: {q['verdict']}")
+    return lines
+
+
+def partial_lines(plan: Plan, data: dict) -> list[str]:
+    """While a study runs (``data["todo"]`` not empty): which cells and seeds the tables hold, which not yet."""
+    if not data.get("todo"):
+        return []
+    done: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for r in data["runs"]:
+        done[(r["workflow"], r["objective"])].append(r["seed"])
+    total = len(data["runs"]) + len(data["todo"])
+    lines = [f"**PARTIAL: the study is still running.** {len(data['runs'])} of {total} runs done; the tables "
+             "below hold only these (a comparison pairs the seeds both cells have):", ""]
+    for wf in plan.workflows:
+        for obj in plan.cells(wf):
+            seeds = sorted(done.get((wf, obj), []))
+            lines.append(f"- {wf} `{obj}`: " + (f"seeds {', '.join(map(str, seeds))} done" if seeds else "no seed done")
+                         + f" (of {plan.seed_list[0]}..{plan.seed_list[-1]})")
+        have = [s for s in plan.seed_list if f"{wf}/{s}" in data["start"]]
+        lines.append(f"- {wf} before RL: {len(have)} of {plan.seeds} seeds evaluated")
+    return lines + [""]
 
 
 # --------------------------------------------------------------------------- plots + doc
@@ -712,9 +839,10 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
     curves = img_dir / f"study_{plan.section}_curves.png"
     fig, axes = _grid(len(plan.workflows), 4.6, 3.6)
     for ax, wf in zip(axes, plan.workflows):
-        start = statistics.mean(data["start"][f"{wf}/{s}"]["all"] for s in plan.seed_list)
+        got = [data["start"][f"{wf}/{s}"]["all"] for s in plan.seed_list if f"{wf}/{s}" in data["start"]]
         for obj in plan.cells(wf):
-            rs = [r for r in data["runs"] if r["workflow"] == wf and r["objective"] == obj]
+            rs = [r for r in data["runs"] if r["workflow"] == wf and r["objective"] == obj
+                  and f"{wf}/{r['seed']}" in data["start"]]
             if not rs:
                 continue
             steps = [0] + [s for s, _ in rs[0]["eval"]]
@@ -724,13 +852,18 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
             ax.plot(steps, mean, marker="o", ms=3, lw=1.4, label=obj, color=colour[obj])
             ax.fill_between(steps, [a - b for a, b in zip(mean, sd)], [a + b for a, b in zip(mean, sd)],
                             color=colour[obj], alpha=0.12)
-        ax.axhline(start, color="grey", ls=":", lw=1)
+        if got:
+            ax.axhline(statistics.mean(got), color="grey", ls=":", lw=1)
         ax.set_title(wf, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out accuracy (sampled)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"{plan.section} study: mean over {plan.seeds} seeds, band = ±1 sd over seeds", fontsize=9)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    done = len({r["seed"] for r in data["runs"]})
+    fig.suptitle(f"{plan.section} study: mean over {done if data.get('todo') else plan.seeds} seeds"
+                 + (" (PARTIAL: the study is still running)" if data.get("todo") else "") + ", band = ±1 sd over seeds",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(curves, dpi=100)
     plt.close(fig)
@@ -748,7 +881,8 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
         ax.set_title(wf, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("final held-out accuracy (95% CI)", fontsize=8)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(bars, dpi=100)
     plt.close(fig)
@@ -832,7 +966,8 @@ def _identity_lines(plan: Plan) -> list[str]:
 
 
 def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out: Path, total_s: float,
-              command: str, jobs: int = 1, contrast_rows: list[dict] = (), replication: dict | None = None) -> None:  # type: ignore[assignment]
+              command: str, jobs: int = 1, contrast_rows: list[dict] = (), replication: dict | None = None,  # type: ignore[assignment]
+              paper_rows: list[dict] | None = None) -> None:
     """The study's section of docs/results.md (everything between the study markers is replaced).
 
     ``contrast_rows``: :func:`contrasts`; ``replication``: ``{"seeds": "0..9", "lines": replication_lines(...)}``
@@ -873,6 +1008,7 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
         f"{len(data['runs'])} runs {sum(r['seconds'] for r in data['runs']) / 60:.1f} min (this invocation "
         f"{total_s / 60:.1f} min wall; runs saved earlier are reused).",
         "",
+        *partial_lines(plan, data),
         "*Area* = the mean of all a run's held-out evaluations (how fast it learns); the `vs srpo` columns "
         "compare each seed's run with SRPO's run of the same seed: the mean difference, its paired bootstrap 95% "
         f"interval (10,000 resamples) and the two-sided p of an exact paired sign-flip test (the smallest p "
@@ -899,6 +1035,8 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
                      f"{_fmt(r['acc_ci'])} | {r['gain']:+.3f} ± {_fmt(r['gain_ci'])} | {', '.join(_fmt(a, 2) for a in r['per_seed'])} | "
                      f"{vs} | {_fmt(r.get('sd_diff'))}; {r.get('seeds_needed', '-')} | {_fmt(r['area'])} ± "
                      f"{_fmt(r['area_ci'])} | {avs} | {_fmt(r['grad_cv'], 2)} |")
+    if paper_rows is not None:
+        lines += paper_lines(plan, rows, paper_rows)
     for c in contrast_rows:
         d, lo, hi, p = c["diff"]
         lines.append(f"\nPaired by seed: `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}, final held-out "
@@ -929,9 +1067,14 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     lines += _router_lines(plan, data["runs"])
     lines += ["", "Held-out accuracy before RL by task family (mean over seeds):", ""]
     for wf in plan.workflows:
-        fams = data["start"][f"{wf}/{plan.seed_list[0]}"].keys()
+        have = [s for s in plan.seed_list if f"{wf}/{s}" in data["start"]]
+        if not have:
+            lines.append(f"- {wf}: not measured yet")
+            continue
+        fams = data["start"][f"{wf}/{have[0]}"].keys()
         lines.append(f"- {wf}: " + ", ".join(
-            f"{f} {statistics.mean(data['start'][f'{wf}/{s}'][f] for s in plan.seed_list):.3f}" for f in fams))
+            f"{f} {statistics.mean(data['start'][f'{wf}/{s}'][f] for s in have):.3f}" for f in fams)
+            + (f" (seeds {', '.join(map(str, have))})" if len(have) < plan.seeds else ""))
     lines += [""] + [f"![{p.stem}](img/{p.name})" for p in images] + ["", f"<!-- end study:{plan.section} -->", ""]
     section = "\n".join(lines)
     text = out.read_text(encoding="utf-8") if out.exists() else "# Results\n\n"
@@ -945,25 +1088,33 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     out.write_text(text, encoding="utf-8")
 
 
-def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool = False, jobs: int = 1) -> list[dict]:
-    """Run (or resume) one plan, then write its section of ``out`` and its plots; returns its table rows."""
+def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool = False, jobs: int = 1,
+             run: bool = True) -> list[dict]:
+    """Run (or resume) one plan, then write its section of ``out`` and its plots; returns its table rows.
+
+    ``run=False`` (``--report``): run nothing, write the section from the records saved so far (marked
+    partial, naming the cells and seeds done, while any is missing)."""
     t0 = time.perf_counter()
-    data = run_study(plan, runs_dir, fresh=fresh, jobs=jobs)
+    data = run_study(plan, runs_dir, fresh=fresh, jobs=jobs, run=run)
     total = time.perf_counter() - t0
     rows = analyze(plan, data)
     extra = contrasts(plan, data)
     images = plot(plan, data, rows, out.parent / "img")
+    paper = beside_paper(plan, data) if plan.name in PAPER else None
     replication = None
     if plan.seed_offset:  # a replication: compare with the first seeds' summary, when they have run
         first = runs_dir / "summary.json"
         if first.is_file():
             orig = json.loads(first.read_text(encoding="utf-8"))
             lo = orig["plan"].get("seed_offset", 0)
-            replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}", "lines": replication_lines(orig["rows"], rows)}
+            replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}",
+                           "lines": replication_lines(orig["rows"], rows) + replication_pair_lines(orig, extra, paper)}
     name = "summary.json" if not plan.seed_offset else f"summary-{plan.section}.json"
+    if data["todo"]:  # a partial table is not the plan's summary (a replication compares with that one)
+        name = f"summary-{plan.section}-partial.json"
     _save(runs_dir / name, {"plan": asdict(plan), "rows": rows, "contrasts": extra, "start": data["start"],
-                            "seconds": total})
-    write_doc(plan, data, rows, images, out, total, command, jobs, extra, replication)
+                            "seconds": total, "paper": paper, "todo": data["todo"]})
+    write_doc(plan, data, rows, images, out, total, command, jobs, extra, replication, paper)
     for r in rows:
         print(f"{r['workflow']:18s} {r['objective']:12s} {r['start']:.3f} -> {r['acc']:.3f} ± {_fmt(r['acc_ci'])}")
     print(f"wrote the {plan.section} section of {out} ({total / 60:.1f} min)")
@@ -988,6 +1139,8 @@ def main(argv: list[str] | None = None) -> int:
                     "study, DIR/study-<plan>)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md", help="the results page to update")
     ap.add_argument("--fresh", action="store_true", help="ignore saved runs and rerun every cell")
+    ap.add_argument("--report", action="store_true", help="run nothing: write the page from the runs saved so far "
+                    "(a study still running gets a section marked partial, naming the cells and seeds done)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process and one torch thread each "
                     "(default 1; 2 on a 2-core machine halves the wall time)")
     args = ap.parse_args(argv)
@@ -1018,7 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runs_dir = (args.runs_dir or ROOT / "runs") / f"study-{name}"
             command = "python benchmarks/study.py"
-        run_plan(plan, runs_dir, args.out, command + flags, fresh=args.fresh, jobs=args.jobs)
+        run_plan(plan, runs_dir, args.out, command + flags, fresh=args.fresh, jobs=args.jobs, run=not args.report)
     return 0
 
 

@@ -265,6 +265,76 @@ def test_study_runs_in_parallel_as_it_runs_alone(tmp_path):
         "coord_par2/srpo/seed1.json"]
 
 
+
+def test_study_runs_seed_by_seed_and_reports_a_partial_table(tmp_path):
+    """A study runs seed by seed (a seed's evaluation before RL, then its runs), so one stopped part way has
+    whole seeds; ``--report`` (``run=False``) runs nothing and writes the section from the records saved so
+    far, marked partial, naming the cells and seeds done, with comparisons on the seeds both cells have."""
+    from dataclasses import replace
+
+    study = _study()
+    plan = study.Plan("part", ("coord_par2",), ("srpo", "grpo"), seeds=1, steps=2, coord_steps=2, eval_every=2,
+                      eval_tasks=4, tasks_per_step=4)
+    logged: list[str] = []
+    runs, out = tmp_path / "runs", tmp_path / "results.md"
+    study.run_study(plan, runs, log=logged.append)
+    assert [m.split()[2:4] for m in logged if m.startswith("seed 0")] == [
+        ["coord_par2", "held-out"], ["coord_par2", "srpo"], ["coord_par2", "grpo"]]
+    two = replace(plan, seeds=2)
+    assert two.key("coord_par2") == plan.key("coord_par2")  # the same records serve the bigger plan
+    before = sorted(p.name for p in runs.rglob("*.json"))
+    rows = study.run_plan(two, runs, out, "python benchmarks/study.py --plan part", run=False)
+    assert sorted(p.name for p in runs.rglob("seed*.json")) == [n for n in before if n.startswith("seed")]  # ran nothing
+    text = out.read_text()
+    assert "**PARTIAL: the study is still running.** 2 of 4 runs done" in text
+    assert "- coord_par2 `srpo`: seeds 0 done (of 0..1)" in text and "- coord_par2 before RL: 1 of 2 seeds evaluated" in text
+    assert [r["seed_list"] for r in rows] == [[0], [0]] and rows[1]["paired_seeds"] == 1
+    assert (runs / "summary-part-partial.json").is_file() and not (runs / "summary.json").exists()
+    study.run_plan(plan, runs, out, "python benchmarks/study.py --plan part", run=False)  # all done: not partial
+    assert "PARTIAL" not in out.read_text() and (runs / "summary.json").is_file()
+
+
+def test_k5_table_beside_the_papers_numbers():
+    """``beside_paper``: every pair of the paper's K = 5 settings, paired by seed on our runs, against a
+    hand-computed reference: the paper's gap, ours in points, and the verdict for each case (reproduces,
+    same sign not significant, reversed, not run yet)."""
+    study = _study()
+    plan = study.PLANS["k5"]
+    assert [v for _, _, v in study.PAPER["k5"]] == [40.1, 38.6, 37.2, 34.7]
+    acc = {("tinysearch_k5", "srpo"): [0.50, 0.52, 0.51, 0.49, 0.50, 0.53],      # sqrt K
+           ("tinysearch_k5", "srpo_sum"): [0.40, 0.41, 0.42, 0.40, 0.39, 0.41],  # sum: 10 points below on every seed
+           ("tinysearch", "srpo"): [0.51, 0.50, 0.50, 0.52, 0.48, 0.52]}         # K = 1: mixed signs vs sqrt K
+    runs = [{"workflow": wf, "objective": obj, "seed": s, "eval": [[20, v]]}
+            for (wf, obj), vs in acc.items() for s, v in enumerate(vs)]
+    pairs = study.beside_paper(plan, {"runs": runs})
+    assert [(q["a"].split()[0], q["b"].split()[0]) for q in pairs] == [
+        ("sqrt", "sum"), ("sqrt", "single"), ("sqrt", "mean"), ("sum", "single"), ("sum", "mean"), ("single", "mean")]
+    by = {(q["a"].split()[0], q["b"].split()[0]): q for q in pairs}
+    q = by[("sqrt", "sum")]
+    assert q["paper"] == 1.5 and q["seeds"] == 6 and q["verdict"] == "reproduces"
+    assert math.isclose(q["ours"][0], 100 * (sum(acc[("tinysearch_k5", "srpo")]) - sum(acc[("tinysearch_k5", "srpo_sum")])) / 6)
+    assert q["ours"][3] == 2 / 2 ** 6  # every seed the same sign: the exact sign-flip test's smallest p
+    assert by[("sum", "single")]["paper"] == 1.4 and by[("sum", "single")]["verdict"] == "reversed"
+    diffs = [a - b for a, b in zip(acc[("tinysearch_k5", "srpo")], acc[("tinysearch", "srpo")])]
+    assert sum(diffs) > 0 and by[("sqrt", "single")]["verdict"] == "same sign, not significant"
+    assert by[("sqrt", "mean")] == {"a": q["a"], "b": "mean (alpha = 1)", "paper": 5.4, "seeds": 0, "verdict": "not run yet"}
+    rows = [{"workflow": "tinysearch_k5", "objective": "srpo", "acc": 0.5083, "acc_ci": 0.015, "start": 0.3, "seeds": 6}]
+    lines = study.paper_lines(plan, rows, pairs)
+    assert "| sqrt K (alpha = 1/2) (`srpo` on tinysearch_k5) | 40.1 | 50.8 ± 1.5 | 30.0 | 6 |" in lines
+    assert "| mean (alpha = 1) (`srpo_mean` on tinysearch_k5) | 34.7 | not run yet | - | 0 |" in lines
+    # the replication on fresh seeds names every significant contrast and paper ordering of the first seeds
+    first = {"contrasts": [{"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": [0.05, 0.01, 0.09, 0.01]},
+                           {"a": ["tinysearch_k5", "srpo"], "b": ["tinysearch_k5", "srpo_sum"], "diff": [0.01, -0.1, 0.1, 0.6]}],
+             "paper": json.loads(json.dumps(pairs))}  # as the summary saves them
+    again = [{"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": (-0.02, -0.05, 0.01, 0.3)}]
+    new_pairs = [{"a": q["a"], "b": q["b"], "ours": (0.5, -1.0, 2.0, 0.4)} for q in pairs[:1]]
+    rep = study.replication_pair_lines(first, again, new_pairs)
+    assert len(rep) == 3, rep  # the contrast with p 0.01, sqrt K - sum and sum - single K (p 0.03125); not the p 0.6 one
+    assert rep[0].startswith("- `srpo` on tinysearch_k5 - `srpo` on tinysearch: +0.050") and "(reversed)" in rep[0]
+    assert rep[1].startswith("- sqrt K (alpha = 1/2) - sum (alpha = 0)") and "same sign, not significant" in rep[1]
+    assert rep[2].startswith("- sum (alpha = 0) - single searcher") and rep[2].endswith("not rerun here")
+
+
 @pytest.mark.slow
 def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     study = _study()
@@ -408,5 +478,29 @@ def test_k5_plan_smoke(reason_model, tmp_path):
     text = out.read_text()
     assert "| tinysearch_k5 | `srpo_mean` |" in text and "| tinysearch | `srpo` |" in text
     assert "Paired by seed: `srpo` on tinysearch_k5 - `srpo` on tinysearch" in text
+    assert "| sqrt K (alpha = 1/2) (`srpo` on tinysearch_k5) | 40.1 |" in text and "sqrt K (alpha = 1/2) - sum" in text
     rec = json.loads((tmp_path / "runs" / "tinysearch_k5" / "srpo" / "seed0.json").read_text())
     assert any(k.endswith("/k5") for k in rec["diagnostics"]), sorted(rec["diagnostics"])  # diagnostics by set size
+
+
+def test_k5_retrieval_pools_the_five_queries_by_summed_score():
+    """``workflows/searchpool.py``: the passages are the top k by the sum of their BM25 scores under the five
+    queries (``pool="max"``: by the best), against a plain loop over the corpus; an unknown pool is an error."""
+    sys.path.insert(0, str(ROOT / "workflows"))
+    try:
+        import searchpool
+    finally:
+        sys.path.remove(str(ROOT / "workflows"))
+    from srpo_graph.std import DEFAULT_CORPUS, _bm25_index, _norm
+
+    index, docs = _bm25_index(str(DEFAULT_CORPUS))
+    queries = ["capital of morte", "flag of teda", "", "capital morte river crop year founder", "morte"]
+    scores = [index.get_scores(_norm(q).split()) for q in queries if q]
+    for pool, combine in (("sum", sum), ("max", max)):
+        total = [combine(float(s[i]) for s in scores) for i in range(len(docs))]
+        top = sorted(range(len(docs)), key=lambda i: -total[i])[:3]
+        want = "\n".join(f"{docs[i]['title']}: {docs[i]['text']}" for i in top)
+        assert searchpool.pooled(*queries, k=3, pool=pool) == want
+    assert searchpool.pooled(*queries) == searchpool.pooled(*queries, k=2, pool="sum")
+    with pytest.raises(ValueError, match="pool must be"):
+        searchpool.pooled(*queries, pool="mean")
