@@ -21,9 +21,14 @@ Note [DCP metadata]: DCP's ``.metadata`` file is a pickle written by torch (the 
 run folder holds, and only under fsdp). It is read only after the manifest check has matched
 its sha256 (``verify_checkpoint``), so a damaged or swapped file is refused before it is read.
 
-A run folder on one machine (or a file system every rank sees) is assumed: each rank writes its
-own shard files there; :func:`save` checks that rank 0 sees every rank's files and stops with a
-clear error otherwise (FSDP across nodes without a shared run folder is not supported).
+Note [No shared run folder]: each rank writes its own shard files under the same (relative or
+absolute) path. On one machine, or a file system every rank sees, rank 0 then sees them all.
+Across nodes without a shared file system (the run folder lives on rank 0's node,
+docs/gpu.md), rank 0 lists the shard files DCP's metadata names that it does not see, and each
+is sent to it over the process group by the lowest rank that has it (point to point, in chunks,
+under the group's deadline); the other nodes' leftover copies are removed once rank 0 has
+renamed the checkpoint. ``--resume`` then ships the whole checkpoint to the ranks that cannot
+read it (``multinode.ship_checkpoint``), as for any checkpoint.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
         The checkpoint folder (the same path on every rank).
     Raises:
         ValueError: a model has a non-finite parameter on some rank (nothing is saved).
-        ConfigError: rank 0 does not see another rank's shard files (no shared run folder).
+        ConfigError: a shard file no rank has (Note [No shared run folder]).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -118,6 +123,7 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
     finally:  # every rank learns that one failed (dcp.save's own collectives report most of it)
         if _all_max(failed) and rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+    _collect_shards(tmp, sorted(models))  # Note [No shared run folder]
     final = root / f"step_{state.step}"
     error: BaseException | None = None
     if rank == 0:
@@ -130,7 +136,55 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
         if error is not None:
             raise error
         raise ConfigError.at(str(run_dir), "rank 0 could not finish the checkpoint (see its output)")
+    if rank != 0:  # another node's own copy of its shards (rank 0 renamed the one it sees)
+        shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+CHUNK = 64 << 20  # bytes per message when a shard file travels to rank 0
+
+
+def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
+    """Rank 0 receives the shard files under ``tmp`` that it does not see, each from the lowest rank
+    that has it (Note [No shared run folder]). A collective: every rank calls it after ``dcp.save``."""
+    import torch.distributed as tdist
+
+    rank, world = _dist()
+    if world == 1:
+        return
+    missing: list[str] = []
+    if rank == 0:
+        for name in policies:
+            d = dcp_path(tmp, name)
+            missing += [str((d / f).relative_to(tmp)) for f in _shard_files(d) if not (d / f).is_file()]
+    size = torch.tensor([len(json.dumps(missing).encode()) if rank == 0 else 0], dtype=torch.int64)
+    tdist.broadcast(size, src=0)
+    buf = torch.frombuffer(bytearray(json.dumps(missing).encode()), dtype=torch.uint8) if rank == 0 \
+        else torch.empty(int(size.item()), dtype=torch.uint8)
+    if buf.numel():
+        tdist.broadcast(buf, src=0)
+    missing = json.loads(bytes(buf.numpy().tobytes()).decode()) if rank != 0 else missing
+    for rel in missing:
+        has = torch.tensor([rank if (tmp / rel).is_file() else world], dtype=torch.int64)
+        tdist.all_reduce(has, op=tdist.ReduceOp.MIN)
+        src = int(has.item())
+        if src == world:  # nobody has it: _finish names it
+            continue
+        if rank == src:
+            data = (tmp / rel).read_bytes()
+            n = torch.tensor([len(data)], dtype=torch.int64)
+            tdist.send(n, dst=0)
+            for off in range(0, len(data), CHUNK):
+                tdist.send(torch.frombuffer(bytearray(data[off:off + CHUNK]), dtype=torch.uint8), dst=0)
+        elif rank == 0:
+            n = torch.empty(1, dtype=torch.int64)
+            tdist.recv(n, src=src)
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp / rel, "wb") as out:
+                for off in range(0, int(n.item()), CHUNK):
+                    chunk = torch.empty(min(CHUNK, int(n.item()) - off), dtype=torch.uint8)
+                    tdist.recv(chunk, src=src)
+                    out.write(chunk.numpy().tobytes())
 
 
 def _finish(run_dir: str | Path, tmp: Path, state: Any, models: Mapping[str, Any], tokenizers: Mapping[str, Any],
@@ -141,9 +195,9 @@ def _finish(run_dir: str | Path, tmp: Path, state: Any, models: Mapping[str, Any
     for name in models:
         missing = [f for f in _shard_files(dcp_path(tmp, name)) if not (dcp_path(tmp, name) / f).is_file()]
         if missing:
-            raise ConfigError.at(str(run_dir), f"rank 0 does not see the checkpoint shards {missing} of the other ranks",
-                                 why="sharded (fsdp) checkpoints need a run folder every rank writes to",
-                                 fix="put the run folder on a file system shared by the nodes")
+            raise ConfigError.at(str(run_dir), f"the checkpoint shards {missing} were written by no rank of the job",
+                                 why="DCP's metadata names them, but no rank has them after the save",
+                                 fix="check the disk of every node (a full or read-only disk on one of them)")
         out = ckpt.policy_path(tmp, name)
         model = models[name]
         model.config.save_pretrained(out)

@@ -161,3 +161,29 @@ def test_a_rank_killed_during_training_ends_the_job_with_a_resume_line(tmp_path)
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r["step"] for r in _rows(run)] == list(range(1, 9))
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoints_on_two_nodes_without_a_shared_run_folder(tmp_path):
+    """strategy=fsdp over two "nodes" (separate folders, a relative run folder): each rank writes
+    its own DCP shards on its own disk, rank 0 receives node 1's over the group, so node 0's
+    checkpoint is whole (it verifies: every shard the metadata names, checksummed) and node 1
+    keeps nothing; ``--resume`` then ships it to node 1 and the job goes on."""
+    from srpo_graph.train.checkpoint import verify_checkpoint
+    from srpo_graph.train.sharded_checkpoint import dcp_path
+
+    (tmp_path / "home").mkdir()
+    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
+    args = ["rollout.tasks_per_step=2", "rollout.samples=4", "eval.every=0", "logging.tensorboard=false",
+            "logging.plots=false", "checkpoint.every=1", "dist_timeout=120", "strategy=fsdp"]
+    n0, n1 = _nodes(tmp_path, "--steps", "1", "--run-dir", "runs/job", *args)
+    assert n0.returncode == 0 and n1.returncode == 0, (n0.stderr[-2000:], n1.stderr[-2000:])
+    ck = tmp_path / "node0" / "runs" / "job" / "checkpoints" / "step_1"
+    assert verify_checkpoint(ck) is None
+    assert {p.name for p in dcp_path(ck, "tiny").iterdir()} >= {"__0_0.distcp", "__1_0.distcp", ".metadata"}
+    assert not [p for p in (tmp_path / "node1").rglob("*.distcp")]  # node 1's copies removed
+    n0, n1 = _nodes(tmp_path, "--resume", "runs/job", "--steps", "2")
+    assert n0.returncode == 0 and n1.returncode == 0, (n0.stderr[-2000:], n1.stderr[-2000:])
+    assert "receiving it into" in n1.stderr
+    assert [r["step"] for r in _rows(tmp_path / "node0" / "runs" / "job")] == [1, 2]
+    shutil.rmtree(tmp_path / "home" / "received", ignore_errors=True)
