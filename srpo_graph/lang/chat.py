@@ -85,11 +85,11 @@ def chat_of(scope: Scope, a: ast.AgentDecl, policy: Policy | None, refs: list[Re
                 fields[word] = i.value.value
     if policy is None:
         return Chat(**fields)
-    if policy.external is not None and fields.get("memory") == "chat":
-        mem = next(i for i in items if isinstance(i, ast.MemoryItem))
-        scope.err(f"agent '{name}' keeps a chat (`memory: chat`) on policy '{policy.name}', an openai(...) "
-                  "endpoint that takes text, not token ids", mem.span,
-                  "drop `memory: chat` for this agent, or give it a local policy", "no-chat-template")
+    if policy.external is not None:  # every chat item: the runtime renders chats as token ids
+        first = items[0]
+        scope.err(f"agent '{name}' is a chat agent (`{_item_word(first)}`) on policy '{policy.name}', an "
+                  "openai(...) endpoint that takes text, not token ids", first.span,
+                  "drop `system`, `memory` and `think` for this agent, or give it a local policy", "no-chat-template")
     elif policy.external is None and has_chat_template(policy.model, scope.base_dir) is False:
         scope.err(f"agent '{name}' is a chat agent, but policy '{policy.name}' (model \"{policy.model}\") "
                   "has no chat template", items[0].span,
@@ -97,3 +97,10 @@ def chat_of(scope: Scope, a: ast.AgentDecl, policy: Policy | None, refs: list[Re
                   "qwen3-test`), or drop `system`, `memory` and `think` to send one plain prompt per turn",
                   "no-chat-template")
     return Chat(**fields)
+
+
+def _item_word(item) -> str:
+    """The keyword of a chat item (``system``, ``memory`` or ``think``)."""
+    if isinstance(item, ast.MemoryItem):
+        return "memory:"
+    return "think:" if isinstance(item, ast.ThinkItem) else "system:"

@@ -60,7 +60,7 @@ from srpo_graph.train.config import TrainConfig
 from srpo_graph.train.data import task_indices
 from srpo_graph.train.distributed import DistInfo
 from srpo_graph.train.rollout_stage import Rollouts, StepRollout, rollout
-from srpo_graph.train.rollout_worker import worker_of
+from srpo_graph.train.rollout_worker import close_worker, worker_of
 from srpo_graph.train.weight_gate import GatedBackend, WeightGate
 
 
@@ -180,7 +180,8 @@ class AsyncRollouts:
 
     def close(self) -> None:
         """Stop dispatching, let no new request start, join the threads (``close_seconds`` in all),
-        put the slots' own backends back, and count the batches sampled ahead that are dropped."""
+        put the slots' own backends back, close the rollout worker (if any), and count the batches
+        sampled ahead that are dropped."""
         with self._cond:
             self._stop = True
             self.dropped = sorted({*self._running, *self._results})
@@ -194,6 +195,7 @@ class AsyncRollouts:
         alive = [t.name for t in self._threads if t.is_alive()]
         for s, backend in self._original:
             s.backend = backend
+        close_worker(self.slots)  # the rollout worker, if any, as the synchronous stage closes it
         if self.dropped:
             print(f"srpo-graph train: {len(self.dropped)} batch(es) sampled ahead dropped (steps "
                   f"{self.dropped[0]}..{self.dropped[-1]}); --resume samples them again from their steps' seeds",

@@ -54,7 +54,8 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
     """Join the process group ``torchrun`` prepared (a no-op when WORLD_SIZE is unset or 1).
 
     Args:
-        device: ``cpu`` (gloo) or ``cuda`` (nccl; each rank takes GPU ``LOCAL_RANK``).
+        device: ``cpu`` (gloo) or ``cuda`` (nccl for CUDA tensors, gloo for the CPU tensors of the
+            byte collectives; each rank takes GPU ``LOCAL_RANK``).
         timeout: seconds any collective may wait for a rank (``dist_timeout``): a rank that died
             or stalls ends the others' collective with an error, never a hang.
     Returns:
@@ -74,7 +75,10 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
             torch.cuda.set_device(local)
         from datetime import timedelta
 
-        dist.init_process_group(backend="nccl" if device == "cuda" else "gloo", timeout=timedelta(seconds=timeout))
+        # on GPUs the byte collectives (episodes, configs, checkpoint files) still move CPU tensors:
+        # NCCL for CUDA tensors, gloo for CPU ones, one group
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device == "cuda" else "gloo",
+                                timeout=timedelta(seconds=timeout))
     return DistInfo(rank=rank, world_size=world, local_rank=local)
 
 

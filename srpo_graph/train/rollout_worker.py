@@ -154,6 +154,8 @@ class RolloutWorker:
         if self._broken is not None:
             raise BackendError(f"the {self.name} was stopped earlier: {self._broken}")
         with self._lock:
+            if self._broken is not None:  # broken by the exchange this one waited for (another thread's)
+                raise BackendError(f"the {self.name} was stopped earlier: {self._broken}")
             try:
                 return fn(*args)
             except WorkerRefused:

@@ -121,24 +121,29 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
         failed = 1
         raise
     finally:  # every rank learns that one failed (dcp.save's own collectives report most of it)
-        if _all_max(failed) and rank == 0:
+        any_failed = _all_max(failed)
+        if any_failed and rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-    _collect_shards(tmp, sorted(models))  # Note [No shared run folder]
-    final = root / f"step_{state.step}"
-    error: BaseException | None = None
-    if rank == 0:
-        try:
-            final = _finish(run_dir, tmp, state, models, tokenizers, schedulers, keep_last)
-        except BaseException as exc:  # the other ranks learn of it below, then rank 0 raises it
+    try:
+        if any_failed:  # reached by the ranks whose own shards were written: they stop too, none waits
+            raise ConfigError.at(str(run_dir), "another rank could not write its checkpoint shards (see its output)")
+        _collect_shards(tmp, sorted(models))  # Note [No shared run folder]
+        final = root / f"step_{state.step}"
+        error: BaseException | None = None
+        if rank == 0:
+            try:
+                final = _finish(run_dir, tmp, state, models, tokenizers, schedulers, keep_last)
+            except BaseException as exc:  # the other ranks learn of it below, then rank 0 raises it
+                shutil.rmtree(tmp, ignore_errors=True)
+                error = exc
+        if _all_max(int(error is not None)):
+            if error is not None:
+                raise error
+            raise ConfigError.at(str(run_dir), "rank 0 could not finish the checkpoint (see its output)")
+        return final
+    finally:
+        if rank != 0:  # another node's own copy of its shards (rank 0 renamed the one it sees, or removed it)
             shutil.rmtree(tmp, ignore_errors=True)
-            error = exc
-    if _all_max(int(error is not None)):
-        if error is not None:
-            raise error
-        raise ConfigError.at(str(run_dir), "rank 0 could not finish the checkpoint (see its output)")
-    if rank != 0:  # another node's own copy of its shards (rank 0 renamed the one it sees)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 CHUNK = 64 << 20  # bytes per message when a shard file travels to rank 0

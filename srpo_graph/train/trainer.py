@@ -56,6 +56,7 @@ from srpo_graph.train.precision import enable_gradient_checkpointing
 from srpo_graph.train.progress import ProgressBar
 from srpo_graph.train.rank_rollout import samples_on_every_rank
 from srpo_graph.train.rollout_stage import rollout
+from srpo_graph.train.rollout_worker import close_worker
 from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
 from srpo_graph.train.runlock import lock_run_dir
 from srpo_graph.train.sglang_rollout import server_scope, with_backend_defaults
@@ -269,49 +270,53 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) \
         if samplers and not config.rollout.worker else ([], {})  # a rollout worker loads its own
     slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
-    frozen.update(frozen_backends)
-    state = ckpt.LoopState(step=0, cursor=0)
-    if resume_from is not None:
-        state = ckpt.load_checkpoint(
-            resume_from, optimizers={s.name: s.optimizer for s in slots},
-            schedulers={s.name: s.scheduler for s in slots})
-        started_with = state.extra.get("workflow")
-        if started_with is not None and started_with != wf.name:
-            raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
-                                 f"({workflow_path})", fix="resume with the .wf file the run was started with")
-        for s in slots:
-            s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
-    compile_cfg = config.compile.model_copy(update={"policies": tuple(s.name for s in slots),
-                                                    "frozen_policies": frozen_policies.frozen_policies(wf)})
-    writer = None
-    if dist.is_main:
-        if resume_from is None:  # before anything is written: a refused folder keeps all it had
-            _clear_previous_run(run_dir, overwrite=config.overwrite or restart, quiet=restart)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # stop_after_step belongs to this invocation only: a resumed run must not stop again
-        write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
-                                               "overwrite": False}),
-                     run_dir / "config.toml")
-        if resume_from is None:
-            record_workflow(run_dir, wf, workflow_path)
-        truncate_after(run_dir / "metrics.jsonl", state.step)
-        sinks = []
-        if config.logging.wandb:  # optional extra: Weights & Biases (train/wandb_log.py)
-            from srpo_graph.train.wandb_log import WandbSink
+    try:  # from here a rollout worker may run: set-up that fails must not leave it behind
+        frozen.update(frozen_backends)
+        state = ckpt.LoopState(step=0, cursor=0)
+        if resume_from is not None:
+            state = ckpt.load_checkpoint(
+                resume_from, optimizers={s.name: s.optimizer for s in slots},
+                schedulers={s.name: s.scheduler for s in slots})
+            started_with = state.extra.get("workflow")
+            if started_with is not None and started_with != wf.name:
+                raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
+                                     f"({workflow_path})", fix="resume with the .wf file the run was started with")
+            for s in slots:
+                s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
+        compile_cfg = config.compile.model_copy(update={"policies": tuple(s.name for s in slots),
+                                                        "frozen_policies": frozen_policies.frozen_policies(wf)})
+        writer = None
+        if dist.is_main:
+            if resume_from is None:  # before anything is written: a refused folder keeps all it had
+                _clear_previous_run(run_dir, overwrite=config.overwrite or restart, quiet=restart)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            # stop_after_step belongs to this invocation only: a resumed run must not stop again
+            write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
+                                                   "overwrite": False}),
+                         run_dir / "config.toml")
+            if resume_from is None:
+                record_workflow(run_dir, wf, workflow_path)
+            truncate_after(run_dir / "metrics.jsonl", state.step)
+            sinks = []
+            if config.logging.wandb:  # optional extra: Weights & Biases (train/wandb_log.py)
+                from srpo_graph.train.wandb_log import WandbSink
 
-            lg = config.logging
-            sinks.append(WandbSink(run_dir, project=lg.wandb_project, entity=lg.wandb_entity, name=lg.wandb_name,
-                                   config=config.model_dump(mode="json")))
-        writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
-                               purge_step=state.step + 1 if resume_from is not None else None, sinks=sinks)
-    rewards: list[float] = [r for r in state.extra.get("rewards", [])]
-    evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
-    last_ckpt = str(resume_from) if resume_from else None
-    first_step = state.step
-    bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
-    report = FailureReport(enabled=dist.is_main)
-    completed = False
-    rollouts = make_rollouts(wf, train_tasks, slots, config, dist, frozen)  # max_staleness >= 1: overlapped
+                lg = config.logging
+                sinks.append(WandbSink(run_dir, project=lg.wandb_project, entity=lg.wandb_entity, name=lg.wandb_name,
+                                       config=config.model_dump(mode="json")))
+            writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
+                                   purge_step=state.step + 1 if resume_from is not None else None, sinks=sinks)
+        rewards: list[float] = [r for r in state.extra.get("rewards", [])]
+        evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
+        last_ckpt = str(resume_from) if resume_from else None
+        first_step = state.step
+        bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
+        report = FailureReport(enabled=dist.is_main)
+        completed = False
+        rollouts = make_rollouts(wf, train_tasks, slots, config, dist, frozen)  # max_staleness >= 1: overlapped
+    except BaseException:
+        close_worker(slots)
+        raise
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):

@@ -83,3 +83,14 @@ def test_located_errors(old, new, at, words):
     line = next(i for i, text in enumerate(source.splitlines(), 1) if new in text)
     col = source.splitlines()[line - 1].index(at) + 1
     assert (hits[0].span.line, hits[0].span.col) == (line, col), str(e.value)
+
+
+@pytest.mark.parametrize("item", ['system: "You check."', "memory: chat", "think: strip", "memory: none"])
+def test_every_chat_item_on_an_external_policy_is_a_located_error(item):
+    """An openai(...) endpoint takes text: any chat item (which the runtime renders as token ids) is
+    refused by `check`, at the item's line, not at run time."""
+    src = OK.replace('agent x { policy: api prompt: "{s}"', f'agent x {{ policy: api {item} prompt: "{{s}}"')
+    with pytest.raises(WorkflowCheckError) as info:
+        check(parse(src, "fv.wf"))
+    d = info.value.diagnostics[0]
+    assert d.code == "no-chat-template" and d.span.line == 9 and "openai(...) endpoint" in d.message
