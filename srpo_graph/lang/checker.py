@@ -316,6 +316,8 @@ class _Checker(Scope):
                          i.call.span, "annotate its return type (str, int, float, bool, list[...], dict, or "
                          "Literal[\"a\", \"b\"] for a choice a route can read: distinct identifier labels)",
                          "bad-signature")
+        if call is None or call[1] is None:  # not imported: its return type is unknown
+            self.untyped_tools.add(name.value)
         self.tool_types[name.value] = t if t is not None else TextType()
 
     def _top_level(self, items):

@@ -104,6 +104,9 @@ class Scope:
         self.policies: dict[str, Policy] = {}
         self.agent_types: dict[str, WfType] = {}
         self.tool_types: dict[str, WfType] = {}
+        # tools whose function was not imported (`check --no-import`, the editor, a failed import):
+        # their values' types are unknown, so what reads them is not judged on a guess
+        self.untyped_tools: set[str] = set()
 
     def err(self, message: str, span: Span | None, hint: str, code: str = "E", related: Any = ()) -> None:
         """Report an error: what (``message``), where (``span``), how to fix it (``hint``, required:
@@ -165,6 +168,8 @@ class Scope:
         elif head in self.agent_types and allow_agents:
             t, where = self.agent_types[head], head
         elif head in self.tool_types:
+            if head in self.untyped_tools:
+                return None
             t, where = self.tool_types[head], head
         else:
             names = list(self.agent_types) + list(self.tool_types) + ["task"]

@@ -28,9 +28,14 @@ def test_there_are_examples_to_train():
 @pytest.mark.slow
 @pytest.mark.parametrize("wf", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_trains_one_step(wf, tmp_path):
+    from srpo_graph.lang import load_workflow
+
+    # chat agents need a chat template, which the tiny model has not: a Qwen3-shaped test model then
+    chat = any(a.chat is not None for a in load_workflow(wf).agents)
     cfg = validate({
         "steps": 1, "run_dir": str(tmp_path / wf.stem),
-        "rollout": {"tasks_per_step": 2, "samples": 2, "models": {"*": "tiny"}, "max_tokens": 4},
+        "rollout": {"tasks_per_step": 2, "samples": 2, "models": {"*": "qwen3-test" if chat else "tiny"},
+                    "max_tokens": 4},
         "eval": {"every": 0}, "logging": {"progress": False, "tensorboard": False, "plots": False},
     })
     summary = train(wf, cfg)

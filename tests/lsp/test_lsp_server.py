@@ -382,7 +382,7 @@ def _apply(text: str, edits: list[lsp.TextEdit]) -> str:
 
 
 @pytest.mark.parametrize("needle,delta,old,new,count", [
-    ("agent reader", 7, "reader", "judge", 10),  # 5 prompts, decl, activate, consume, route, reward
+    ("agent reader", 7, "reader", "judge", 5),  # decl, activate, consume, route, reward (chat agents: no prompt reads it)
     ("transition search", 11, "search", "lookup", 1),  # not the `search` choice label of the reader
     ("policy qwen", 7, "qwen", "base", 7), ("tool d3", 5, "d3", "docs3", 2), ("{task.question}", 6, "question", "query", 7),
 ])

@@ -20,6 +20,9 @@ WORKFLOWS = sorted((REPO / "workflows").glob("*.wf"))
 
 
 def _task_file(wf) -> Path:
+    own = REPO / "workflows/tasks" / f"{wf.name}.jsonl"  # a workflow's own task file, where it has one
+    if own.is_file():
+        return own
     fields = {name for name, _ in wf.task_fields}
     if "route" in fields:
         return REPO / "workflows/tasks/routed.jsonl"
@@ -36,14 +39,25 @@ def tiny():
     return TransformersBackend.from_pretrained(str(ensure_tiny_model()))
 
 
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A chat model (Qwen3-shaped, its BPE tokenizer and chat template) for the chat-agent examples."""
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.architectures import ensure_local_model
+
+    return TransformersBackend.from_pretrained(str(ensure_local_model("qwen3-test", tmp_path_factory.mktemp("q3"))))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
-def test_example_workflow_compiles_and_recomputes(path, tiny):
+def test_example_workflow_compiles_and_recomputes(path, request):
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
 
     wf = load_workflow(path)
+    # chat agents need a chat template: the tiny model has none (the checker's no-chat-template)
+    tiny = request.getfixturevalue("chat_model" if any(a.chat is not None for a in wf.agents) else "tiny")
     tasks = load_tasks(_task_file(wf), wf)[: 1 if path.stem.startswith("math") else 2]
     result = run(wf, tasks, {p.name: tiny for p in wf.policies}, samples=2, seed=0)
     batch = compile(result.episodes, CompileConfig(policies=tuple(p.name for p in wf.policies)))
