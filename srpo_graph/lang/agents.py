@@ -11,7 +11,7 @@ from __future__ import annotations
 from srpo_graph.errors import Span
 from srpo_graph.lang import ast
 from srpo_graph.lang.callables import return_annotation, returns_fit
-from srpo_graph.lang.chat import chat_of
+from srpo_graph.lang.chat import chat_of, template_parts
 from srpo_graph.lang.scope import ITEM_WORD, Scope, close_names, ret_str
 from srpo_graph.workflow import (
     Agent,
@@ -70,16 +70,7 @@ def build_agent(scope: Scope, a: ast.AgentDecl) -> Agent:
     if prompt is None:
         scope.err(f"agent '{name}' has no prompt", a.name.span, 'add `prompt: "..."`', "missing-prompt")
     refs: list[Ref] = []
-    parts: list[TextPart | Ref] = []
-    if prompt is not None:
-        for p in prompt.template.parts:
-            if isinstance(p, ast.Ref):
-                scope.ref_type(p)
-                r = Ref(path=p.path, optional=p.optional, span=p.span)
-                refs.append(r)
-                parts.append(r)
-            else:
-                parts.append(TextPart(text=p.text))
+    parts: list[TextPart | Ref] = template_parts(scope, prompt.template, refs) if prompt is not None else []
     chat = chat_of(scope, a, scope.policies.get(pol.policy.value) if pol else None, refs)
     scope.uses.agent_refs[name] = refs
     sampling = sampling_of(scope, by_kind.get(ast.SampleItem, [None])[0])

@@ -66,16 +66,7 @@ def chat_of(scope: Scope, a: ast.AgentDecl, policy: Policy | None, refs: list[Re
     fields: dict = {}
     for i in items:
         if isinstance(i, ast.SystemItem):
-            parts: list[TextPart | Ref] = []
-            for p in i.template.parts:
-                if isinstance(p, ast.Ref):
-                    scope.ref_type(p)
-                    r = Ref(path=p.path, optional=p.optional, span=p.span)
-                    refs.append(r)
-                    parts.append(r)
-                else:
-                    parts.append(TextPart(text=p.text))
-            fields["system"] = Template(parts=tuple(parts), span=i.template.span)
+            fields["system"] = Template(parts=tuple(template_parts(scope, i.template, refs)), span=i.template.span)
         else:
             word, allowed = ("memory", MEMORY) if isinstance(i, ast.MemoryItem) else ("think", THINK)
             if i.value.value not in allowed:
@@ -104,3 +95,18 @@ def _item_word(item) -> str:
     if isinstance(item, ast.MemoryItem):
         return "memory:"
     return "think:" if isinstance(item, ast.ThinkItem) else "system:"
+
+
+def template_parts(scope, template, refs: list[Ref]) -> list[TextPart | Ref]:
+    """A template's parts, each reference typed (errors reported by ``scope``) and added to ``refs``:
+    the one reading of a prompt or a system prompt."""
+    parts: list[TextPart | Ref] = []
+    for p in template.parts:
+        if isinstance(p, ast.Ref):
+            scope.ref_type(p)
+            r = Ref(path=p.path, optional=p.optional, span=p.span)
+            refs.append(r)
+            parts.append(r)
+        else:
+            parts.append(TextPart(text=p.text))
+    return parts
