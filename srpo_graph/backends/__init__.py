@@ -122,13 +122,17 @@ def _sglang(model: str, options: SGLangOptions, *, device: str = "cpu", **kw: An
     from srpo_graph.models.tiny import load_tokenizer
 
     path = resolve_model(model)
-    if "vocab_size" not in kw:  # logit rows, for `allow:` (the tokenizer may have fewer entries)
+    if "vocab_size" not in kw or "context_length" not in kw:
         from transformers import AutoConfig
 
+        from srpo_graph.backends.base import context_length_of
+
         try:
-            kw["vocab_size"] = AutoConfig.from_pretrained(path).vocab_size
+            config = AutoConfig.from_pretrained(path)
         except (OSError, ValueError):
-            kw["vocab_size"] = None  # constrained requests will then say what is missing
+            config = None  # constrained requests will then say what is missing; lengths go unchecked
+        kw.setdefault("vocab_size", getattr(config, "vocab_size", None))  # logit rows, for `allow:`
+        kw.setdefault("context_length", context_length_of(config))
     kw = {"timeout": options.timeout, "max_retries": options.retries, "worker_urls": list(options.workers) or None,
           "sync": options.sync, "sync_options": {"bucket_bytes": int(options.sync_bucket_mb * (1 << 20)),
                                                  "master_address": options.sync_address,

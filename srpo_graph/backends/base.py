@@ -60,9 +60,33 @@ class Completion:
     text: str | None = None  # a text-only backend's answer (then no ids and no log-probs)
 
 
+def context_length_of(config: Any) -> int | None:
+    """The most positions a model takes (prompt + completion), from its config: the text
+    config's ``max_position_embeddings`` (``n_positions`` or ``max_sequence_length`` in older
+    configs); None when the config says none.
+
+    >>> from types import SimpleNamespace
+    >>> context_length_of(SimpleNamespace(max_position_embeddings=32768)), context_length_of(None)
+    (32768, None)
+    """
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(text, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """An inference engine. ``tokenizer`` is a Hugging Face tokenizer for its model."""
+    """An inference engine. ``tokenizer`` is a Hugging Face tokenizer for its model.
+
+    A backend may also say ``context_length`` (int, or None when unknown): the most positions
+    its model takes, prompt and completion together; the executor fails an episode whose next
+    request would not fit (runtime/executor.py) instead of sending it.
+    """
 
     tokenizer: Any
     weight_version: int

@@ -115,6 +115,9 @@ class SGLangBackend:
             routes, so list its workers here).
         weight_dir: directory, readable by every server, where ``sync_weights`` saves models.
         vocab_size: the model's vocabulary size (logit rows); needed for ``allow:`` requests.
+        context_length: the most positions the served model takes (prompt + completion; None:
+            unknown). The executor fails an episode whose request would not fit, naming the
+            agent and turn, instead of sending it (the server would refuse it).
         send_seed: also send ``sampling_seed`` per request (only honoured by servers in
             deterministic mode; off by default because older servers reject the key).
         sync: how ``sync_weights`` moves weights: ``"distributed"`` (streamed over a process
@@ -131,7 +134,8 @@ class SGLangBackend:
 
     def __init__(self, url: str, tokenizer: Any, *, timeout: float = 300.0, max_retries: int = 4,
                  backoff: float = 0.5, concurrency: int = 64, worker_urls: Sequence[str] | None = None,
-                 weight_dir: str | Path | None = None, vocab_size: int | None = None, send_seed: bool = False,
+                 weight_dir: str | Path | None = None, vocab_size: int | None = None,
+                 context_length: int | None = None, send_seed: bool = False,
                  check_health: bool = True, weight_owner: str | None = None, sync: str = "disk",
                  sync_options: dict[str, Any] | None = None):
         import httpx
@@ -146,6 +150,7 @@ class SGLangBackend:
         self.weight_dir = Path(weight_dir) if weight_dir else Path.home() / ".cache" / "srpo-graph" / "sglang-weights"
         self.weights = WeightFolder(self.weight_dir, weight_owner)  # who may write/delete there (weight_dir.py)
         self.vocab_size = int(vocab_size) if vocab_size else None
+        self.context_length = int(context_length) if context_length else None
         self.send_seed = send_seed
         if sync not in ("auto", "distributed", "disk"):
             raise BackendError(f"field `rollout.sglang.sync`: {sync!r} is not one of auto, distributed, disk")

@@ -176,6 +176,7 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     """
     from transformers import AutoConfig
 
+    from srpo_graph.backends.base import context_length_of
     from srpo_graph.backends.sglang_server import (
         SGLangServer,
         launch_command,
@@ -223,12 +224,14 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     for group, where in plan:
         url = where if isinstance(where, str) else where.wait_healthy(options.health_timeout).url
         try:
-            vocab = AutoConfig.from_pretrained(group[0].model_path).vocab_size
+            config = AutoConfig.from_pretrained(group[0].model_path)
         except (OSError, ValueError):
-            vocab = None
+            config = None
+        vocab, context = getattr(config, "vocab_size", None), context_length_of(config)
         for p in group:
             b = SGLangAdapterBackend(url, p.tokenizer, adapter=p.model.lora_name, timeout=options.timeout,
                                      max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab,
+                                     context_length=context,
                                      weight_owner=run_owner(run_dir))
             b.sync_weights(p.model, 0)  # the adapter as initialised (a resumed run syncs its own version next)
             backends[p.name] = b

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from srpo_graph.backends.base import Completion, GenerationRequest
+from srpo_graph.backends.base import Completion, GenerationRequest, context_length_of
 from srpo_graph.backends.sampling import RowParams, sample
 from srpo_graph.errors import BackendError
 
@@ -31,6 +31,18 @@ def cache_of(out: Any) -> Any:
     """The KV cache of a forward's output: ``cache`` (the role adapters' wrapper), else ``past_key_values``."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def end_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """Every id that ends a sample: the model config's ``eos_token_id`` (an id or a list), its
+    ``generation_config``'s (instruct models list more there, e.g. Qwen2.5's ``<|im_end|>`` and
+    ``<|endoftext|>``) and the tokenizer's ``eos_token_id`` -- the set SGLang stops at, so both
+    backends end a sample at the same token."""
+    found: list[Any] = []
+    for source in (getattr(model, "config", None), getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        found += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    return tuple(sorted({int(e) for e in found if e is not None}))
 
 
 class TransformersBackend:
@@ -55,11 +67,8 @@ class TransformersBackend:
         self.weight_version = 0
         self.model.to(self.device)
         self.model.eval()
-        eos = getattr(model.config, "eos_token_id", None)
-        eos = eos if isinstance(eos, (list, tuple)) else [eos]
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            eos = [*eos, tokenizer.eos_token_id]
-        self.eos_ids = tuple(sorted({int(e) for e in eos if e is not None}))
+        self.eos_ids = end_ids(model, tokenizer)
+        self.context_length = context_length_of(getattr(model, "config", None))
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])

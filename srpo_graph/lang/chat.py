@@ -4,9 +4,10 @@ Consumes an agent's chat items and the policies declared so far; produces the ag
 :class:`~srpo_graph.workflow.Chat` (None for a plain agent). Rules: ``memory`` is ``chat`` or
 ``none``, ``think`` is ``keep`` or ``strip``, references in ``system`` are checked like a
 prompt's, an ``openai(...)`` policy cannot keep a token-level conversation, and a chat agent's
-policy must have a chat template when its tokenizer is on this machine (a model folder, or a
-model built locally under the srpo-graph home, e.g. ``qwen3-test`` once built): the folder's
-``chat_template.jinja`` or the ``chat_template`` of its ``tokenizer_config.json``. A hub name
+policy must have a chat template when its tokenizer is on this machine (a model folder: its
+``chat_template.jinja`` or the ``chat_template`` of its ``tokenizer_config.json``) or when it is one
+of the models srpo-graph builds here, known by name before it is built (``tiny``, ``tiny-reason``
+and ``tiny-search`` have none; ``qwen3-test`` and the other ``FAMILY-SIZE`` models have one). A hub name
 not on disk is not looked up; the runtime refuses it at start (``runtime/chat.py``).
 Reading a JSON file is all this does: no tokenizer, no transformers.
 """
@@ -31,12 +32,38 @@ def _home() -> Path:
     return Path(home) if home else Path.home() / ".cache" / "srpo-graph"
 
 
+# The models srpo-graph builds here (srpo_graph/models: ``local_names()``), known before they are
+# built: the char-level tiny model and the recipes have no chat template, every Qwen/Llama-shaped
+# ``FAMILY-SIZE`` model has its family's (lang may not import models: tests/models keeps these in step).
+PLAIN_LOCAL_MODELS = ("tiny", "tiny-reason", "tiny-search")
+CHAT_FAMILIES = ("qwen2.5", "qwen3", "llama3")
+CHAT_SIZES = ("test", "mid", "scale")
+
+
+def builtin_chat_template(model: str) -> bool | None:
+    """Whether the locally built model ``model`` has a chat template (None: not one of them).
+
+    >>> builtin_chat_template("tiny-search"), builtin_chat_template("qwen3-test"), builtin_chat_template("x/y")
+    (False, True, None)
+    """
+    if model in PLAIN_LOCAL_MODELS:
+        return False
+    family, _, size = model.rpartition("-")
+    return True if family in CHAT_FAMILIES and size in CHAT_SIZES else None
+
+
 def has_chat_template(model: str, base_dir: Path | None = None) -> bool | None:
-    """Whether the local tokenizer of ``model`` has a chat template (None: no local tokenizer).
+    """Whether the local tokenizer of ``model`` has a chat template (None: no local tokenizer);
+    a model srpo-graph builds is known by name, built or not (:func:`builtin_chat_template`).
 
     >>> has_chat_template("no/such-model") is None
     True
+    >>> has_chat_template("tiny-reason")
+    False
     """
+    known = builtin_chat_template(model)
+    if known is not None and not (base_dir is not None and (base_dir / model).is_dir()):
+        return known
     candidates = [Path(model)]
     if base_dir is not None:
         candidates.append(base_dir / model)

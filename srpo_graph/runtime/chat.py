@@ -24,12 +24,20 @@ prompt, encoded once. Turn k > 1 (``memory: chat``) is
   A placeholder, not the sampled text, goes through the template, so a template that rewrites
   assistant content (Qwen3 drops earlier think blocks) cannot change what was sampled.
 * The new messages of a turn come from the firings since the agent's last turn that consumed
-  that turn or activated this one, in firing order: the outputs of *other* agents each consumed,
+  that turn or activated this one (every firing that activated it while it was pending, not
+  only the first), in firing order: the outputs of *other* agents each consumed,
   as user messages (their text after any think block), then its tool results, in the
   template's ``tool`` role (``user`` where the template has none) -- except the choice-typed
   ones, which are route labels, not content. Firings that bring nothing new (the agent
   activated itself, no tools) send the agent's prompt template rendered again as the user
   message.
+
+Note [Think by text]
+~~~~~~~~~~~~~~~~~~~~
+``think: strip`` finds the block by text, as the template does: a model may sample ``</think>``
+as its one special token or as ordinary BPE pieces (``</``, ``think``, ``>``), and a piece may
+run on past it (``>\n\n``); both are cut at the same character. The one-token id is only a fast
+path, so any tokenizer can strip (a Llama-shaped model that writes think blocks too).
 
 Each turn is its own trace output with its own ``prompt_ids``; the trainer scores each output's
 completion given that output's prompt ids, so every trained id is an id the sampler produced
@@ -72,7 +80,7 @@ class ChatPlan:
     eot_id: int  # the end-of-turn token (the chat tokenizer's eos)
     eot_text: str
     tool_role: str  # "tool" where the template renders it, else "user"
-    think_close_id: int | None  # the id of `</think>` when it is one token
+    think_close_id: int | None  # the id of `</think>` when it is one token (a fast path; Note [Think by text])
     _newline_only: dict = field(default_factory=dict, repr=False, compare=False)
 
     def render(self, messages: Sequence[dict[str, str]]) -> str:
@@ -82,13 +90,27 @@ class ChatPlan:
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
 
     def strip_think(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """``ids`` without the think block: everything up to the last ``</think>`` and the
-        newlines right after it (a token that starts with newlines and goes on is re-encoded
-        without them: the only ids here not sampled as such, and the template's own cut)."""
+        """``ids`` without the think block: everything up to the end of the last ``</think>`` and the
+        newlines right after it, as Qwen3's template cuts the text (Note [Think by text]).
+
+        The ids after the cut are the sampled ones, except the token that holds the cut when the
+        cut falls inside it (``</think>`` sampled as BPE pieces, e.g. ``</`` ``think`` ``>\n\nThe``,
+        or a token that starts with newlines and goes on): what of its text is kept is re-encoded,
+        the only ids here not sampled as such -- and the template's own cut.
+        """
         ids = tuple(ids)
-        if self.think_close_id is None or self.think_close_id not in ids:
+        text = self.tokenizer.decode(list(ids))
+        if THINK_CLOSE not in text:
             return ids
-        rest = ids[len(ids) - 1 - ids[::-1].index(self.think_close_id) + 1:]
+        k = len(ids) - ids[::-1].index(self.think_close_id) if self.think_close_id in ids else 0
+        if k and THINK_CLOSE not in self.tokenizer.decode(list(ids[k:])):
+            extra = ""  # the last close is the one special token
+        else:
+            k, extra = self._after_last_close(ids, text.count(THINK_CLOSE))
+        rest = ids[k:]
+        extra = extra.lstrip("\n")
+        if extra:  # the cut fell inside a token: its kept text, re-encoded
+            return self.encode(extra) + rest
         while rest and self._is_newlines(rest[0]):
             rest = rest[1:]
         if rest and rest[0] != self.eot_id:
@@ -96,6 +118,20 @@ class ChatPlan:
             if first.startswith("\n"):
                 rest = self.encode(first.lstrip("\n")) + rest[1:]
         return rest
+
+    def _after_last_close(self, ids: tuple[int, ...], closes: int) -> tuple[int, str]:
+        """(k, text): the shortest prefix ``ids[:k]`` whose text holds all ``closes`` copies of
+        ``</think>`` (a binary search on decoded prefixes: the count only grows with k), and the
+        text of that prefix after the last copy (the part of token k - 1 past the cut)."""
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.tokenizer.decode(list(ids[:mid])).count(THINK_CLOSE) >= closes:
+                hi = mid
+            else:
+                lo = mid + 1
+        head = self.tokenizer.decode(list(ids[:lo]))
+        return lo, head[head.rfind(THINK_CLOSE) + len(THINK_CLOSE):]
 
     def _is_newlines(self, tid: int) -> bool:
         if tid not in self._newline_only:
@@ -108,8 +144,8 @@ def chat_plan(agent: Agent, tokenizer: Any) -> ChatPlan:
     """The :class:`ChatPlan` of a chat agent.
 
     Raises:
-        RuntimeFailure: a text-only policy, a tokenizer without a chat template or end-of-turn
-            token, or ``think: strip`` on a tokenizer without a one-token ``</think>``.
+        RuntimeFailure: a text-only policy, or a tokenizer without a chat template or end-of-turn
+            token.
     """
     from srpo_graph.runtime.episode import at_node
 
@@ -126,10 +162,6 @@ def chat_plan(agent: Agent, tokenizer: Any) -> ChatPlan:
                                             "has no end-of-turn (eos) token"))
     close = tokenizer.convert_tokens_to_ids(THINK_CLOSE)
     close = close if isinstance(close, int) and close != getattr(tokenizer, "unk_token_id", None) else None
-    if agent.chat.think == "strip" and close is None:
-        raise RuntimeFailure(at_node(agent, f"chat agent {agent.name!r}: `think: strip` needs a tokenizer with a "
-                                            f"`{THINK_CLOSE}` token (a Qwen3-style model); policy {agent.policy!r} "
-                                            "has none"))
     return ChatPlan(agent, tokenizer, int(eot), tokenizer.convert_ids_to_tokens(int(eot)),
                     _tool_role(tokenizer), close)
 
@@ -151,10 +183,10 @@ def _after_think(text: str) -> str:
 def delta_messages(ep: Any, cp: ChatPlan, previous: Any) -> list[dict[str, str]]:
     """The new messages of a chat agent's next turn (Note [Token in, token out]): from the firings
     since its ``previous`` output that consumed it or activated this turn, in firing order."""
-    by = ep.activator.get(cp.agent.name)
+    by = set(ep.activations.get(cp.agent.name, ()))  # every firing that activated this turn
     messages: list[dict[str, str]] = []
     for record in ep.records[previous.step:]:
-        if previous.id not in record.consumed and record.id != by:
+        if previous.id not in record.consumed and record.id not in by:
             continue
         messages += [{"role": "user", "content": _after_think(o.text)}
                      for o in (ep.outputs[int(oid[1:])] for oid in record.consumed) if o.agent != cp.agent.name]

@@ -131,6 +131,9 @@ class EpisodeRun:
         self.state = State(task=dict(task))
         self.pending: list[str] = []  # activated agents without an output yet, in activation order
         self.activator: dict[str, str | None] = {}  # pending agent -> the record id that activated it (None = start)
+        # pending agent -> every firing that activated it while pending, in order (the first is
+        # ``activator``'s): a chat agent's next turn carries the messages of all of them
+        self.activations: dict[str, list[str]] = {}
         self.fresh: dict[str, list[str]] = {}  # agent -> unconsumed output ids (never an empty list)
         self.superseded: list[str] = []  # older fresh outputs the next recorded firing supersedes
         self.outputs: list[Output] = []
@@ -199,6 +202,7 @@ class EpisodeRun:
             self.fail(error, kind)
             return
         self.pending.remove(agent.name)
+        self.activations.pop(agent.name, None)
         self.fresh.setdefault(agent.name, []).append(oid)
         self.state.values[agent.name] = value
 
@@ -305,9 +309,12 @@ class EpisodeRun:
         for a in names:
             if a == END:
                 self.end_activated = True
-            elif a not in self.pending:
-                self.pending.append(a)
-                self.activator[a] = by  # provenance: the firing that caused this output
+            else:
+                if a not in self.pending:
+                    self.pending.append(a)
+                    self.activator[a] = by  # provenance: the firing that caused this output
+                if by is not None:
+                    self.activations.setdefault(a, []).append(by)
 
     def _call_reward(self, call: Call) -> float:
         args, kwargs = call_args(call, self.state)

@@ -283,7 +283,8 @@ def _requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan]
     Each output's seed and request id come from its episode and its index there
     (``len(ep.outputs)`` plus the episode's requests earlier in ``work``), never from the batch;
     every request carries its rendered prompt as ``prompt_text`` (a text-only external policy
-    sends that). An episode whose prompt cannot be rendered is failed here (kind ``prompt``).
+    sends that). An episode whose prompt cannot be rendered, or whose request would not fit in
+    the backend's ``context_length`` (:func:`_over_context`), is failed here (kind ``prompt``).
     """
     rendered: list[tuple[EpisodeRun, AgentPlan, str]] = []
     chat_ids: dict[int, tuple[int, ...]] = {}  # chat agents' prompts come from their conversation
@@ -317,11 +318,34 @@ def _requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, AgentPlan]
         n = len(ep.outputs) + k
         req = plan.request(prompt, seed=output_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}",
                            prompt_text=text)
+        too_long = _over_context(ep, plan, req, backends[plan.agent.policy])
+        if too_long:
+            ep.fail(too_long, "prompt")
+            continue
         key = id(backends[plan.agent.policy])
         batch = batches.setdefault(key, [])
         order.append((key, len(batch)))
         batch.append((ep, plan, req))
     return batches, order
+
+
+def _over_context(ep: EpisodeRun, plan: AgentPlan, req: GenerationRequest, backend: Backend) -> str | None:
+    """Why ``req`` cannot be sent (its prompt and ``max_tokens`` do not fit in the backend's
+    ``context_length``), naming the agent and its turn; None when it fits or the length is unknown.
+    A chat agent's conversation grows with every turn, so this is where a long one ends."""
+    limit = getattr(backend, "context_length", None)
+    need = len(req.prompt_ids) + int(req.max_new_tokens)
+    if not limit or need <= limit:
+        return None
+    agent = plan.agent
+    turn = 1 + sum(o.agent == agent.name for o in ep.outputs)
+    grows = agent.chat is not None and agent.chat.memory == "chat"
+    return at_node(agent, f"agent {agent.name!r}, turn {turn}: the prompt ({len(req.prompt_ids)} tokens) and "
+                          f"max_tokens ({req.max_new_tokens}) need {need} positions, more than the "
+                          f"{limit} of policy {agent.policy!r}'s model"
+                   + ("; its conversation (`memory: chat`) grew past the context: bound the cycle with "
+                      "`max_rounds`, lower `max_tokens`, or use `memory: none`" if grows else
+                      "; shorten the prompt or lower `max_tokens`"))
 
 
 def _sample(backend: Backend, items: Sequence[Item], on_backend_error: str,

@@ -93,3 +93,33 @@ def test_sglang_serves_the_local_chat_models_token_in_token_out(name, served):
         assert (torch.tensor(c.logprobs) - ref).abs().max() < ATOL
     b.close()
 
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_both_backends_end_a_sample_at_the_generation_configs_extra_end_ids(name, served):
+    """An instruct model's ``generation_config`` lists more end ids than its tokenizer's eos
+    (Qwen: ``<|endoftext|>`` beside ``<|im_end|>``). SGLang stops at all of them unasked; the
+    transformers backend must too, or the two backends sample different episodes."""
+    from transformers import GenerationConfig
+
+    from srpo_graph.backends import load_backend
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.tiny import load_tokenizer
+
+    path, server = served[name]
+    tok = load_tokenizer(path)
+    extra = sorted(set(GenerationConfig.from_pretrained(str(path)).eos_token_id) - {tok.eos_token_id})
+    assert extra, "the local models list a second end id in generation_config"
+    word = tok.encode(" the", add_special_tokens=False)[0]
+    allowed = (word, *extra)
+    prompt = tuple(tok.encode("What is 2 + 2?", add_special_tokens=False))
+    reqs = [GenerationRequest(prompt, max_new_tokens=40, temperature=1.0, allowed_token_ids=allowed, seed=s)
+            for s in range(6)]
+    served_b = load_backend("sglang", str(path), url=server.url, backoff=0.05)
+    try:
+        for backend in (served_b, TransformersBackend.from_pretrained(str(path))):
+            for c in backend.generate(reqs):
+                ends = [i for i, t in enumerate(c.completion_ids) if t in extra]
+                assert ends == [len(c.completion_ids) - 1], (type(backend).__name__, c.completion_ids)
+    finally:
+        served_b.close()

@@ -174,3 +174,25 @@ def test_load_backend_unknown_model_is_a_backend_error(tmp_path):
 
     with pytest.raises(BackendError, match="cannot load model"):
         load_backend("transformers", str(tmp_path / "nothing-here"))
+
+
+def test_samples_end_at_every_end_id_of_the_model(tmp_path):
+    """The model config's eos, its generation_config's list (an instruct model's second end id,
+    Qwen's ``<|endoftext|>``) and the tokenizer's eos all end a sample, as on SGLang
+    (tests/backends/test_sglang_local_models.py checks both servers agree)."""
+    from transformers import GenerationConfig
+
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models.architectures import ensure_local_model
+
+    path = ensure_local_model("qwen3-test", tmp_path / "qwen3-test")
+    backend = TransformersBackend.from_pretrained(str(path))
+    tok = backend.tokenizer
+    extra = sorted(set(GenerationConfig.from_pretrained(str(path)).eos_token_id) - {tok.eos_token_id})
+    assert extra and set(extra) <= set(backend.eos_ids) and tok.eos_token_id in backend.eos_ids
+    word = tok.encode(" the", add_special_tokens=False)[0]
+    prompt = tuple(tok.encode("What is 2 + 2?", add_special_tokens=False))
+    for c in backend.generate([GenerationRequest(prompt, max_new_tokens=40, temperature=1.0,
+                                                 allowed_token_ids=(word, *extra), seed=s) for s in range(6)]):
+        assert [t in extra for t in c.completion_ids] == [False] * (len(c.completion_ids) - 1) + [True]
+        assert c.finish_reason == "stop"

@@ -86,6 +86,7 @@ EXPECTED_CODES = {
     "not_utf8_in_prompt": "not-utf8",
     # issue 21: a chat agent on a policy without a chat template
     "chat_without_template": "no-chat-template",
+    "chat_on_a_recipe": "no-chat-template",  # tiny-search: known by name, built or not
 }
 
 

@@ -152,3 +152,25 @@ def test_autotokenizer_agrees_with_the_explicit_load(built):
         ids = tok.encode(text)
         assert auto.encode(text) == ids and auto.decode(ids) == tok.decode(ids), (fam, text)
     assert auto.chat_template == tok.chat_template
+
+
+def test_the_checker_knows_every_local_models_chat_template_by_name():
+    """lang/chat.py (which may not import models) names which locally built models have a chat
+    template, so `check` can refuse a chat agent on `tiny-search` before it is built: its table
+    must cover every name of ``local_names()`` and agree with the tokenizers those builders make
+    (recipes' and tiny's built in code here, one family tokenizer each for the FAMILY-SIZE models)."""
+    from srpo_graph.lang.chat import builtin_chat_template
+    from srpo_graph.models import local_names
+    from srpo_graph.models.architectures import LOCAL_MODELS
+    from srpo_graph.models.bpe import build_bpe_tokenizer
+    from srpo_graph.models.recipes import RECIPES
+    from srpo_graph.models.recipes import build_tokenizer as recipe_tokenizer
+    from srpo_graph.models.tiny import build_tokenizer as tiny_tokenizer
+
+    truth = {"tiny": bool(getattr(tiny_tokenizer(), "chat_template", None))}
+    truth |= {name: bool(getattr(recipe_tokenizer(r), "chat_template", None)) for name, r in RECIPES.items()}
+    families = {fam: bool(build_bpe_tokenizer(fam).chat_template) for fam, _ in set(LOCAL_MODELS.values())}
+    truth |= {name: families[fam] for name, (fam, _) in LOCAL_MODELS.items()}
+    assert set(truth) == set(local_names())
+    assert {name: builtin_chat_template(name) for name in local_names()} == truth
+    assert builtin_chat_template("qwen3-huge") is None and builtin_chat_template("org/qwen3-test") is None

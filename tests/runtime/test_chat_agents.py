@@ -267,3 +267,149 @@ def test_check_reports_a_chat_agent_on_the_tiny_model(tiny_backend):
                      '  prompt: "x"\n}\ntransition t { consume: a activate: end }\nstart: a\n'))
     diags = token_diagnostics(wf, {"p": tiny_backend.tokenizer})
     assert [(d.code, d.span.line) for d in diags] == [("no-chat-template", 4)]
+
+
+TWO_CALLERS = """workflow two_callers
+import std
+task {{ question: text  answer: text  go: choice[more, done] }}
+policy m = "{model}"
+agent lead {{
+  policy: m
+  memory: chat
+  prompt: "Q: {{task.question}}"
+  sample {{ temperature: 1.0, max_tokens: 3 }}
+  output: text
+}}
+agent a {{
+  policy: m
+  prompt: "A says about {{lead}}"
+  sample {{ temperature: 1.0, max_tokens: 3 }}
+  output: text
+}}
+agent b {{
+  policy: m
+  prompt: "B says about {{lead}}"
+  sample {{ temperature: 1.0, max_tokens: 3 }}
+  output: text
+}}
+transition asked {{
+  consume: lead
+  activate: route task.go {{ more -> a, b, done -> end }}
+  max_rounds: 2
+}}
+transition from_a {{
+  consume: a
+  activate: lead
+}}
+transition from_b {{
+  consume: b
+  activate: lead
+}}
+start: lead
+max_steps: 4
+"""
+
+
+def test_a_chat_turn_activated_twice_hears_both_firings(qwen3):
+    """Two firings in one round activate the pending chat agent: its next turn carries the
+    messages of both (the second activation used to be dropped, only the first one's kept)."""
+    path, backend = qwen3
+    tok = backend.tokenizer
+    wf = check(parse(TWO_CALLERS.format(model=path)))
+    ep = run(wf, TASKS[:1], {"m": backend}, samples=1, seed=4).episodes[0]
+    assert ep.status != "failed", ep.error
+    assert [r.name for r in ep.transitions[:3]] == ["asked", "from_a", "from_b"]
+    t1, t2 = [o for o in ep.outputs if o.agent == "lead"][:2]
+    said_a, said_b = (next(o for o in ep.outputs if o.agent == x) for x in ("a", "b"))
+    assert t2.activated_by == ep.transitions[1].id  # provenance keeps the first firing
+    end = "" if t1.completion_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") else "<|im_end|>"
+    delta = (f"{end}\n<|im_start|>user\n{said_a.text}<|im_end|>\n<|im_start|>user\n{said_b.text}<|im_end|>\n"
+             "<|im_start|>assistant\n")
+    assert t2.prompt_ids == t1.prompt_ids + t1.completion_ids + tok(delta, add_special_tokens=False)["input_ids"]
+
+
+def _strip_plan(tok):
+    from srpo_graph.runtime.chat import ChatPlan
+
+    close = tok.convert_tokens_to_ids("</think>")
+    return ChatPlan(None, tok, tok.eos_token_id, tok.eos_token, "tool",
+                    close if isinstance(close, int) and close != tok.unk_token_id else None)
+
+
+def _check_strip(tok, ids):
+    """Qwen3's cut, by text: the kept ids decode to ``text.split('</think>')[-1].lstrip('\\n')``, and
+    all of them but at most the first are the sampled ids' own tail."""
+    got = _strip_plan(tok).strip_think(ids)
+    text = tok.decode(ids)
+    want = text.split("</think>")[-1].lstrip("\n") if "</think>" in text else text
+    assert tok.decode(list(got)) == want, (ids, got)
+    assert not got or tuple(ids[len(ids) - len(got) + 1:]) == tuple(got[1:]), (ids, got)
+    return got
+
+
+def test_think_strip_cuts_by_text_whatever_pieces_the_close_was_sampled_as(qwen3):
+    """``</think>`` sampled as its special token or as the BPE pieces ``<`` ``/`` ``think`` ``>``, with
+    newlines and words around, several blocks, none: random sequences on qwen3-test's tokenizer."""
+    import random
+
+    tok = qwen3[1].tokenizer
+    pieces = [[tok.convert_tokens_to_ids("</think>")], tok("</", add_special_tokens=False)["input_ids"],
+              tok("think", add_special_tokens=False)["input_ids"], tok(">", add_special_tokens=False)["input_ids"],
+              tok("\n", add_special_tokens=False)["input_ids"], [266], tok("The", add_special_tokens=False)["input_ids"],
+              tok(" answer", add_special_tokens=False)["input_ids"], [tok.convert_tokens_to_ids("<think>")]]
+    assert tok.decode([266]) == "\n \n"  # a token that starts with newlines and goes on
+    rng = random.Random(0)
+    by_pieces = 0
+    for _ in range(400):
+        ids = [i for _ in range(rng.randint(1, 14)) for i in rng.choice(pieces)]
+        if rng.random() < 0.5:  # a whole close written in pieces
+            at = rng.randint(0, len(ids))
+            ids[at:at] = tok("</", add_special_tokens=False)["input_ids"] + tok("think>", add_special_tokens=False)["input_ids"]
+        got = _check_strip(tok, ids)
+        by_pieces += "</think>" in tok.decode(ids) and 1536 not in ids and got != tuple(ids)
+    assert by_pieces > 50
+
+
+def test_think_strip_re_encodes_a_token_the_cut_falls_inside(tmp_path):
+    """A byte-level BPE trained here so that ``>`` merges with the newlines and the next word
+    (``>\\n\\nThe``): the cut falls inside that token, whose kept text is re-encoded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["</think>\n\nThe answer is 3. <think>hmm</think>\n\nThe end"] * 50,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_end|>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
+    ids = tok("<think>hmm</think>\n\nThe answer", add_special_tokens=False)["input_ids"]
+    inside = [i for i in ids if tok.decode([i]).count(">") and not tok.decode([i]).endswith(">")]
+    assert inside, [tok.decode([i]) for i in ids]  # the merge this test is about
+    got = _check_strip(tok, ids)
+    assert tok.decode(list(got)) == "The answer" and got[0] not in ids
+
+
+def test_a_conversation_that_outgrows_the_context_fails_naming_the_agent_and_turn(qwen3):
+    """The model takes len(turn 1's prompt) + max_tokens positions: turn 1 runs, turn 2 (its
+    prompt holds turn 1 and the new messages) would not fit and fails the episode (kind
+    ``prompt``) with the agent, the turn and the numbers, before any request is sent."""
+    from transformers import AutoModelForCausalLM
+
+    path, backend = qwen3
+    tok = backend.tokenizer
+    first = tok.apply_chat_template([{"role": "system", "content": SYSTEM},
+                                     {"role": "user", "content": f"Q: {TASKS[0].fields['question']}"}],
+                                    tokenize=False, add_generation_prompt=True)
+    limit = len(tok(first, add_special_tokens=False)["input_ids"]) + 10  # the talker's max_tokens
+    model = AutoModelForCausalLM.from_pretrained(str(path), max_position_embeddings=limit)
+    small = Recorder(TransformersBackend(model, tok))
+    assert small.context_length == limit
+    wf = check(parse(WF.format(model=path, system=SYSTEM, think="keep")))
+    result = run(wf, TASKS[:1], {"m": small}, samples=1, seed=0)
+    ep = result.episodes[0]
+    assert ep.status == "failed" and result.stats.failed_by_kind == {"prompt": 1}
+    assert [o.agent for o in ep.outputs] == ["talker", "critic"]
+    assert "agent 'talker', turn 2: the prompt (" in ep.error and f"more than the {limit} of policy 'm'" in ep.error
+    assert "`memory: chat`" in ep.error and ep.error.startswith("<string>:5:1:")
+    assert len(small.calls) == 2  # turn 2 was never sent
