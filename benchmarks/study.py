@@ -163,7 +163,7 @@ PLANS = {
 }
 
 # the full study (no flag): these plans in turn, each writing its own section of docs/results.md and
-# saving its runs under runs/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle 2-core machine)
+# saving its runs under benchmarks/results/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle 2-core machine)
 FULL = ("math", "coord", "search")
 
 # Note [The K = 5 ablation]. The paper's distinctive claim (Avg@16 on multi-turn search, five searchers
@@ -1135,8 +1135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="override the plan's steps per run (coord_steps on the coordination tasks)")
     ap.add_argument("--workflows", nargs="+", metavar="NAME", help="run only these of the plan's workflows (their "
                     "records are the plan's: a later run of the whole plan reuses them)")
-    ap.add_argument("--runs-dir", type=Path, help="where per-run records go (default runs/study-<plan>; for the full "
-                    "study, DIR/study-<plan>)")
+    ap.add_argument("--runs-dir", type=Path, help="where per-run records go (default benchmarks/results/study-<plan>, "
+                    "committed with the page; runs/study-<plan> for --quick and --smoke; for the full study, DIR/study-<plan>)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md", help="the results page to update")
     ap.add_argument("--fresh", action="store_true", help="ignore saved runs and rerun every cell")
     ap.add_argument("--report", action="store_true", help="run nothing: write the page from the runs saved so far "
@@ -1166,7 +1166,10 @@ def main(argv: list[str] | None = None) -> int:
             if not plan.workflows:
                 continue
         if one:
-            runs_dir = args.runs_dir or ROOT / "runs" / f"study-{name}"
+            # a real plan's records are results, kept in the repository (a few KB each; a lost machine
+            # loses no run); the quick and smoke plans' are scratch
+            default = ROOT / ("runs" if name in ("quick", "smoke") else "benchmarks/results") / f"study-{name}"
+            runs_dir = args.runs_dir or default
             command = "python benchmarks/study.py" + {"quick": " --quick", "smoke": " --smoke"}.get(name, f" --plan {name}")
         else:
             runs_dir = (args.runs_dir or ROOT / "runs") / f"study-{name}"

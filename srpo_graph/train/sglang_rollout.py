@@ -54,11 +54,30 @@ def rollout_metrics(stats: Any) -> dict[str, float]:
     return {"rollout/backend_failures": stats.backend_failures, "rollout/stale_outputs": stats.stale_outputs}
 
 
-def agent_mismatch(batch: Any) -> dict[str, float]:
-    """Mean and max |trainer - sampler| log-prob gap per agent, over completion tokens.
+def fresh_tokens(batch: Any, versions: dict[str, int] | None) -> Any:
+    """[T] bool: the tokens of members sampled at the weights their policy has now (``versions``:
+    policy name -> current weight version; None = every token). Under overlapped rollouts a member
+    sampled k versions earlier differs from the trainer's log-probs by k updates as well."""
+    import torch
+
+    lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1]).cpu()
+    if versions is None:
+        return torch.ones(int(lengths.sum()), dtype=torch.bool)
+    now = torch.tensor([int(versions.get(p, -1)) for p in batch.policies], dtype=torch.int64)
+    member_fresh = batch.member_policy_version.cpu() == now[batch.member_policy.cpu()]
+    return torch.repeat_interleave(member_fresh, lengths)
+
+
+def agent_mismatch(batch: Any, versions: dict[str, int] | None = None) -> dict[str, float]:
+    """The sampler/trainer log-prob gap: |trainer - sampler| over completion tokens, overall and per
+    agent, on the tokens sampled at the trainer's current weights only (:func:`fresh_tokens`): a
+    gap of numerics (bf16 server vs fp32 trainer, kernels), not of the updates since a stale output
+    was sampled. Those tokens' gap is ``stale_mean_abs`` (numerics + policy drift) beside
+    ``fresh_share``, the share of completion tokens that are fresh; keys of an empty selection are left out.
 
     ``batch`` must have ``old_logprobs`` recomputed (``update.recompute_old_logprobs``).
-    Returns ``{"<agent>/mean_abs": .., "<agent>/max_abs": ..}`` (under ``mismatch/`` in metrics).
+    Returns ``{"mean_abs", "max_abs", "<agent>/mean_abs", "<agent>/max_abs", ...}`` (under
+    ``mismatch/`` in metrics).
     """
     import torch
 
@@ -66,9 +85,17 @@ def agent_mismatch(batch: Any) -> dict[str, float]:
         return {}
     lengths = batch.member_offsets[1:] - batch.member_offsets[:-1]
     token_agent = torch.repeat_interleave(batch.member_agent.cpu(), lengths.cpu())  # [T]
-    mask = batch.loss_mask.bool().cpu()
+    done = batch.loss_mask.bool().cpu()
+    fresh = fresh_tokens(batch, versions)
+    mask = done & fresh
     gap = (batch.old_logprobs.float().cpu() - batch.sampler_logprobs.float().cpu()).abs()
     out: dict[str, float] = {}
+    if bool(mask.any()):
+        out["mean_abs"], out["max_abs"] = float(gap[mask].mean()), float(gap[mask].max())
+    if versions is not None and bool(done.any()):
+        out["fresh_share"] = float(mask.sum()) / float(done.sum())
+        if bool((done & ~fresh).any()):
+            out["stale_mean_abs"] = float(gap[done & ~fresh].mean())
     for i, name in enumerate(batch.agents):
         sel = mask & (token_agent == i)
         if bool(sel.any()):
@@ -77,4 +104,4 @@ def agent_mismatch(batch: Any) -> dict[str, float]:
     return out
 
 
-__all__ = ["agent_mismatch", "check_failure_budget", "rollout_metrics", "server_scope", "with_backend_defaults", "BackendError"]
+__all__ = ["agent_mismatch", "fresh_tokens", "check_failure_budget", "rollout_metrics", "server_scope", "with_backend_defaults", "BackendError"]

@@ -81,8 +81,10 @@ def learn_step(step: int, wf, rolled: StepRollout, slots, config: TrainConfig, c
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             record[f"compile/{k}"] = v
     if batch.num_sets:
-        batch, mismatch = recompute_old_logprobs(models, batch, layout=config.optim.layout, autocast=config.optim.autocast)
-        record["mismatch"] = {**mismatch, **agent_mismatch(batch)}  # + per agent: {agent}/mean_abs, max_abs
+        batch, _ = recompute_old_logprobs(models, batch, layout=config.optim.layout, autocast=config.optim.autocast)
+        # on the outputs sampled at these weights (overall and per agent); a stale output's gap also holds
+        # the updates since it was sampled: stale_mean_abs, beside fresh_share
+        record["mismatch"] = agent_mismatch(batch, {s.name: s.version for s in slots})
         timings["old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         upd = update_policies(
