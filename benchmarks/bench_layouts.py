@@ -21,7 +21,7 @@ docs/performance.md.
 A third table is the study's (docs/results.md): one step of each CPU study workflow (8 tasks x G = 8,
 sampled by its pre-trained model, ``tiny-reason`` / ``tiny-search``), its rollout with and without the
 shared prefill (``TransformersBackend(share_prefill=...)``) and its update forward+backward padded vs
-prefix (members with one prompt share its forward through the KV cache).
+prefix (what members' inputs share runs once, nested, through the KV cache).
 
 A second table runs synthetic traces of very different lengths through the padded layout at several
 bucket overheads (the default ``BUCKET_OVERHEAD_TOKENS`` should be the fastest), one bucket, and
@@ -155,13 +155,14 @@ def study_workloads(rounds: int) -> list[str]:
     from srpo_graph.models.recipes import ensure_recipe_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.srpo.logprobs import _shared_prefixes
+    from srpo_graph.srpo.logprobs import _prefix_tree
 
     lines = ["", "The study's workflows (docs/results.md): one step of 8 tasks x G = 8 samples of each, sampled at "
              "temperature 1 by its pre-trained model. *Rollout*: the executor's whole step, each distinct prompt "
              "prefilled once (the default) vs one prefill row per request. *Update*: the objective's micro-batch "
              "loop (as above) in the `padded` and `prefix` layouts; *prompt share* is the part of the step's "
-             "tokens in prompts, *shared* the part the prefix layout does not recompute. Best CPU time of "
+             "tokens in prompts, *shared* the part the prefix layout does not run (its prefix tree of each policy's "
+             "members runs what their inputs share once, and no member's last token). Best CPU time of "
              f"{max(1, rounds // 3)} alternated rounds.", "",
              "| workflow | tokens | prompt share | shared | rollout: shared / per-row prefill | update: prefix / padded | "
              "update: prefix, padded |", "|---|---|---|---|---|---|---|"]
@@ -174,11 +175,11 @@ def study_workloads(rounds: int) -> list[str]:
         backends = {share: {p.name: TransformersBackend(model, tok, share_prefill=share) for p in wf.policies}
                     for share in (True, False)}
         batch = compile(run(wf, tasks, backends[True], samples=8, seed=3).episodes, CompileConfig())
-        members = torch.arange(batch.num_members)
-        groups, _ = _shared_prefixes(batch, members)
+        run_tokens = sum(_prefix_tree(batch, (batch.member_policy == p).nonzero().squeeze(1)).num_tokens
+                         for p in range(len(batch.policies)))
         lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
         prompt = int(lengths.sum()) - int(batch.loss_mask.sum())
-        saved = sum((len(ms) - 1) * p for p, ms in groups)
+        saved = batch.num_tokens - run_tokens
         fns = {"rollout_shared": lambda b=backends[True]: run(wf, tasks, b, samples=8, seed=3),
                "rollout_rows": lambda b=backends[False]: run(wf, tasks, b, samples=8, seed=3),
                "padded": update_step(model, batch, "padded", None), "prefix": update_step(model, batch, "prefix", None)}
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         "padded": (f"padded, length buckets (overhead {BUCKET_OVERHEAD_TOKENS})", update_step(model, batch, "padded", None)),
         "padded_each": ("padded, a bucket per distinct length", update_step(model, batch, "padded", 0)),
         "padded_one": ("padded, one bucket", update_step(model, batch, "padded", 10**9)),
-        "prefix": (f"prefix: shared prompts once, the rest padded (overhead {BUCKET_OVERHEAD_TOKENS})",
+        "prefix": (f"prefix: the prefix tree of the inputs, each segment once (overhead {BUCKET_OVERHEAD_TOKENS})",
                    update_step(model, batch, "prefix", None)),
         "packed": (f"packed, micro_batch_tokens {batch.micro_batch_tokens}", update_step(model, batch, "packed", None)),
         "packed_256": ("packed, micro_batch_tokens 256", update_step(model, batch.with_micro_batch_tokens(256), "packed", None)),
