@@ -27,7 +27,9 @@ A second table runs synthetic traces of very different lengths through the padde
 bucket overheads (the default ``BUCKET_OVERHEAD_TOKENS`` should be the fastest), one bucket, and
 packed rows.
 
-Usage: ``python benchmarks/bench_layouts.py [--rounds 9] [--no-doc]``
+Usage: ``python benchmarks/bench_layouts.py [--rounds 9] [--workflows tinymath_pipeline ...] [--note TEXT] [--no-doc]``
+(``--workflows``: the study workflows of the third table, default all four; a recipe model not yet
+built is built first, which takes minutes to an hour on a loaded CPU.)
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def varied_lengths(model, rounds: int) -> list[str]:
 STUDY_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_select", "tinysearch")
 
 
-def study_workloads(rounds: int) -> list[str]:
+def study_workloads(rounds: int, workflows: tuple[str, ...] = STUDY_WORKFLOWS) -> list[str]:
     """One step of each CPU study workflow: rollout with / without the shared prefill, update
     forward+backward padded vs prefix. Markdown lines."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,7 +168,7 @@ def study_workloads(rounds: int) -> list[str]:
              f"{max(1, rounds // 3)} alternated rounds.", "",
              "| workflow | tokens | prompt share | shared | rollout: shared / per-row prefill | update: prefix / padded | "
              "update: prefix, padded |", "|---|---|---|---|---|---|---|"]
-    for name in STUDY_WORKFLOWS:
+    for name in workflows:
         wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
         path = ensure_recipe_model(wf.policies[0].model)
         model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
@@ -195,6 +197,9 @@ def study_workloads(rounds: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--workflows", nargs="+", choices=STUDY_WORKFLOWS, default=list(STUDY_WORKFLOWS),
+                    help="the study workflows of the third table (default: all)")
+    ap.add_argument("--note", default="", help="a line for the doc section (e.g. how loaded the machine was)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -243,7 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", f"P5 (default layout `{auto}` vs raw): **{best['raw'] / best[auto]:.2f}x** (target >= 0.85x); "
               f"packed at the default budget is {best['packed'] / best[auto]:.1f}x the default layout's time."]
     lines += varied_lengths(model, args.rounds)
-    lines += study_workloads(args.rounds)
+    lines += study_workloads(args.rounds, tuple(args.workflows))
+    if set(args.workflows) != set(STUDY_WORKFLOWS):
+        lines += ["", f"Not run this time: {', '.join(w for w in STUDY_WORKFLOWS if w not in args.workflows)}."]
+    if args.note:
+        lines += ["", args.note]
     print("\n".join(lines))
     p5 = [r / t for r, t in zip(times["raw"], times[auto])]
     if not args.no_doc:

@@ -25,7 +25,8 @@ How the members of one policy are laid out for the forward is a choice of this m
   at positions first completion - 1 .. len - 2 score its completion), so :func:`_prefix_tree`
   builds the prefix tree of the inputs (nested: a task's prompt, then each sample's first turn,
   then its second turn, ...; a node wherever sharing saves ``MIN_SHARED_TOKENS`` slots) and an
-  earlier turn's completion is scored from the rows its later turn runs anyway. The tree runs
+  earlier turn's completion is scored from the rows its later turn runs anyway. A policy whose
+  tree would run more than ``MAX_TREE_SHARE`` of its tokens takes the padded way. The tree runs
   level by level (:func:`_prefix_forward`): each level's segments right-padded in length
   buckets, the KV cache on; a node's cache rows are repeated to the segments that continue it
   (a differentiable gather, so a shared row's gradient is the sum of its readers') and those
@@ -47,7 +48,10 @@ batched into. Every completion token's log-prob is a function of its own member'
 so the results equal across layouts up to float rounding (tests/srpo/test_logprob_layouts.py
 checks log-probs, losses and gradients, packed vs padded vs other bucketings, against a
 one-member-at-a-time reference), and events are never split: the layout works inside a
-micro-batch, per policy.
+micro-batch, per policy (so the prefix tree shares only within one micro-batch). In the
+``prefix`` layout several members may read one hidden state (a cell of a shared node): it is the
+same function of the same tokens for each of them, so nothing changes but the count of
+forwards, and its gradient is the sum of theirs, as if each had run it.
 """
 
 from __future__ import annotations
@@ -294,9 +298,18 @@ def _logits_at(model: torch.nn.Module, keep: torch.Tensor, **inputs) -> tuple[to
 
 
 # A node of the prefix tree is worth its own forward rows only when sharing it saves at least this
-# many token slots: a node costs a row of its level's forward and a cache row per child
-# (benchmarks/bench_layouts.py).
-MIN_SHARED_TOKENS = 8
+# many token slots: a node costs a row of its level's forward, a cache row per child, and often one
+# more level of forwards. Measured with min_saved 8 / 16 / 32 (CPU, one thread, loaded: 0.04 is
+# noise): tinymath_select's step (benchmarks/bench_layouts.py) ran 0.26 / 0.31 / 0.39x of its tokens
+# in 0.47 / 0.48 / 0.52x the padded layout's time, the chat rollout (benchmarks/bench_chat_prefix.py,
+# qwen3-test) 0.27 / 0.29 / 0.30x in 0.62 / 0.58 / 0.62x.
+MIN_SHARED_TOKENS = 16
+# The tree runs only where it runs at most this share of the policy's tokens; otherwise the padded
+# layout does: a level under the root attends through a repeated cache and a 2-D mask (no plain
+# causal kernel path), which costs more than a little sharing saves. On benchmarks/bench_layouts.py's
+# single16 step (3-token prompts, samples alike in their first tokens) the tree ran 0.83x the
+# tokens in 1.08x the time; on tinymath_select it runs 0.31x, on the chat rollout 0.29x.
+MAX_TREE_SHARE = 0.75
 
 
 def _common(a: bytes, b: bytes) -> int:
@@ -336,6 +349,7 @@ class _PrefixTree:
     last: dict[int, int] = field(default_factory=dict)
 
     def add(self, start: int, end: int, rep: int, parent: int) -> int:
+        """A new segment (under ``parent``, -1 for none); its index."""
         self.start.append(start)
         self.end.append(end)
         self.rep.append(rep)
@@ -359,7 +373,7 @@ class _PrefixTree:
         return out[::-1]
 
 
-def _prefix_tree(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SHARED_TOKENS) -> _PrefixTree:
+def _prefix_tree(b: SetBatch, members: torch.Tensor, min_saved: int | None = None) -> _PrefixTree:
     """The prefix tree over the INPUTS of ``members`` (of one policy): each one's tokens but the
     last (the logits at positions first completion - 1 .. len - 2 score its completion), so an
     earlier chat turn, whose whole input starts the next turn's prompt, is scored from the later
@@ -372,8 +386,9 @@ def _prefix_tree(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SHARED
     node). A node is made only where it saves ``min_saved`` slots or more, ``(sub-runs - 1) *
     (l - depth)``; otherwise its sub-runs go on from ``depth`` under the same parent. An input
     alone in its run gets a tail from ``depth``. With ``min_saved`` 0 the tokens run are the
-    trie's: every distinct prefix of the inputs once.
+    trie's: every distinct prefix of the inputs once. ``min_saved`` None: ``MIN_SHARED_TOKENS``.
     """
+    min_saved = MIN_SHARED_TOKENS if min_saved is None else min_saved
     off = b.member_offsets.tolist()
     ids = b.input_ids.cpu().numpy().astype(">i8")  # big-endian: the bytes sort as the token ids do
     scored = b.loss_mask.cpu().numpy()
@@ -415,10 +430,14 @@ def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: 
     right-padded forwards; a node's rows of its forward's KV cache are repeated to the segments
     that continue it, which attend to them through a 2-D mask hiding every padding cell above.
     Only the cells whose logits score a completion token are kept. A cache that cannot be
-    repeated sends the policy's members the padded way."""
+    repeated sends the policy's members the padded way, and so does a tree that runs more than
+    ``MAX_TREE_SHARE`` of their tokens."""
     cache_kw = _cache_kwarg(model)
     assert cache_kw is not None  # choose_layout only picks prefix for a model that takes a cache
-    tree = _prefix_tree(b, (b.member_policy == policy).nonzero().squeeze(1))
+    members = (b.member_policy == policy).nonzero().squeeze(1)
+    tree = _prefix_tree(b, members)
+    if tree.num_tokens > MAX_TREE_SHARE * int((b.member_offsets[1:] - b.member_offsets[:-1])[members].sum()):
+        return _padded_forward(model, b, policy, overhead)  # too little shared to pay for the cached levels
     try:
         return _run_tree(model, b, tree, overhead, cache_kw)
     except _CannotRepeat:

@@ -26,6 +26,28 @@ LAYOUTS = [("packed", 0), ("padded", 0), ("padded", 16), ("padded", 128), ("padd
            ("prefix", 0), ("prefix", 128), ("prefix", 10**9)]
 
 
+REAL_SHARING = {}  # the prefix layout's real thresholds, for the tests that run with them
+
+
+@pytest.fixture(autouse=True)
+def small_sharing(monkeypatch):
+    """The prefix layout shares what these small batches share (a node where it saves one token, a
+    tree whatever it saves), so its tree path runs on them; tests that want the real thresholds
+    put back ``REAL_SHARING``."""
+    import srpo_graph.srpo.logprobs as lp_mod
+
+    REAL_SHARING.update(MIN_SHARED_TOKENS=lp_mod.MIN_SHARED_TOKENS, MAX_TREE_SHARE=lp_mod.MAX_TREE_SHARE)
+    monkeypatch.setattr(lp_mod, "MIN_SHARED_TOKENS", 1)
+    monkeypatch.setattr(lp_mod, "MAX_TREE_SHARE", 1.0)
+
+
+def _real_sharing(monkeypatch):
+    import srpo_graph.srpo.logprobs as lp_mod
+
+    for name, value in REAL_SHARING.items():
+        monkeypatch.setattr(lp_mod, name, value)
+
+
 @pytest.fixture(scope="module")
 def models():
     """The built-in tiny model (Llama) and a small Qwen2 (biased q/k/v projections, grouped kv heads)."""
@@ -82,11 +104,11 @@ def batch(models, request):
     if request.param == "shared prompts":  # shared prompts of both policies, one-token completions, lone members
         from srpo_graph.srpo.logprobs import _prefix_tree
 
-        nodes = [sum(1 for k in _prefix_tree(m, torch.arange(m.num_members)).children if k) for m in b.micro_batches()]
+        nodes = [sum(1 for k in _prefix_tree(m, torch.arange(m.num_members), 1).children if k) for m in b.micro_batches()]
         assert sum(n > 0 for n in nodes) >= len(nodes) / 2, nodes
         for pol in (0, 1):
-            assert any(_prefix_tree(b, (b.member_policy == pol).nonzero().squeeze(1)).children), pol
-        tree = _prefix_tree(b, torch.arange(b.num_members))
+            assert any(_prefix_tree(b, (b.member_policy == pol).nonzero().squeeze(1), 1).children), pol
+        tree = _prefix_tree(b, torch.arange(b.num_members), 1)
         under = [sum(1 for m in tree.last if g in tree.path(m)) for g in range(len(tree.start))]
         assert max(under) >= 4 and 1 in under  # a node shared by 4 or more, a member's own tail
         assert any(under[tree.last[m]] > 1 for m in tree.last)  # a member's whole input shared (it has no tail)
@@ -270,20 +292,37 @@ def _forward_rows(models, batch, layout) -> list[tuple[int, list[int], list[int]
     return [(i, r.tolist(), q.tolist()) for i, x, pos in seen for r, q in zip(x, pos)]
 
 
-def test_prefix_layout_runs_each_shared_segment_once(models, batch):
+@pytest.mark.parametrize("sharing", ["small", "real"])
+def test_prefix_layout_runs_each_shared_segment_once(models, batch, sharing, monkeypatch):
     """The prefix layout's forwards hold fewer token cells than the padded layout's wherever inputs
-    start alike, and run one row per segment of each policy's prefix tree, each segment's tokens
-    at its positions."""
+    share enough, and run one row per segment of each policy's prefix tree, each segment's tokens
+    at its positions; a policy whose tree would run more than ``MAX_TREE_SHARE`` of its tokens gets
+    the padded layout's rows."""
+    import srpo_graph.srpo.logprobs as lp_mod
     from srpo_graph.srpo.logprobs import _prefix_tree
+
+    if sharing == "real":
+        _real_sharing(monkeypatch)
 
     cells = {layout: sum(len(r) for _, r, _ in _forward_rows(models, batch, layout)) for layout in ("padded", "prefix")}
     rows = _forward_rows(models, batch, "prefix")
-    trees = [_prefix_tree(batch, (batch.member_policy == pol).nonzero().squeeze(1)) for pol in (0, 1)]
-    if not any(t.children for t in trees):
-        assert cells["prefix"] <= cells["padded"]
+    padded_rows = _forward_rows(models, batch, "padded")
+    trees = {}
+    for pol in (0, 1):
+        members = (batch.member_policy == pol).nonzero().squeeze(1)
+        tree = _prefix_tree(batch, members)
+        if tree.num_tokens > lp_mod.MAX_TREE_SHARE * int((batch.member_offsets[1:] - batch.member_offsets[:-1])[members].sum()):
+            # too little shared: the padded way, row for row
+            assert [r for r in rows if r[0] == pol] == [r for r in padded_rows if r[0] == pol], pol
+        else:
+            trees[pol] = tree
+    if not trees:
+        assert cells["prefix"] == cells["padded"]
         return
-    assert cells["prefix"] < cells["padded"]
-    for pol, tree in enumerate(trees):
+    lengths = batch.member_offsets[1:] - batch.member_offsets[:-1]
+    if sum(t.num_tokens for t in trees.values()) <= 0.75 * int(lengths[batch.member_policy < 2].sum()):
+        assert cells["prefix"] < cells["padded"]  # with padding: levels pad too, so only where sharing is real
+    for pol, tree in trees.items():
         assert sum(i == pol for i, _, _ in rows) == len(tree.start), pol  # one row per segment
         for g, (a, z) in enumerate(zip(tree.start, tree.end)):
             s = int(batch.member_offsets[tree.rep[g]])
@@ -490,12 +529,13 @@ def chat_rollout(tmp_path_factory):
     return compile(episodes, CompileConfig(micro_batch_tokens=0)), backend.model
 
 
-def test_prefix_layout_on_the_chat_workflow(chat_rollout):
+def test_prefix_layout_on_the_chat_workflow(chat_rollout, monkeypatch):
     """The real chat agent (qwen3-test, its chat template, tool messages between turns): the tree shares
     each task's prompt and each sample's earlier turns, and the prefix layout's log-probs and gradients
     equal the padded layout's and the one-member reference's."""
     from srpo_graph.srpo.logprobs import _prefix_tree
 
+    _real_sharing(monkeypatch)
     b, model = chat_rollout
     model.eval()
     tree = _prefix_tree(b, torch.arange(b.num_members))
