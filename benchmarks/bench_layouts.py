@@ -21,13 +21,15 @@ docs/performance.md.
 A third table is the study's (docs/results.md): one step of each CPU study workflow (8 tasks x G = 8,
 sampled by its pre-trained model, ``tiny-reason`` / ``tiny-search``), its rollout with and without the
 shared prefill (``TransformersBackend(share_prefill=...)``) and its update forward+backward padded vs
-prefix (members with one prompt share its forward through the KV cache).
+prefix (what members' inputs share runs once, nested, through the KV cache).
 
 A second table runs synthetic traces of very different lengths through the padded layout at several
 bucket overheads (the default ``BUCKET_OVERHEAD_TOKENS`` should be the fastest), one bucket, and
 packed rows.
 
-Usage: ``python benchmarks/bench_layouts.py [--rounds 9] [--no-doc]``
+Usage: ``python benchmarks/bench_layouts.py [--rounds 9] [--workflows tinymath_pipeline ...] [--note TEXT] [--no-doc]``
+(``--workflows``: the study workflows of the third table, default all four; a recipe model not yet
+built is built first, which takes minutes to an hour on a loaded CPU.)
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def varied_lengths(model, rounds: int) -> list[str]:
 STUDY_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_select", "tinysearch")
 
 
-def study_workloads(rounds: int) -> list[str]:
+def study_workloads(rounds: int, workflows: tuple[str, ...] = STUDY_WORKFLOWS) -> list[str]:
     """One step of each CPU study workflow: rollout with / without the shared prefill, update
     forward+backward padded vs prefix. Markdown lines."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -155,17 +157,18 @@ def study_workloads(rounds: int) -> list[str]:
     from srpo_graph.models.recipes import ensure_recipe_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.srpo.logprobs import _shared_prefixes
+    from srpo_graph.srpo.logprobs import _prefix_tree
 
     lines = ["", "The study's workflows (docs/results.md): one step of 8 tasks x G = 8 samples of each, sampled at "
              "temperature 1 by its pre-trained model. *Rollout*: the executor's whole step, each distinct prompt "
              "prefilled once (the default) vs one prefill row per request. *Update*: the objective's micro-batch "
              "loop (as above) in the `padded` and `prefix` layouts; *prompt share* is the part of the step's "
-             "tokens in prompts, *shared* the part the prefix layout does not recompute. Best CPU time of "
+             "tokens in prompts, *shared* the part the prefix layout does not run (its prefix tree of each policy's "
+             "members runs what their inputs share once, and no member's last token). Best CPU time of "
              f"{max(1, rounds // 3)} alternated rounds.", "",
              "| workflow | tokens | prompt share | shared | rollout: shared / per-row prefill | update: prefix / padded | "
              "update: prefix, padded |", "|---|---|---|---|---|---|---|"]
-    for name in STUDY_WORKFLOWS:
+    for name in workflows:
         wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
         path = ensure_recipe_model(wf.policies[0].model)
         model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
@@ -174,11 +177,11 @@ def study_workloads(rounds: int) -> list[str]:
         backends = {share: {p.name: TransformersBackend(model, tok, share_prefill=share) for p in wf.policies}
                     for share in (True, False)}
         batch = compile(run(wf, tasks, backends[True], samples=8, seed=3).episodes, CompileConfig())
-        members = torch.arange(batch.num_members)
-        groups, _ = _shared_prefixes(batch, members)
+        run_tokens = sum(_prefix_tree(batch, (batch.member_policy == p).nonzero().squeeze(1)).num_tokens
+                         for p in range(len(batch.policies)))
         lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
         prompt = int(lengths.sum()) - int(batch.loss_mask.sum())
-        saved = sum((len(ms) - 1) * p for p, ms in groups)
+        saved = batch.num_tokens - run_tokens
         fns = {"rollout_shared": lambda b=backends[True]: run(wf, tasks, b, samples=8, seed=3),
                "rollout_rows": lambda b=backends[False]: run(wf, tasks, b, samples=8, seed=3),
                "padded": update_step(model, batch, "padded", None), "prefix": update_step(model, batch, "prefix", None)}
@@ -194,6 +197,9 @@ def study_workloads(rounds: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--workflows", nargs="+", choices=STUDY_WORKFLOWS, default=list(STUDY_WORKFLOWS),
+                    help="the study workflows of the third table (default: all)")
+    ap.add_argument("--note", default="", help="a line for the doc section (e.g. how loaded the machine was)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         "padded": (f"padded, length buckets (overhead {BUCKET_OVERHEAD_TOKENS})", update_step(model, batch, "padded", None)),
         "padded_each": ("padded, a bucket per distinct length", update_step(model, batch, "padded", 0)),
         "padded_one": ("padded, one bucket", update_step(model, batch, "padded", 10**9)),
-        "prefix": (f"prefix: shared prompts once, the rest padded (overhead {BUCKET_OVERHEAD_TOKENS})",
+        "prefix": (f"prefix: the prefix tree of the inputs, each segment once (overhead {BUCKET_OVERHEAD_TOKENS})",
                    update_step(model, batch, "prefix", None)),
         "packed": (f"packed, micro_batch_tokens {batch.micro_batch_tokens}", update_step(model, batch, "packed", None)),
         "packed_256": ("packed, micro_batch_tokens 256", update_step(model, batch.with_micro_batch_tokens(256), "packed", None)),
@@ -242,7 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", f"P5 (default layout `{auto}` vs raw): **{best['raw'] / best[auto]:.2f}x** (target >= 0.85x); "
               f"packed at the default budget is {best['packed'] / best[auto]:.1f}x the default layout's time."]
     lines += varied_lengths(model, args.rounds)
-    lines += study_workloads(args.rounds)
+    lines += study_workloads(args.rounds, tuple(args.workflows))
+    if set(args.workflows) != set(STUDY_WORKFLOWS):
+        lines += ["", f"Not run this time: {', '.join(w for w in STUDY_WORKFLOWS if w not in args.workflows)}."]
+    if args.note:
+        lines += ["", args.note]
     print("\n".join(lines))
     p5 = [r / t for r, t in zip(times["raw"], times[auto])]
     if not args.no_doc:

@@ -18,19 +18,25 @@ How the members of one policy are laid out for the forward is a choice of this m
   token only ever attends to earlier real tokens of its own row, so the padding is never
   seen. This is the fast layout where no varlen kernel exists (sdpa or eager on CPU build a
   dense [n, n] float mask and attend over all n packed tokens).
-* ``prefix`` -- padded, except that members of one policy whose prompts start alike share ONE
-  forward of that prefix: the G samples of a task (one prompt), a later turn and the earlier
-  turns whose context it extends, an aggregator's prompt and its question
-  (:func:`_shared_prefixes` picks the groups). Each group's prefix runs once, right-padded, with
-  the KV cache on; the cache is repeated to its members (a differentiable gather, so the
-  prefix's gradient is the sum of its members') and only the rest of each member (prompt tail
-  and completion) runs per member, attending to the cached keys through a 2-D mask that hides
-  the prefix padding. Prompts are most of the tokens (72-89% on the CPU study workflows;
-  benchmarks/bench_layouts.py has what sharing saves). Members that share nothing take the
-  padded path. Needs a model whose forward takes ``attention_mask`` and a KV cache
-  (``past_key_values`` or ``cache``), full attention in every layer (no sliding window, no
-  linear-attention layers) and no gradient checkpointing; others get ``padded``, and so does
-  a bucket whose cache is not plain key/value layers (:func:`_can_repeat`).
+* ``prefix`` -- padded, except that what members of one policy share, token for token, runs
+  once: the G samples of a task (one prompt), an aggregator's prompt and its question, and a
+  chat agent's turns, whose turn k prompt is turn k-1's prompt + its sampled completion + the new
+  messages (runtime/chat.py). The unit is a member's INPUT, its tokens but the last (the logits
+  at positions first completion - 1 .. len - 2 score its completion), so :func:`_prefix_tree`
+  builds the prefix tree of the inputs (nested: a task's prompt, then each sample's first turn,
+  then its second turn, ...; a node wherever sharing saves ``MIN_SHARED_TOKENS`` slots) and an
+  earlier turn's completion is scored from the rows its later turn runs anyway. A policy whose
+  tree would run more than ``MAX_TREE_SHARE`` of its tokens takes the padded way. The tree runs
+  level by level (:func:`_prefix_forward`): each level's segments right-padded in length
+  buckets, the KV cache on; a node's cache rows are repeated to the segments that continue it
+  (a differentiable gather, so a shared row's gradient is the sum of its readers') and those
+  attend to them through a 2-D mask hiding the padding above. Prompts are most of the tokens
+  (72-89% on the CPU study workflows) and chat turns repeat each other:
+  benchmarks/bench_layouts.py and benchmarks/bench_chat_prefix.py have what sharing saves.
+  Needs a model whose forward takes ``attention_mask`` and a KV cache (``past_key_values`` or
+  ``cache``), full attention in every layer (no sliding window, no linear-attention layers) and
+  no gradient checkpointing; others get ``padded``, and so does a policy whose cache is not
+  plain key/value layers (:func:`_can_repeat`).
 * ``auto`` (the default) -- packed for flash/flex attention, otherwise prefix where the model
   takes a cache, else padded (:func:`choose_layout`).
 
@@ -42,12 +48,16 @@ batched into. Every completion token's log-prob is a function of its own member'
 so the results equal across layouts up to float rounding (tests/srpo/test_logprob_layouts.py
 checks log-probs, losses and gradients, packed vs padded vs other bucketings, against a
 one-member-at-a-time reference), and events are never split: the layout works inside a
-micro-batch, per policy.
+micro-batch, per policy (so the prefix tree shares only within one micro-batch). In the
+``prefix`` layout several members may read one hidden state (a cell of a shared node): it is the
+same function of the same tokens for each of them, so nothing changes but the count of
+forwards, and its gradient is the sum of theirs, as if each had run it.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 import numpy as np
@@ -249,11 +259,9 @@ def _packed_forward(model: torch.nn.Module, b: SetBatch, policy: int) -> list[_S
     return [(logits, idx.index_select(0, target), mem.index_select(0, target))]
 
 
-def _padded_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int,
-                    members: torch.Tensor | None = None) -> list[_Scored]:
-    """The members of ``policy`` (or ``members``) in length buckets, one right-padded [rows, L] forward each."""
-    if members is None:
-        members = (b.member_policy == policy).nonzero().squeeze(1)
+def _padded_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int) -> list[_Scored]:
+    """The members of ``policy`` in length buckets, one right-padded [rows, L] forward each."""
+    members = (b.member_policy == policy).nonzero().squeeze(1)
     if not members.numel():
         return []
     lengths = (b.member_offsets[1:] - b.member_offsets[:-1]).index_select(0, members)
@@ -289,12 +297,19 @@ def _logits_at(model: torch.nn.Module, keep: torch.Tensor, **inputs) -> tuple[to
     return out.logits[keep], out
 
 
-# A shared prefix is worth a group only when it saves more than this many token slots: a group
-# costs a row of the prefix forward and a cache row per member (benchmarks/bench_layouts.py).
-MIN_SHARED_TOKENS = 8
-# The most members one group holds: bounds the grouping's dynamic program to O(members x this) when
-# every prompt starts alike (a long system prompt), at the cost of one prefix row per this many.
-MAX_GROUP = 256
+# A node of the prefix tree is worth its own forward rows only when sharing it saves at least this
+# many token slots: a node costs a row of its level's forward, a cache row per child, and often one
+# more level of forwards. Measured with min_saved 8 / 16 / 32 (CPU, one thread, loaded: 0.04 is
+# noise): tinymath_select's step (benchmarks/bench_layouts.py) ran 0.26 / 0.31 / 0.39x of its tokens
+# in 0.47 / 0.48 / 0.52x the padded layout's time, the chat rollout (benchmarks/bench_chat_prefix.py,
+# qwen3-test) 0.27 / 0.29 / 0.30x in 0.62 / 0.58 / 0.62x.
+MIN_SHARED_TOKENS = 16
+# The tree runs only where it runs at most this share of the policy's tokens; otherwise the padded
+# layout does: a level under the root attends through a repeated cache and a 2-D mask (no plain
+# causal kernel path), which costs more than a little sharing saves. On benchmarks/bench_layouts.py's
+# single16 step (3-token prompts, samples alike in their first tokens) the tree ran 0.83x the
+# tokens in 1.08x the time; on tinymath_select it runs 0.31x, on the chat rollout 0.29x.
+MAX_TREE_SHARE = 0.75
 
 
 def _common(a: bytes, b: bytes) -> int:
@@ -310,117 +325,200 @@ def _common(a: bytes, b: bytes) -> int:
     return lo
 
 
-def _shared_prefixes(b: SetBatch, members: torch.Tensor, min_saved: int = MIN_SHARED_TOKENS
-                     ) -> tuple[list[tuple[int, list[int]]], list[int]]:
-    """Group ``members`` (of one policy) by a prefix of their prompts (the tokens before each one's
-    first completion token) so that each group's prefix runs once.
+@dataclass
+class _PrefixTree:
+    """The prefix layout's plan for the members of one policy (Note [Layouts]): segments of
+    sequence positions, each run once. A segment is a NODE (positions [start, end) that every
+    member under it shares, token for token) or a member's TAIL (its own positions from its
+    deepest node's end to the end of its input). A member's path -- its nodes from the root, then
+    its tail if it has one -- covers its input positions 0 .. len - 2 exactly once; the hidden
+    state at position p of that path scores its token p + 1.
 
-    The prompts are sorted; a group is a run of neighbours and its prefix their longest common
-    prefix, so the G samples of a task share their whole prompt, a later turn shares its earlier
-    turns' context, and a dynamic program over the runs keeps the grouping that skips the most
-    prefix tokens (``(size - 1) * prefix`` per group, less ``min_saved``): one group per task
-    beats one group per template when the questions are longer than the template. A prefix
-    shorter than ``min_saved`` tokens is not shared, and a group holds at most ``MAX_GROUP``
-    members.
-
-    Returns:
-        (groups, alone): ``(prefix length, members)`` of each group, and the members in none
-        (no prefix worth sharing, or no completion token).
+    Per segment (index g): ``start[g]``, ``end[g]`` sequence positions; ``rep[g]`` a member under
+    it (its stream offset + start are the segment's tokens); ``parent[g]`` the node it continues
+    (-1: it starts at position 0, no cache); ``children[g]`` the segments continuing a node.
+    ``last[m]``: member m's deepest segment (its tail, or the node its input ends with); members
+    with no completion token are in no path.
     """
+
+    start: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    rep: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
+    children: list[list[int]] = field(default_factory=list)
+    last: dict[int, int] = field(default_factory=dict)
+
+    def add(self, start: int, end: int, rep: int, parent: int) -> int:
+        """A new segment (under ``parent``, -1 for none); its index."""
+        self.start.append(start)
+        self.end.append(end)
+        self.rep.append(rep)
+        self.parent.append(parent)
+        self.children.append([])
+        if parent >= 0:
+            self.children[parent].append(len(self.start) - 1)
+        return len(self.start) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the layout runs for these members (every segment once; no padding counted)."""
+        return sum(self.end) - sum(self.start)
+
+    def path(self, member: int) -> list[int]:
+        """The segments of ``member``'s path, root first (empty if it has no completion token)."""
+        out, g = [], self.last.get(member, -1)
+        while g >= 0:
+            out.append(g)
+            g = self.parent[g]
+        return out[::-1]
+
+
+def _prefix_tree(b: SetBatch, members: torch.Tensor, min_saved: int | None = None) -> _PrefixTree:
+    """The prefix tree over the INPUTS of ``members`` (of one policy): each one's tokens but the
+    last (the logits at positions first completion - 1 .. len - 2 score its completion), so an
+    earlier chat turn, whose whole input starts the next turn's prompt, is scored from the later
+    turn's rows and runs no rows of its own.
+
+    The inputs are sorted (as big-endian bytes, which sort as the token ids do) and the tree is
+    their LCP-interval tree, built top-down with an explicit stack: a run of sorted inputs that
+    share ``depth`` tokens and whose neighbours share at least l > depth is a node [depth, l),
+    split into sub-runs where the neighbours share exactly l (an input of length l ends at the
+    node). A node is made only where it saves ``min_saved`` slots or more, ``(sub-runs - 1) *
+    (l - depth)``; otherwise its sub-runs go on from ``depth`` under the same parent. An input
+    alone in its run gets a tail from ``depth``. With ``min_saved`` 0 the tokens run are the
+    trie's: every distinct prefix of the inputs once. ``min_saved`` None: ``MIN_SHARED_TOKENS``.
+    """
+    min_saved = MIN_SHARED_TOKENS if min_saved is None else min_saved
     off = b.member_offsets.tolist()
     ids = b.input_ids.cpu().numpy().astype(">i8")  # big-endian: the bytes sort as the token ids do
-    comp = b.loss_mask.nonzero().squeeze(1).cpu()
-    first = torch.full((b.num_members,), -1, dtype=torch.int64)
-    if comp.numel():  # each member's first completion token: a segment minimum
-        owner = torch.searchsorted(b.member_offsets[1:].cpu(), comp, right=True)
-        first = first.scatter_reduce(0, owner, comp, reduce="amin", include_self=False)
-    alone: list[int] = []
-    prompts: list[tuple[bytes, int]] = []
+    scored = b.loss_mask.cpu().numpy()
+    keys: list[tuple[bytes, int]] = []
     for m in members.tolist():
-        s, f = off[m], int(first[m])
-        if f <= s:  # no completion token: nothing to score
-            alone.append(m)
-        else:
-            prompts.append((ids[s:f].tobytes(), m))
-    prompts.sort()
-    n = len(prompts)
-    lcp = [_common(prompts[i][0], prompts[i + 1][0]) for i in range(n - 1)]  # of neighbours i, i + 1
-    best = [0] * (n + 1)  # best[j]: the most tokens saved on the first j prompts
-    cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (start of the last group, its prefix; 0 = alone)
-    for j in range(1, n + 1):
-        best[j], cut[j] = best[j - 1], (j - 1, 0)
-        common = 1 << 62
-        for i in range(j - 2, max(-1, j - 1 - MAX_GROUP), -1):  # the group prompts[i..j-1]
-            common = min(common, lcp[i])
-            if common < min_saved:
-                break  # a prefix shorter than min_saved is not shared (and they only get shorter)
-            gain = best[i] + common * (j - 1 - i) - min_saved
-            if gain > best[j]:
-                best[j], cut[j] = gain, (i, common)
-    groups = []
-    j = n
-    while j > 0:
-        i, common = cut[j]
-        if common:
-            groups.append((common, [prompts[k][1] for k in range(i, j)]))
-        else:
-            alone.extend(prompts[k][1] for k in range(i, j))
-        j = i
-    return groups[::-1], sorted(alone)
+        s, e = off[m], off[m + 1]
+        if scored[s + 1:e].any():  # no completion token: nothing to score, no path
+            keys.append((ids[s:e - 1].tobytes(), m))
+    keys.sort()
+    tree = _PrefixTree()
+    n = len(keys)
+    if not n:
+        return tree
+    length = [len(k) // 8 for k, _ in keys]
+    lcp = np.array([_common(keys[i][0], keys[i + 1][0]) for i in range(n - 1)], dtype=np.int64)  # of i, i + 1
+    stack = [(0, n, 0, -1)]  # (run lo..hi of sorted inputs sharing ``depth`` tokens, the segment they continue)
+    while stack:
+        lo, hi, depth, parent = stack.pop()
+        if hi - lo == 1:
+            m = keys[lo][1]
+            tree.last[m] = tree.add(depth, length[lo], m, parent) if length[lo] > depth else parent
+            continue
+        span = lcp[lo:hi - 1]
+        ell = int(span.min())
+        bounds = [lo, *(lo + 1 + np.flatnonzero(span == ell)).tolist(), hi]
+        if ell > depth and (len(bounds) - 2) * (ell - depth) >= min_saved:
+            parent, depth = tree.add(depth, ell, keys[lo][1], parent), ell
+        stack.extend((x, y, depth, parent) for x, y in zip(bounds[-2::-1], bounds[:0:-1]))
+    return tree
+
+
+class _CannotRepeat(Exception):
+    """A forward's KV cache is not one :func:`_repeat_cache` can repeat."""
 
 
 def _prefix_forward(model: torch.nn.Module, b: SetBatch, policy: int, overhead: int) -> list[_Scored]:
-    """The ``prefix`` layout (Note [Layouts]): each group's shared prefix runs once, the rest of its
-    members attends to the repeated KV cache; the members that share nothing go the padded way."""
-    from srpo_graph.backends.transformers import cache_of
-
+    """The ``prefix`` layout (Note [Layouts]): the segments of the policy's prefix tree
+    (:func:`_prefix_tree`), level by level. A level's segments are length-bucketed into
+    right-padded forwards; a node's rows of its forward's KV cache are repeated to the segments
+    that continue it, which attend to them through a 2-D mask hiding every padding cell above.
+    Only the cells whose logits score a completion token are kept. A cache that cannot be
+    repeated sends the policy's members the padded way, and so does a tree that runs more than
+    ``MAX_TREE_SHARE`` of their tokens."""
     cache_kw = _cache_kwarg(model)
     assert cache_kw is not None  # choose_layout only picks prefix for a model that takes a cache
     members = (b.member_policy == policy).nonzero().squeeze(1)
-    device = members.device
-    groups, alone = _shared_prefixes(b, members)
-    out = _padded_forward(model, b, policy, overhead, torch.tensor(alone, dtype=torch.int64, device=device))
-    if not groups:
-        return out
-    for bucket in length_buckets([p for p, _ in groups], overhead):
-        plen = torch.tensor([groups[g][0] for g in bucket], device=device)  # [G] prefix lengths
-        first = torch.tensor([groups[g][1][0] for g in bucket], device=device)  # a member of each group
-        mem = torch.tensor([m for g in bucket for m in groups[g][1]], device=device)  # [M] the groups' members
-        gidx = torch.repeat_interleave(torch.arange(len(bucket), device=device),
-                                       torch.tensor([len(groups[g][1]) for g in bucket], device=device))  # [M]
-        # 1. the shared prefixes, right-padded (plain causal attention: a real token never sees the padding)
-        col = torch.arange(int(plen.max()), device=device)
-        pvalid = col.unsqueeze(0) < plen.unsqueeze(1)  # [G, P]
-        grid = (b.member_offsets.index_select(0, first).unsqueeze(1) + col).masked_fill(~pvalid, 0)
-        last = torch.zeros_like(pvalid)
-        last[torch.arange(len(bucket), device=device), plen - 1] = True  # scores the token after each prefix
-        first_logits, pout = _logits_at(model, last, input_ids=b.input_ids[grid].masked_fill(~pvalid, 0),
-                                        position_ids=col.expand_as(grid), use_cache=True)
-        cache = cache_of(pout)
-        if not _can_repeat(cache):  # a cache this layout cannot repeat: these members go the padded way
-            out += _padded_forward(model, b, policy, overhead, mem)
-            continue
-        starts = b.member_offsets.index_select(0, mem) + plen.index_select(0, gidx)  # [M] each member's first token after it
-        scored = b.loss_mask.index_select(0, starts).nonzero().squeeze(1)  # members whose prompt IS the prefix
-        if scored.numel():  # the prefix's last logits score their first completion token
-            out.append((first_logits.index_select(0, gidx.index_select(0, scored)), starts.index_select(0, scored),
-                        mem.index_select(0, scored)))
-        # 2. the rest of each member (prompt tail and completion but the last token, whose logits
-        # score nothing), in length buckets of their own, each attending to its rows of the prefix cache
-        rest = b.member_offsets.index_select(0, mem + 1) - starts - 1  # [M]
-        todo = (rest > 0).nonzero().squeeze(1)  # a one-token completion right after the prefix: scored above
-        for sub in length_buckets(rest.index_select(0, todo).tolist(), overhead):
-            rows = todo.index_select(0, torch.tensor(sub, dtype=torch.int64, device=device))  # into mem
-            r_len, r_start, r_group = rest.index_select(0, rows), starts.index_select(0, rows), gidx.index_select(0, rows)
-            scol = torch.arange(int(r_len.max()), device=device)
-            svalid = scol.unsqueeze(0) < r_len.unsqueeze(1)  # [R, S]
-            sgrid = (r_start.unsqueeze(1) + scol).masked_fill(~svalid, 0)  # [R, S] stream index
-            target = b.loss_mask[sgrid + 1] & svalid  # the token after each cell is a completion token
-            mask = torch.cat([pvalid.index_select(0, r_group), torch.ones_like(svalid)], dim=1).long()  # hide prompt padding
-            logits, _ = _logits_at(model, target, input_ids=b.input_ids[sgrid].masked_fill(~svalid, 0),
-                                   position_ids=plen.index_select(0, r_group).unsqueeze(1) + scol, attention_mask=mask,
-                                   use_cache=True, **{cache_kw: _repeat_cache(cache, r_group)})
-            out.append((logits, (sgrid + 1)[target], mem.index_select(0, rows).unsqueeze(1).expand_as(sgrid)[target]))
+    tree = _prefix_tree(b, members)
+    if tree.num_tokens > MAX_TREE_SHARE * int((b.member_offsets[1:] - b.member_offsets[:-1])[members].sum()):
+        return _padded_forward(model, b, policy, overhead)  # too little shared to pay for the cached levels
+    try:
+        return _run_tree(model, b, tree, overhead, cache_kw)
+    except _CannotRepeat:
+        return _padded_forward(model, b, policy, overhead)
+
+
+def _run_tree(model: torch.nn.Module, b: SetBatch, tree: _PrefixTree, overhead: int, cache_kw: str) -> list[_Scored]:
+    """The forwards of :func:`_prefix_forward`; raises :class:`_CannotRepeat`."""
+    from srpo_graph.backends.transformers import cache_of
+
+    num_seg = len(tree.start)
+    if not num_seg:
+        return []
+    device = b.input_ids.device
+    off = b.member_offsets.cpu().numpy()
+    start, end = np.asarray(tree.start, dtype=np.int64), np.asarray(tree.end, dtype=np.int64)
+    # 1. the cells: each completion token of a member with a path, the segment of that path that
+    # runs the position before it (pairs (member, path segment) sorted by member then start, one search)
+    ranked = np.asarray(sorted(tree.last), dtype=np.int64)  # members with a path
+    paths = [tree.path(int(m)) for m in ranked]
+    pair_seg = np.asarray([g for p in paths for g in p], dtype=np.int64)
+    pair_rank = np.repeat(np.arange(len(ranked)), [len(p) for p in paths])
+    big = int(end.max()) + 1
+    comp = b.loss_mask.nonzero().squeeze(1).cpu().numpy()  # stream indices of completion tokens
+    owner = np.searchsorted(off, comp, side="right") - 1  # their members
+    rank = np.searchsorted(ranked, owner)
+    mine = (rank < len(ranked)) & (ranked[np.minimum(rank, len(ranked) - 1)] == owner)
+    where, rank, owner = comp[mine], rank[mine], owner[mine]
+    p = where - off[owner] - 1  # [c] the position whose hidden state scores it
+    pair = np.searchsorted(pair_rank * big + start[pair_seg], rank * big + p, side="right") - 1
+    cell_seg = pair_seg[pair]  # [c]
+    cell_col = p - start[cell_seg]  # [c] column in that segment's row
+    needed = np.bincount(cell_seg, minlength=num_seg) > 0  # a cell to keep, or (below) a segment under it that has
+    for g in range(num_seg - 1, -1, -1):  # children come after their parent
+        if needed[g] and tree.parent[g] >= 0:
+            needed[tree.parent[g]] = True
+    order = np.argsort(cell_seg, kind="stable")  # the cells of segment g: order[first[g]:first[g + 1]]
+    first = np.concatenate([[0], np.cumsum(np.bincount(cell_seg, minlength=num_seg))])
+    where_t, owner_t = torch.as_tensor(where, device=device), torch.as_tensor(owner, device=device)
+
+    # 2. the forwards: a stack of calls (parent cache, its [rows, P] bool mask, segments, their rows in it)
+    out: list[_Scored] = []
+    roots = [g for g in range(num_seg) if tree.parent[g] < 0 and needed[g]]
+    stack: list[tuple[object, torch.Tensor | None, list[int], list[int]]] = [(None, None, roots, [])]
+    while stack:
+        cache, pmask, segs_all, prow_all = stack.pop()
+        lens = (end[segs_all] - start[segs_all]).tolist()
+        for bucket in length_buckets(lens, overhead):
+            segs = np.asarray([segs_all[i] for i in bucket], dtype=np.int64)
+            seg_start = torch.as_tensor(start[segs], device=device)
+            n = torch.as_tensor(end[segs] - start[segs], device=device)  # [B]
+            col = torch.arange(int(n.max()), device=device)  # [L]
+            valid = col.unsqueeze(0) < n.unsqueeze(1)  # [B, L]: False on the right padding
+            base = torch.as_tensor(off[np.asarray(tree.rep)[segs]], device=device) + seg_start
+            grid = (base.unsqueeze(1) + col).masked_fill(~valid, 0)  # [B, L] stream index
+            cells = np.concatenate([order[first[g]:first[g + 1]] for g in segs])  # this bucket's cells
+            row_of = np.full(num_seg, -1, dtype=np.int64)
+            row_of[segs] = np.arange(len(segs))
+            flat = torch.as_tensor(row_of[cell_seg[cells]] * int(col.numel()) + cell_col[cells], device=device)
+            keep = torch.zeros(valid.numel(), dtype=torch.bool, device=device)
+            keep[flat] = True
+            kept = (torch.cumsum(keep, 0) - 1).index_select(0, flat)  # each cell's row of the kept logits (row-major)
+            has_kids = [any(needed[c] for c in tree.children[g]) for g in segs.tolist()]
+            inputs: dict = {"input_ids": b.input_ids[grid].masked_fill(~valid, 0),  # pad: any id, hidden by the masks
+                            "position_ids": seg_start.unsqueeze(1) + col, "use_cache": cache is not None or any(has_kids)}
+            mask = valid
+            if cache is not None:  # continue the parent rows: their cache, their mask, then this row
+                rows = torch.as_tensor([prow_all[i] for i in bucket], device=device)
+                mask = torch.cat([pmask.index_select(0, rows), valid], dim=1)  # type: ignore[union-attr]
+                inputs.update({"attention_mask": mask.long(), cache_kw: _repeat_cache(cache, rows)})
+            logits, fwd = _logits_at(model, keep.view_as(valid), **inputs)
+            if cells.size:
+                sel = torch.as_tensor(cells, device=device)
+                # several members may read one cell (a shared node): index_select sums their gradients
+                out.append((logits.index_select(0, kept), where_t.index_select(0, sel), owner_t.index_select(0, sel)))
+            if any(has_kids):
+                new_cache = cache_of(fwd)
+                if not _can_repeat(new_cache):
+                    raise _CannotRepeat
+                kids = [(c, r) for r, g in enumerate(segs.tolist()) for c in tree.children[g] if needed[c]]
+                stack.append((new_cache, mask, [c for c, _ in kids], [r for _, r in kids]))
     return out
 
 

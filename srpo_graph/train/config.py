@@ -199,7 +199,8 @@ class OptimConfig(_Section):
         "only speed differs): `packed` = one row per policy with positions restarting per member (fast with a "
         "varlen attention kernel: flash-attention, FlexAttention), `padded` = length-bucketed right-padded rows "
         "(fast with sdpa/eager, e.g. on CPU, where a packed row costs a dense [n, n] mask), `prefix` = padded, but "
-        "members with the same prompt (the G samples of a task) share one prompt forward through the KV cache, "
+        "what members' inputs share runs once through the KV cache, nested (a task's prompt for its G samples, "
+        "then each chat turn for the turns that extend it), "
         "`auto` = packed for flash/flex attention, else prefix for a model that takes a KV cache, else padded. "
         "See docs/performance.md (P5).")
     autocast: Literal["off", "bfloat16"] = Field(

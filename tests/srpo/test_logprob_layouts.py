@@ -26,6 +26,28 @@ LAYOUTS = [("packed", 0), ("padded", 0), ("padded", 16), ("padded", 128), ("padd
            ("prefix", 0), ("prefix", 128), ("prefix", 10**9)]
 
 
+REAL_SHARING = {}  # the prefix layout's real thresholds, for the tests that run with them
+
+
+@pytest.fixture(autouse=True)
+def small_sharing(monkeypatch):
+    """The prefix layout shares what these small batches share (a node where it saves one token, a
+    tree whatever it saves), so its tree path runs on them; tests that want the real thresholds
+    put back ``REAL_SHARING``."""
+    import srpo_graph.srpo.logprobs as lp_mod
+
+    REAL_SHARING.update(MIN_SHARED_TOKENS=lp_mod.MIN_SHARED_TOKENS, MAX_TREE_SHARE=lp_mod.MAX_TREE_SHARE)
+    monkeypatch.setattr(lp_mod, "MIN_SHARED_TOKENS", 1)
+    monkeypatch.setattr(lp_mod, "MAX_TREE_SHARE", 1.0)
+
+
+def _real_sharing(monkeypatch):
+    import srpo_graph.srpo.logprobs as lp_mod
+
+    for name, value in REAL_SHARING.items():
+        monkeypatch.setattr(lp_mod, name, value)
+
+
 @pytest.fixture(scope="module")
 def models():
     """The built-in tiny model (Llama) and a small Qwen2 (biased q/k/v projections, grouped kv heads)."""
@@ -80,17 +102,16 @@ def batch(models, request):
     assert b.num_micro_batches > 1 and len(set(lengths)) > 5
     assert (b.member_allowed >= 0).any() and (b.member_temperature != 1).any() and len(set(b.member_policy.tolist())) == 2
     if request.param == "shared prompts":  # shared prompts of both policies, one-token completions, lone members
-        from srpo_graph.srpo.logprobs import _shared_prefixes
+        from srpo_graph.srpo.logprobs import _prefix_tree
 
-        shared = [bool(_shared_prefixes(m, torch.arange(m.num_members))[0]) for m in b.micro_batches()]
-        assert sum(shared) >= len(shared) / 2, shared
+        nodes = [sum(1 for k in _prefix_tree(m, torch.arange(m.num_members), 1).children if k) for m in b.micro_batches()]
+        assert sum(n > 0 for n in nodes) >= len(nodes) / 2, nodes
         for pol in (0, 1):
-            assert _shared_prefixes(b, (b.member_policy == pol).nonzero().squeeze(1))[0], pol
-        groups, alone = _shared_prefixes(b, torch.arange(b.num_members))
-        assert alone and max(len(ms) for _, ms in groups) >= 4
-        prompt_len = {m: int(b.loss_mask[int(b.member_offsets[m]):].nonzero()[0]) for _, ms in groups for m in ms}
-        assert any(prompt_len[m] == p for p, ms in groups for m in ms)  # a whole prompt shared
-        assert any(prompt_len[m] > p for p, ms in groups for m in ms)  # a prefix shared, the prompt's tail per member
+            assert any(_prefix_tree(b, (b.member_policy == pol).nonzero().squeeze(1), 1).children), pol
+        tree = _prefix_tree(b, torch.arange(b.num_members), 1)
+        under = [sum(1 for m in tree.last if g in tree.path(m)) for g in range(len(tree.start))]
+        assert max(under) >= 4 and 1 in under  # a node shared by 4 or more, a member's own tail
+        assert any(under[tree.last[m]] > 1 for m in tree.last)  # a member's whole input shared (it has no tail)
         completion = [int(b.loss_mask[int(b.member_offsets[m]):int(b.member_offsets[m + 1])].sum()) for m in range(b.num_members)]
         assert 1 in completion and max(completion) > 5
     return b
@@ -257,34 +278,56 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
         choose_layout(tiny, "ragged")
 
 
-def test_prefix_layout_runs_each_shared_prompt_once(models, batch):
-    """The prefix layout's forwards hold fewer token cells than the padded layout's wherever prompts
-    start alike: each prefix that members of one policy share is the start of one row of its forwards."""
-    from srpo_graph.srpo.logprobs import _shared_prefixes
+def _forward_rows(models, batch, layout) -> list[tuple[int, list[int], list[int]]]:
+    """(policy, input ids, position ids) of every row of every forward ``packed_logprobs`` runs."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda mod, a, kw, i=i: seen.append((i, kw["input_ids"], kw["position_ids"])),
+                                         with_kwargs=True) for i, m in enumerate(models)]
+    try:
+        with torch.no_grad():
+            packed_logprobs(models, batch, layout=layout, bucket_overhead=10**9)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [(i, r.tolist(), q.tolist()) for i, x, pos in seen for r, q in zip(x, pos)]
 
-    cells, rows = {}, []
-    for layout in ("padded", "prefix"):
-        seen = []
-        hooks = [m.register_forward_pre_hook(lambda mod, a, kw, i=i: seen.append((i, kw["input_ids"])), with_kwargs=True)
-                 for i, m in enumerate(models)]
-        try:
-            with torch.no_grad():
-                packed_logprobs(models, batch, layout=layout, bucket_overhead=10**9)
-        finally:
-            for h in hooks:
-                h.remove()
-        cells[layout] = sum(x.numel() for _, x in seen)
-        rows = [(i, tuple(r.tolist())) for i, x in seen for r in x]
-    shared = [(pol, p, ms) for pol in (0, 1)
-              for p, ms in _shared_prefixes(batch, (batch.member_policy == pol).nonzero().squeeze(1))[0]]
-    if not shared:
+
+@pytest.mark.parametrize("sharing", ["small", "real"])
+def test_prefix_layout_runs_each_shared_segment_once(models, batch, sharing, monkeypatch):
+    """The prefix layout's forwards hold fewer token cells than the padded layout's wherever inputs
+    share enough, and run one row per segment of each policy's prefix tree, each segment's tokens
+    at its positions; a policy whose tree would run more than ``MAX_TREE_SHARE`` of its tokens gets
+    the padded layout's rows."""
+    import srpo_graph.srpo.logprobs as lp_mod
+    from srpo_graph.srpo.logprobs import _prefix_tree
+
+    if sharing == "real":
+        _real_sharing(monkeypatch)
+
+    cells = {layout: sum(len(r) for _, r, _ in _forward_rows(models, batch, layout)) for layout in ("padded", "prefix")}
+    rows = _forward_rows(models, batch, "prefix")
+    padded_rows = _forward_rows(models, batch, "padded")
+    trees = {}
+    for pol in (0, 1):
+        members = (batch.member_policy == pol).nonzero().squeeze(1)
+        tree = _prefix_tree(batch, members)
+        if tree.num_tokens > lp_mod.MAX_TREE_SHARE * int((batch.member_offsets[1:] - batch.member_offsets[:-1])[members].sum()):
+            # too little shared: the padded way, row for row
+            assert [r for r in rows if r[0] == pol] == [r for r in padded_rows if r[0] == pol], pol
+        else:
+            trees[pol] = tree
+    if not trees:
         assert cells["prefix"] == cells["padded"]
         return
-    assert cells["prefix"] < cells["padded"]
-    for pol, p, ms in shared:
-        start = int(batch.member_offsets[ms[0]])
-        prompt = tuple(batch.input_ids[start:start + p].tolist())
-        assert sum(i == pol and r[:p] == prompt for i, r in rows) == 1, (pol, prompt)
+    lengths = batch.member_offsets[1:] - batch.member_offsets[:-1]
+    if sum(t.num_tokens for t in trees.values()) <= 0.75 * int(lengths[batch.member_policy < 2].sum()):
+        assert cells["prefix"] < cells["padded"]  # with padding: levels pad too, so only where sharing is real
+    for pol, tree in trees.items():
+        assert sum(i == pol for i, _, _ in rows) == len(tree.start), pol  # one row per segment
+        for g, (a, z) in enumerate(zip(tree.start, tree.end)):
+            s = int(batch.member_offsets[tree.rep[g]])
+            seg = batch.input_ids[s + a:s + z].tolist()
+            assert any(i == pol and r[:z - a] == seg and q[0] == a for i, r, q in rows), (pol, g)
 
 
 def _brute_force_cost(lengths: list[int], overhead: int) -> int:
@@ -328,45 +371,53 @@ def _batch_of_prompts(prompts: list[list[int]]):
     return compile([ep], CompileConfig())
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_shared_prefixes_is_the_best_grouping_of_sorted_runs(seed):
-    """The groups are runs of the sorted prompts whose common prefix each group shares, and they skip the
-    most tokens any such grouping does (brute force over every split), a prefix under the minimum unshared."""
-    from srpo_graph.srpo.logprobs import _shared_prefixes
+def _trie_tokens(seqs: list[list[int]]) -> int:
+    """Distinct non-empty prefixes of ``seqs`` (the nodes of their trie), counted one by one."""
+    return len({tuple(x[:k]) for x in seqs for k in range(1, len(x) + 1)})
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_prefix_tree_covers_each_needed_position_once(seed):
+    """Random nested prompts (chat-like chains: a prompt extends another member's whole sequence,
+    samples that share a prompt, exact duplicates, ids above 255): every member's path covers its
+    input positions 0 .. len - 2 once, in order, and each segment's tokens are that member's; the
+    tokens run never exceed padded's and, with ``min_saved`` 0, are the trie's of the inputs; every
+    node has two or more things under it and saves ``min_saved`` or more."""
+    from srpo_graph.srpo.logprobs import _prefix_tree
 
     rng = random.Random(seed)
-    alphabet = (1, 2, 300, 70_000)  # ids above 255: the groups follow the ids, not their low bytes
-    stems = [[rng.choice(alphabet) for _ in range(rng.randint(0, 12))] for _ in range(3)]
-    prompts = [rng.choice(stems) + [rng.choice(alphabet) for _ in range(rng.randint(1, 6))] for _ in range(rng.randint(2, 8))]
+    alphabet = (1, 2, 300, 70_000)  # ids above 255: the order follows the ids, not their low bytes
+    word = lambda k: [rng.choice(alphabet) for _ in range(k)]  # noqa: E731
+    prompts: list[list[int]] = []
+    for _ in range(rng.randint(1, 4)):  # a task: G samples of a chat, a few turns each
+        first = word(rng.randint(1, 10))
+        for _ in range(rng.randint(1, 3)):
+            prompt = list(first)
+            for _ in range(rng.randint(1, 3)):
+                prompts.append(list(prompt))
+                prompt = prompt + [1, 2] + word(rng.randint(0, 4))  # + the turn's completion (below) + a message
     b = _batch_of_prompts(prompts)
-    min_saved = rng.choice([1, 4, 8])
-    groups, alone = _shared_prefixes(b, torch.arange(b.num_members), min_saved)
-    assert sorted([m for _, ms in groups for m in ms] + alone) == list(range(len(prompts)))
-    for p, ms in groups:
-        assert len(ms) >= 2 and p >= min_saved and all(len(prompts[m]) >= p for m in ms)
-        assert len({tuple(prompts[m][:p]) for m in ms}) == 1
-    got = sum((len(ms) - 1) * p - min_saved for p, ms in groups)
-
-    order = sorted(range(len(prompts)), key=lambda m: prompts[m])
-
-    def common(run):
-        xs = [prompts[m] for m in run]
-        n = 0
-        while all(len(x) > n for x in xs) and len({x[n] for x in xs}) == 1:
-            n += 1
-        return n
-
-    best = 0
-    for cuts in itertools.product([False, True], repeat=len(order) - 1):
-        total, start = 0, 0
-        for i, cut in enumerate(list(cuts) + [True]):
-            if cut:
-                run = order[start:i + 1]
-                c = common(run) if len(run) > 1 else 0
-                total += max(0, (len(run) - 1) * c - min_saved) if c >= min_saved else 0
-                start = i + 1
-        best = max(best, total)
-    assert got == best, (groups, prompts)
+    seqs = [b.input_ids[int(b.member_offsets[m]):int(b.member_offsets[m + 1])].tolist() for m in range(b.num_members)]
+    for min_saved in (0, 1, 4, 8):
+        tree = _prefix_tree(b, torch.arange(b.num_members), min_saved)
+        assert sorted(tree.last) == list(range(b.num_members))
+        for m, seq in enumerate(seqs):
+            at = 0
+            for g in tree.path(m):
+                assert tree.start[g] == at < tree.end[g]
+                s = int(b.member_offsets[tree.rep[g]])
+                assert b.input_ids[s + tree.start[g]:s + tree.end[g]].tolist() == seq[tree.start[g]:tree.end[g]]
+                at = tree.end[g]
+            assert at == len(seq) - 1
+        assert tree.num_tokens <= sum(len(x) - 1 for x in seqs)
+        for g in range(len(tree.start)):
+            under = len(tree.children[g]) + sum(tree.last[m] == g for m in tree.last)
+            if under > 1 or tree.children[g]:
+                assert under >= 2 and (under - 1) * (tree.end[g] - tree.start[g]) >= min_saved
+        if min_saved == 0:
+            assert tree.num_tokens == _trie_tokens([x[:-1] for x in seqs])
+        if min_saved == 8:  # more nodes cannot cost more tokens
+            assert tree.num_tokens >= _prefix_tree(b, torch.arange(b.num_members), 0).num_tokens
 
 
 def test_prefix_layout_falls_back_to_padded_where_a_cache_cannot_be_repeated(models, batch, monkeypatch):
@@ -379,3 +430,117 @@ def test_prefix_layout_falls_back_to_padded_where_a_cache_cannot_be_repeated(mod
         monkeypatch.setattr(lp_mod, "_can_repeat", lambda cache: False)
         got, _ = packed_logprobs(models, batch, layout="prefix")
     assert torch.allclose(got, want, atol=1e-6)
+
+
+def _chat_batch(vocab: int, seed: int = 0):
+    """Chat-shaped episodes of two policies: 3 tasks x 3 samples, each a chain of 3 turns on ``tiny``
+    whose turn k prompt is turn k-1's prompt + completion + a new message, plus a ``small`` judge
+    whose prompt is turn 2's whole sequence (the same tokens, another policy: nothing shared across).
+    Sample 0's first turn is one token right after the task's prompt (the branch point); samples 1
+    and 2 of task 0 sample the same first turn (equal inputs); turn 2 is constrained, turn 3 at
+    temperature 0.7, the judge at 1.3."""
+    from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
+
+    rng = random.Random(seed)
+    words = lambda k: [rng.randrange(3, vocab) for _ in range(k)]  # noqa: E731
+    eps = []
+    for task in range(3):
+        first, same = words(rng.randint(6, 16)), words(4)
+        for g in range(3):
+            outputs, prompt = [], list(first)
+            for turn in range(3):
+                said = words(1) if turn == 0 and g == 0 else same if turn == 0 and task == 0 else words(rng.randint(2, 6))
+                allowed = sorted(set(said + words(5))) if turn == 1 else None
+                outputs.append(Output(id=f"o{turn}", agent="chat", policy="tiny", step=turn, prompt_ids=prompt,
+                                      completion_ids=said, logprobs=[-1.0] * len(said), temperature=0.7 if turn == 2 else 1.0,
+                                      allowed_token_ids=allowed, max_tokens=8, text=""))
+                if turn == 1:
+                    outputs.append(Output(id="judge", agent="judge", policy="small", step=3, prompt_ids=prompt + said,
+                                          completion_ids=words(2), logprobs=[-1.0, -1.0], temperature=1.3, max_tokens=2,
+                                          text=""))
+                prompt = prompt + said + words(rng.randint(1, 5))
+            transitions = [TransitionRecord(id=f"t{k}", name=f"t{k}", step=k, consumed=[o.id], activated=["end"], reward=None)
+                           for k, o in enumerate(outputs)]
+            eps.append(Episode(workflow=WorkflowRef(name="x", hash="0" * 64), task_id=f"task{task}", group_id=f"task{task}",
+                               sample=g, seed=0, outputs=outputs, transitions=transitions, reward=float(g), status="ok"))
+    return compile(eps, CompileConfig())
+
+
+def _logprobs_and_grads(models, b, layout, overhead=0):
+    """The log-probs of ``b`` in ``layout`` (the one-member reference for None) and the gradients of a
+    fixed random weighting of them."""
+    _zero(models)
+    if layout is None:
+        lp, _ = reference_logprobs(models, b)
+    else:
+        lp, _ = packed_logprobs(models, b, layout=layout, bucket_overhead=overhead)
+    w = torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * b.loss_mask
+    (lp.double() * w).sum().backward()
+    grads = _grads(models)
+    _zero(models)
+    return lp.detach().double(), grads
+
+
+def _assert_layouts_agree(models, b):
+    want_lp, want_grads = _logprobs_and_grads(models, b, None)
+    assert any(g.abs().sum() > 0 for g in want_grads)
+    mask = b.loss_mask
+    for layout, overhead in [("padded", 128), ("prefix", 0), ("prefix", 128), ("prefix", 10**9)]:
+        lp, grads = _logprobs_and_grads(models, b, layout, overhead)
+        assert torch.allclose(lp[mask], want_lp[mask], atol=2e-6), (layout, overhead)
+        assert torch.all(lp[~mask] == 0)
+        for got, want in zip(grads, want_grads):
+            assert torch.allclose(got.double(), want.double(), atol=1e-5, rtol=1e-4), (layout, overhead)
+
+
+def test_prefix_layout_on_nested_chat_turns(models):
+    """Chat turns nest: the tree has a node per task, per sample's first turn and per second turn, a
+    first turn's input ends at a node (scored from the later turns' rows), the judge's policy gets its
+    own tree; log-probs and gradients equal the padded layout's and the one-member reference's."""
+    from srpo_graph.srpo.logprobs import _prefix_tree
+
+    b = _chat_batch(models[0].config.vocab_size)
+    tiny = _prefix_tree(b, (b.member_policy == 0).nonzero().squeeze(1), min_saved=0)
+    judge = (b.member_policy == 1).nonzero().squeeze(1)
+    assert max(len(tiny.path(m)) for m in tiny.last) >= 4  # task prompt, first turn, second turn, tail
+    assert sum(tiny.children[tiny.last[m]] != [] for m in tiny.last) >= 9  # inputs that end where a later turn goes on
+    assert judge.numel() == 9 and not set(tiny.last) & set(judge.tolist())
+    seqs = [b.input_ids[int(b.member_offsets[m]):int(b.member_offsets[m + 1]) - 1].tolist() for m in sorted(tiny.last)]
+    assert tiny.num_tokens == _trie_tokens(seqs) < sum(map(len, seqs)) / 2
+    _assert_layouts_agree(models, b)
+
+
+@pytest.fixture(scope="module")
+def chat_rollout(tmp_path_factory):
+    """One rollout of workflows/chat_search_qwen3.wf (3 tasks x G = 3) on the qwen3-test model, and the model."""
+    from pathlib import Path
+
+    from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.lang import load_workflow
+    from srpo_graph.models.architectures import ensure_local_model
+    from srpo_graph.runtime.executor import run
+    from srpo_graph.runtime.tasks import load_tasks
+
+    root = Path(__file__).resolve().parents[2]
+    backend = TransformersBackend.from_pretrained(str(ensure_local_model("qwen3-test", tmp_path_factory.mktemp("q3"))))
+    wf = load_workflow(root / "workflows" / "chat_search_qwen3.wf")
+    tasks = load_tasks(root / "workflows" / "tasks" / "chat_search_qwen3.jsonl", wf)[:3]
+    episodes = run(wf, tasks, {"m": backend}, samples=3, seed=3).episodes
+    return compile(episodes, CompileConfig(micro_batch_tokens=0)), backend.model
+
+
+def test_prefix_layout_on_the_chat_workflow(chat_rollout, monkeypatch):
+    """The real chat agent (qwen3-test, its chat template, tool messages between turns): the tree shares
+    each task's prompt and each sample's earlier turns, and the prefix layout's log-probs and gradients
+    equal the padded layout's and the one-member reference's."""
+    from srpo_graph.srpo.logprobs import _prefix_tree
+
+    _real_sharing(monkeypatch)
+    b, model = chat_rollout
+    model.eval()
+    tree = _prefix_tree(b, torch.arange(b.num_members))
+    off = b.member_offsets.tolist()
+    padded = sum(off[m + 1] - off[m] for m in range(b.num_members))
+    assert b.num_members > 9 and tree.num_tokens < padded / 2
+    assert any(tree.children[tree.last[m]] for m in tree.last)  # an earlier turn scored from its later turn's rows
+    _assert_layouts_agree([model], b)
