@@ -71,6 +71,8 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
 
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
+        # before the group exists: see Note [Group defaults captured at import]
+        import torch.distributed.nn.functional  # noqa: F401
         if device == "cuda":
             torch.cuda.set_device(local)
         from datetime import timedelta
@@ -80,6 +82,21 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
         dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device == "cuda" else "gloo",
                                 timeout=timedelta(seconds=timeout))
     return DistInfo(rank=rank, world_size=world, local_rank=local)
+
+
+# Note [Group defaults captured at import]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.distributed.nn.functional declares `def all_reduce(tensor, ..., group=group.WORLD)` and
+# nine more like it: a module imported after init_process_group keeps the default group in
+# those defaults for good. torch._dynamo imports it, and so do transformers' modeling code,
+# torch.distributed.checkpoint and fsdp, so loading a model after init did. Then
+# destroy_process_group cannot free the group: its gloo worker threads outlive it, and one still
+# releasing the last collective's work (a barrier holds the work before it, with the tensors
+# Python made) needs the GIL while the interpreter finalizes, which aborts the process
+# ("terminate called without an active exception", SIGABRT) after a run that succeeded; about
+# 1 in 20 two-rank runs on 2 loaded cores. Imported before the group exists, those defaults are
+# None, the group dies in destroy_process_group, and its threads are joined there, while the
+# interpreter is whole. tests/train/test_train_ddp.py::test_shutdown_frees_the_process_group.
 
 
 def collective_failed(exc: BaseException) -> bool:

@@ -58,3 +58,45 @@ def test_shards_are_whole_contiguous_and_cover_everything():
         shards = [shard_sets(tokens, r, world) for r in range(world)]
         flat = [i for s in shards for i in s]
         assert flat == list(range(len(tokens)))  # disjoint, in order, nothing lost
+
+
+SHUTDOWN_WORKER = '''
+import json, os, sys
+import torch
+from srpo_graph.train.distributed import all_gather_bytes, init_distributed, shutdown
+
+def gloo_threads():
+    names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
+
+dist = init_distributed("cpu", timeout=60)
+during = gloo_threads()
+import torch._dynamo  # what loading a model after init imports (transformers' modeling code does)
+import transformers.modeling_utils  # noqa: F401
+parts = all_gather_bytes(str(dist.rank).encode(), dist)
+shutdown(dist)
+with open(os.path.join(sys.argv[1], f"rank{dist.rank}.json"), "w") as f:
+    json.dump({"parts": [p.decode() for p in parts], "during": during, "after": gloo_threads()}, f)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="thread names are read from /proc")
+def test_shutdown_frees_the_process_group(tmp_path):
+    """``shutdown`` leaves no gloo thread behind, even when modules that keep the default group in
+    their defaults (torch.distributed.nn.functional, imported by torch._dynamo and transformers'
+    modeling code) are first imported after init (Note [Group defaults captured at import]): a
+    group that outlives destroy_process_group can abort the process at exit."""
+    script = tmp_path / "shutdown_worker.py"
+    script.write_text(SHUTDOWN_WORKER, encoding="utf-8")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["parts"] == ["0", "1"]
+        assert got["during"], "the group's gloo threads should exist while it lives (else this test shows nothing)"
+        assert got["after"] == [], got
