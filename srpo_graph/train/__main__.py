@@ -9,11 +9,19 @@ from __future__ import annotations
 import sys
 
 from srpo_graph.errors import SrpoGraphError
+from srpo_graph.exiting import quiet_signals_for_exit
 
 
 def main(argv: list[str] | None = None) -> None:
     from srpo_graph.train.commands import train_command
 
+    try:
+        _run(train_command, argv)
+    finally:  # the outcome is decided: a signal must not raise into the exit (srpo_graph/exiting.py)
+        quiet_signals_for_exit()
+
+
+def _run(train_command, argv: list[str] | None) -> None:
     try:
         train_command.main(args=argv if argv is not None else sys.argv[1:], prog_name="srpo_graph.train",
                            standalone_mode=False)

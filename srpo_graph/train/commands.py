@@ -148,11 +148,13 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         try:
             code = _launch(workflow, cfg, resume is not None, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint)
         except KeyboardInterrupt:  # rank 0 has printed where the run stands and how to resume
+            _decided()
             from srpo_graph.train.stops import continue_command
 
             click.echo(f"srpo-graph train: interrupted; continue with: {continue_command(workflow, cfg.run_dir)}",
                        err=True)
             sys.exit(130)
+        _decided()
         sys.exit(code)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     try:
@@ -161,14 +163,17 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         try:
             summary = train(workflow, cfg, resume=resume is not None)
         except RunStopped as exc:  # disk full, failure budget, a dead server: the cause and the command that continues
+            _decided()
             if main_rank:
                 click.echo(exc.advice(workflow), err=True)
             sys.exit(exc.exit_code)
     except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM in the loop: no traceback, say how to continue
+        _decided()
         if main_rank:
             click.echo(exc.advice(workflow), err=True)
         sys.exit(_interrupt_code())
     except KeyboardInterrupt:  # before the loop started (imports, loading models and tasks)
+        _decided()
         if main_rank:
             from srpo_graph.train.stops import continue_command
 
@@ -179,6 +184,7 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             click.echo(f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}",
                        err=True)
         sys.exit(_interrupt_code())
+    _decided()
     if main_rank and resume is not None and summary.steps_this_run == 0:
         click.echo(f"nothing to do: the run in {summary.run_dir} is already at step {summary.steps} "
                    f"(extend it with --steps N, N > {summary.steps})")
@@ -202,6 +208,16 @@ _SIGNAL: list[int] = []  # the signal that stopped this process, if it was not S
 def _terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
     _SIGNAL.append(signum)
     raise KeyboardInterrupt
+
+
+def _decided() -> None:
+    """The run's outcome is decided: a SIGTERM from now on must not raise into the exit (exiting.py).
+
+    Only the handler this command installed is replaced: it owns SIGTERM, not SIGINT."""
+    from srpo_graph.exiting import quiet_signals_for_exit
+
+    if signal.getsignal(signal.SIGTERM) is _terminated:
+        quiet_signals_for_exit((signal.SIGTERM,))
 
 
 def _interrupt_name() -> str:

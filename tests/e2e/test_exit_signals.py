@@ -1,0 +1,108 @@
+"""A signal that arrives while a command exits keeps its outcome and prints no traceback (exiting.py).
+
+The failure this guards: a rank of a torchrun job whose peer died prints its stop line and exits;
+torchrun's SIGTERM to it lands inside the exit (there: a weakref callback) and Python printed
+"Exception ignored in ... Traceback ... KeyboardInterrupt". Here the exit is made slow on purpose
+with a real ``atexit`` function (it writes a marker, then sleeps), and real signals are sent to the
+real entry points while it runs: ``srpo-graph`` (cli.main) and ``python -m srpo_graph.train``
+(what torchrun runs).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WF = str(ROOT / "workflows" / "coord_seq.wf")
+
+_SLOW_EXIT = """
+import atexit, pathlib, sys, time
+marker, seconds = pathlib.Path(sys.argv.pop(1)), float(sys.argv.pop(1))
+def _slow_exit():
+    marker.write_text("exiting")
+    time.sleep(seconds)
+atexit.register(_slow_exit)
+"""
+
+_AS_CLI = _SLOW_EXIT + """
+sys.argv[0] = "srpo-graph"
+import srpo_graph.cli as cli
+cli.main(sys.argv[1:])
+"""
+
+_AS_TORCHRUN_WORKER = _SLOW_EXIT + """
+import runpy
+sys.argv[0] = "srpo_graph.train"
+runpy.run_module("srpo_graph.train", run_name="__main__")
+"""
+
+
+def _start(code: str, marker: Path, sleep_s: float, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", code, str(marker), str(sleep_s), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _signal_during_exit(proc: subprocess.Popen, marker: Path, *signals: int) -> tuple[str, float]:
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    for sig in signals:
+        proc.send_signal(sig)
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=120)
+    return err, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_clis_exit_keeps_the_status_and_prints_no_traceback(tmp_path, sig):
+    proc = _start(_AS_CLI, tmp_path / "marker", 2.0, "check", WF)
+    err, _ = _signal_during_exit(proc, tmp_path / "marker", sig)
+    assert proc.returncode == 0, err[-2000:]  # `check` passed: its status, not the signal's
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_train_workers_exit_keeps_the_status_and_prints_no_traceback(tmp_path, sig):
+    """The torchrun worker's entry point; the run stops on a bad override (a ConfigError, exit 7)
+    after ``train`` has installed its SIGTERM handler (which raises KeyboardInterrupt)."""
+    proc = _start(_AS_TORCHRUN_WORKER, tmp_path / "marker", 2.0, WF, "optim.lr=fast", "--run-dir",
+                  str(tmp_path / "run"))
+    err, _ = _signal_during_exit(proc, tmp_path / "marker", sig)
+    assert proc.returncode == 7, err[-2000:]
+    assert "optim.lr" in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+
+
+def test_a_second_signal_ends_a_slow_exit_at_once(tmp_path):
+    proc = _start(_AS_CLI, tmp_path / "marker", 60.0, "check", WF)
+    err, seconds = _signal_during_exit(proc, tmp_path / "marker", signal.SIGTERM, signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert seconds < 30 and "Traceback" not in err, (seconds, err[-2000:])
+
+
+def test_the_train_command_stops_raising_on_sigterm_once_its_outcome_is_decided():
+    """In-process: ``_decided`` replaces the command's own SIGTERM handler only (it does not own SIGINT)."""
+    from srpo_graph.train import commands
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGTERM, commands._terminated)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode boundary
+        commands._SIGNAL.clear()
+        commands._decided()
+        assert signal.getsignal(signal.SIGTERM) is not commands._terminated
+        assert signal.getsignal(signal.SIGINT) is before[1]
+        os.kill(os.getpid(), signal.SIGTERM)  # the first one during the exit: ignored
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        commands._SIGNAL.clear()
