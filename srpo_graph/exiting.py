@@ -1,4 +1,4 @@
-"""Signals after a command's outcome is decided.
+"""Signals: SIGTERM stops a run like Ctrl-C, and no signal raises into a command's exit.
 
 While a command works, Ctrl-C and SIGTERM raise ``KeyboardInterrupt`` so that it stops where it
 is and says how to continue (``train`` resumes from its last checkpoint). Once the outcome is
@@ -12,6 +12,11 @@ SIGTERM to them meanwhile, and the signal finds them inside their exit.
 :func:`quiet_signals_for_exit` makes the first such signal a no-op (the exit, already under way,
 finishes with the status chosen); a second one ends the process at once (``128 + signal``), so
 an exit that hangs still ends on request.
+
+:func:`stop_on_sigterm` is ``train``'s SIGTERM handler: it raises ``KeyboardInterrupt`` like
+Ctrl-C and records the signal. A signal that lands in a finalizer has its exception swallowed by
+Python (printed, not raised); the record keeps that stop from being lost: the training loop calls
+:func:`raise_if_stopped` at each step.
 """
 
 from __future__ import annotations
@@ -21,6 +26,38 @@ import signal
 import sys
 import threading
 from typing import Sequence
+
+_STOPS: list[int] = []  # the SIGTERMs stop_on_sigterm's handler received
+
+
+def _terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
+    _STOPS.append(signum)
+    raise KeyboardInterrupt
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM raises ``KeyboardInterrupt`` from now on, like Ctrl-C, and is recorded."""
+    _STOPS.clear()
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def stopped_by() -> int | None:
+    """The signal that stop_on_sigterm's handler received (SIGTERM), or None (none, or Ctrl-C)."""
+    return _STOPS[0] if _STOPS else None
+
+
+def raise_if_stopped() -> None:
+    """Raise ``KeyboardInterrupt`` if a SIGTERM arrived and its exception was swallowed (a finalizer).
+
+    >>> raise_if_stopped()  # nothing received
+    """
+    if _STOPS and signal.getsignal(signal.SIGTERM) is _terminated:
+        raise KeyboardInterrupt
+
+
+def owns_sigterm() -> bool:
+    """Whether SIGTERM is stop_on_sigterm's (the command that installed it decides the process's exit)."""
+    return signal.getsignal(signal.SIGTERM) is _terminated
 
 
 def quiet_signals_for_exit(signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:

@@ -16,6 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "srpo_graph"
 # Pipeline order. Shared helpers (rank 0) may be imported by everyone and import no stage.
 RANK = {
     "errors": 0,
+    "exiting": 0,
     "workflow": 0,
     "std": 0,
     "lang": 1,

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import click
 
+from srpo_graph import exiting
+
 
 def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None, tasks=None, nproc=None, resume=None):
     """The run's TrainConfig from the CLI's pieces (see the module docstring for precedence).
@@ -116,7 +118,7 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
     if resume is not None and not resume.is_dir() and not (nnodes > 1 and node_rank > 0):
         # (another node of a multi-node job has no run folder: it follows node 0, multinode.py)
         raise click.BadParameter(f"Directory '{resume}' does not exist.", param_hint="'--resume'")
-    signal.signal(signal.SIGTERM, _terminated)  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
+    exiting.stop_on_sigterm()  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
         if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
             from srpo_graph.train.config import load_toml, validate
@@ -136,6 +138,7 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             if overwrite:
                 cfg = cfg.model_copy(update={"overwrite": True})
     except KeyboardInterrupt:  # while reading the configuration: nothing was touched
+        _decided()
         click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again",
                    err=True)
         sys.exit(_interrupt_code())
@@ -202,30 +205,20 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         )
 
 
-_SIGNAL: list[int] = []  # the signal that stopped this process, if it was not SIGINT
-
-
-def _terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
-    _SIGNAL.append(signum)
-    raise KeyboardInterrupt
-
-
 def _decided() -> None:
     """The run's outcome is decided: a SIGTERM from now on must not raise into the exit (exiting.py).
 
     Only the handler this command installed is replaced: it owns SIGTERM, not SIGINT."""
-    from srpo_graph.exiting import quiet_signals_for_exit
-
-    if signal.getsignal(signal.SIGTERM) is _terminated:
-        quiet_signals_for_exit((signal.SIGTERM,))
+    if exiting.owns_sigterm():
+        exiting.quiet_signals_for_exit((signal.SIGTERM,))
 
 
 def _interrupt_name() -> str:
-    return "terminated (SIGTERM)" if _SIGNAL else "interrupted"
+    return "terminated (SIGTERM)" if exiting.stopped_by() else "interrupted"
 
 
 def _interrupt_code() -> int:
-    return 128 + (_SIGNAL[0] if _SIGNAL else 2)
+    return 128 + (exiting.stopped_by() or signal.SIGINT)
 
 
 def _after_a_lost_rank(workflow: Path, run_dir: Path) -> None:

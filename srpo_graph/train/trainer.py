@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import torch
 
+from srpo_graph import exiting
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
 from srpo_graph.errors import BackendError, ConfigError
 from srpo_graph.lang import load_workflow
@@ -320,6 +321,7 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
     try:
         with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
             for step in range(state.step + 1, config.steps + 1):
+                exiting.raise_if_stopped()  # a SIGTERM whose exception a finalizer swallowed still stops the run
                 result = learn_step(step, wf, rollouts.get(step, state), slots, config, compile_cfg, state, dist,
                                     report)
                 rollouts.weights_updated(step)  # the weights of version `step` are synced

@@ -89,20 +89,55 @@ def test_a_second_signal_ends_a_slow_exit_at_once(tmp_path):
 
 def test_the_train_command_stops_raising_on_sigterm_once_its_outcome_is_decided():
     """In-process: ``_decided`` replaces the command's own SIGTERM handler only (it does not own SIGINT)."""
+    from srpo_graph import exiting
     from srpo_graph.train import commands
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
-        signal.signal(signal.SIGTERM, commands._terminated)
+        exiting.stop_on_sigterm()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)  # the handler runs at the next bytecode boundary
-        commands._SIGNAL.clear()
+        assert commands._interrupt_code() == 143 and "SIGTERM" in commands._interrupt_name()
         commands._decided()
-        assert signal.getsignal(signal.SIGTERM) is not commands._terminated
-        assert signal.getsignal(signal.SIGINT) is before[1]
+        assert not exiting.owns_sigterm() and signal.getsignal(signal.SIGINT) is before[1]
         os.kill(os.getpid(), signal.SIGTERM)  # the first one during the exit: ignored
         time.sleep(0.1)
     finally:
         signal.signal(signal.SIGTERM, before[0])
-        commands._SIGNAL.clear()
+        exiting._STOPS.clear()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed exception, on purpose
+def test_a_sigterm_swallowed_by_a_finalizer_still_stops_the_run():
+    """Python prints and drops an exception raised inside a finalizer; the training loop's check
+    (``raise_if_stopped``, once per step) raises it again. The signal is real; the finalizer is a
+    real weakref callback run by a real collection."""
+    import gc
+    import weakref
+
+    from srpo_graph import exiting
+
+    class Held:
+        pass
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        exiting.stop_on_sigterm()
+        exiting.raise_if_stopped()  # nothing yet
+
+        def _callback(_ref):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside the callback; Python drops its exception
+                sum(range(10))
+
+        obj = Held()
+        ref = weakref.ref(obj, _callback)
+        del obj
+        gc.collect()
+        assert ref() is None and exiting.stopped_by() == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            exiting.raise_if_stopped()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        exiting._STOPS.clear()
