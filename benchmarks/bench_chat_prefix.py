@@ -1,7 +1,7 @@
 """Chat turns in the trainer's prefix layout: tokens a step runs, padded vs prefix (issue 21).
 
 A chat agent's turn k prompt starts with turn k-1's prompt and completion (runtime/chat.py), so
-the ``prefix`` layout (srpo/logprobs.py, ``_prefix_tree``) can run what an episode's turns -- and
+the ``prefix`` layout (srpo/prefix_tree.py, ``prefix_tree``) can run what an episode's turns -- and
 the G samples of a task -- share once, nested: the task's prompt, then each sample's first turn,
 then its second. This counts, on one rollout of ``workflows/chat_search_qwen3.wf`` (qwen3-test,
 8 tasks x G = 4, seed 3): the tokens of the compiled batch (what ``padded``/``packed`` run: every
@@ -39,7 +39,7 @@ def measure(tasks: int = 8, samples: int = 4, seed: int = 3) -> dict:
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.srpo.logprobs import _prefix_tree
+    from srpo_graph.srpo.prefix_tree import prefix_tree
 
     wf = load_workflow(ROOT / "workflows" / "chat_search_qwen3.wf")
     backend = load_backend("transformers", wf.policies[0].model)
@@ -47,7 +47,7 @@ def measure(tasks: int = 8, samples: int = 4, seed: int = 3) -> dict:
     episodes = run(wf, todo, {"m": backend}, samples=samples, seed=seed).episodes
     batch = compile(episodes, CompileConfig(micro_batch_tokens=0))
     members = torch.arange(batch.num_members)
-    tree, full = _prefix_tree(batch, members), _prefix_tree(batch, members, min_saved=0)
+    tree, full = prefix_tree(batch, members), prefix_tree(batch, members, min_saved=0)
     off = batch.member_offsets.tolist()
     seqs = [batch.input_ids[off[m]:off[m + 1]].tolist() for m in range(batch.num_members)]
     turns = sum(len(ep.outputs) for ep in episodes)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from _perfdoc import machine, write_result, write_section
 
-    from srpo_graph.srpo.logprobs import MIN_SHARED_TOKENS
+    from srpo_graph.srpo.prefix_tree import MIN_SHARED_TOKENS
 
     write_result("chat_prefix", r)
     body = "\n".join([

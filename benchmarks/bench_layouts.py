@@ -83,7 +83,8 @@ def raw_step(model, batch):
 
 def update_step(model, batch, layout: str, overhead: int | None):
     """A callable: the objective's micro-batch loop (log-probs, SRPO loss, backward) in ``layout``."""
-    from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS, packed_logprobs
+    from srpo_graph.srpo.forwards import BUCKET_OVERHEAD_TOKENS
+    from srpo_graph.srpo.logprobs import packed_logprobs
     from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
 
     cfg = LossConfig()
@@ -118,7 +119,7 @@ def varied_lengths(model, rounds: int) -> list[str]:
     """The bucket overhead on members of very different lengths (synthetic traces): markdown lines."""
     from srpo_graph.compiler.compile import CompileConfig, compile
     from srpo_graph.compiler.synthetic import synthetic_episodes
-    from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS
+    from srpo_graph.srpo.forwards import BUCKET_OVERHEAD_TOKENS
 
     eps = synthetic_episodes(8, 8, seed=0, max_set=3, max_events=2, prompt_len=(10, 120), completion_len=(4, 80),
                              vocab=model.config.vocab_size, constrained_share=0.0, policies=("tiny",))
@@ -157,7 +158,7 @@ def study_workloads(rounds: int, workflows: tuple[str, ...] = STUDY_WORKFLOWS) -
     from srpo_graph.models.recipes import ensure_recipe_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.srpo.logprobs import _prefix_tree
+    from srpo_graph.srpo.prefix_tree import prefix_tree
 
     lines = ["", "The study's workflows (docs/results.md): one step of 8 tasks x G = 8 samples of each, sampled at "
              "temperature 1 by its pre-trained model. *Rollout*: the executor's whole step, each distinct prompt "
@@ -177,7 +178,7 @@ def study_workloads(rounds: int, workflows: tuple[str, ...] = STUDY_WORKFLOWS) -
         backends = {share: {p.name: TransformersBackend(model, tok, share_prefill=share) for p in wf.policies}
                     for share in (True, False)}
         batch = compile(run(wf, tasks, backends[True], samples=8, seed=3).episodes, CompileConfig())
-        run_tokens = sum(_prefix_tree(batch, (batch.member_policy == p).nonzero().squeeze(1)).num_tokens
+        run_tokens = sum(prefix_tree(batch, (batch.member_policy == p).nonzero().squeeze(1)).num_tokens
                          for p in range(len(batch.policies)))
         lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
         prompt = int(lengths.sum()) - int(batch.loss_mask.sum())
@@ -206,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM
 
     from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
-    from srpo_graph.srpo.logprobs import BUCKET_OVERHEAD_TOKENS, choose_layout
+    from srpo_graph.srpo.forwards import BUCKET_OVERHEAD_TOKENS
+    from srpo_graph.srpo.logprobs import choose_layout
 
     path = ensure_tiny_model()
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()

@@ -17,7 +17,8 @@ import torch
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.logprobs import choose_layout, length_buckets, packed_logprobs
+from srpo_graph.srpo.forwards import length_buckets
+from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
 
 # the layouts under test: (layout, bucket_overhead); overhead 0 = a bucket per distinct
@@ -34,18 +35,18 @@ def small_sharing(monkeypatch):
     """The prefix layout shares what these small batches share (a node where it saves one token, a
     tree whatever it saves), so its tree path runs on them; tests that want the real thresholds
     put back ``REAL_SHARING``."""
-    import srpo_graph.srpo.logprobs as lp_mod
+    import srpo_graph.srpo.prefix_tree as tree_mod
 
-    REAL_SHARING.update(MIN_SHARED_TOKENS=lp_mod.MIN_SHARED_TOKENS, MAX_TREE_SHARE=lp_mod.MAX_TREE_SHARE)
-    monkeypatch.setattr(lp_mod, "MIN_SHARED_TOKENS", 1)
-    monkeypatch.setattr(lp_mod, "MAX_TREE_SHARE", 1.0)
+    REAL_SHARING.update(MIN_SHARED_TOKENS=tree_mod.MIN_SHARED_TOKENS, MAX_TREE_SHARE=tree_mod.MAX_TREE_SHARE)
+    monkeypatch.setattr(tree_mod, "MIN_SHARED_TOKENS", 1)
+    monkeypatch.setattr(tree_mod, "MAX_TREE_SHARE", 1.0)
 
 
 def _real_sharing(monkeypatch):
-    import srpo_graph.srpo.logprobs as lp_mod
+    import srpo_graph.srpo.prefix_tree as tree_mod
 
     for name, value in REAL_SHARING.items():
-        monkeypatch.setattr(lp_mod, name, value)
+        monkeypatch.setattr(tree_mod, name, value)
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +103,13 @@ def batch(models, request):
     assert b.num_micro_batches > 1 and len(set(lengths)) > 5
     assert (b.member_allowed >= 0).any() and (b.member_temperature != 1).any() and len(set(b.member_policy.tolist())) == 2
     if request.param == "shared prompts":  # shared prompts of both policies, one-token completions, lone members
-        from srpo_graph.srpo.logprobs import _prefix_tree
+        from srpo_graph.srpo.prefix_tree import prefix_tree
 
-        nodes = [sum(1 for k in _prefix_tree(m, torch.arange(m.num_members), 1).children if k) for m in b.micro_batches()]
+        nodes = [sum(1 for k in prefix_tree(m, torch.arange(m.num_members), 1).children if k) for m in b.micro_batches()]
         assert sum(n > 0 for n in nodes) >= len(nodes) / 2, nodes
         for pol in (0, 1):
-            assert any(_prefix_tree(b, (b.member_policy == pol).nonzero().squeeze(1), 1).children), pol
-        tree = _prefix_tree(b, torch.arange(b.num_members), 1)
+            assert any(prefix_tree(b, (b.member_policy == pol).nonzero().squeeze(1), 1).children), pol
+        tree = prefix_tree(b, torch.arange(b.num_members), 1)
         under = [sum(1 for m in tree.last if g in tree.path(m)) for g in range(len(tree.start))]
         assert max(under) >= 4 and 1 in under  # a node shared by 4 or more, a member's own tail
         assert any(under[tree.last[m]] > 1 for m in tree.last)  # a member's whole input shared (it has no tail)
@@ -298,8 +299,8 @@ def test_prefix_layout_runs_each_shared_segment_once(models, batch, sharing, mon
     share enough, and run one row per segment of each policy's prefix tree, each segment's tokens
     at its positions; a policy whose tree would run more than ``MAX_TREE_SHARE`` of its tokens gets
     the padded layout's rows."""
-    import srpo_graph.srpo.logprobs as lp_mod
-    from srpo_graph.srpo.logprobs import _prefix_tree
+    import srpo_graph.srpo.prefix_tree as tree_mod
+    from srpo_graph.srpo.prefix_tree import prefix_tree
 
     if sharing == "real":
         _real_sharing(monkeypatch)
@@ -310,8 +311,8 @@ def test_prefix_layout_runs_each_shared_segment_once(models, batch, sharing, mon
     trees = {}
     for pol in (0, 1):
         members = (batch.member_policy == pol).nonzero().squeeze(1)
-        tree = _prefix_tree(batch, members)
-        if tree.num_tokens > lp_mod.MAX_TREE_SHARE * int((batch.member_offsets[1:] - batch.member_offsets[:-1])[members].sum()):
+        tree = prefix_tree(batch, members)
+        if tree.num_tokens > tree_mod.MAX_TREE_SHARE * int((batch.member_offsets[1:] - batch.member_offsets[:-1])[members].sum()):
             # too little shared: the padded way, row for row
             assert [r for r in rows if r[0] == pol] == [r for r in padded_rows if r[0] == pol], pol
         else:
@@ -383,7 +384,7 @@ def test_prefix_tree_covers_each_needed_position_once(seed):
     input positions 0 .. len - 2 once, in order, and each segment's tokens are that member's; the
     tokens run never exceed padded's and, with ``min_saved`` 0, are the trie's of the inputs; every
     node has two or more things under it and saves ``min_saved`` or more."""
-    from srpo_graph.srpo.logprobs import _prefix_tree
+    from srpo_graph.srpo.prefix_tree import prefix_tree
 
     rng = random.Random(seed)
     alphabet = (1, 2, 300, 70_000)  # ids above 255: the order follows the ids, not their low bytes
@@ -399,7 +400,7 @@ def test_prefix_tree_covers_each_needed_position_once(seed):
     b = _batch_of_prompts(prompts)
     seqs = [b.input_ids[int(b.member_offsets[m]):int(b.member_offsets[m + 1])].tolist() for m in range(b.num_members)]
     for min_saved in (0, 1, 4, 8):
-        tree = _prefix_tree(b, torch.arange(b.num_members), min_saved)
+        tree = prefix_tree(b, torch.arange(b.num_members), min_saved)
         assert sorted(tree.last) == list(range(b.num_members))
         for m, seq in enumerate(seqs):
             at = 0
@@ -417,17 +418,17 @@ def test_prefix_tree_covers_each_needed_position_once(seed):
         if min_saved == 0:
             assert tree.num_tokens == _trie_tokens([x[:-1] for x in seqs])
         if min_saved == 8:  # more nodes cannot cost more tokens
-            assert tree.num_tokens >= _prefix_tree(b, torch.arange(b.num_members), 0).num_tokens
+            assert tree.num_tokens >= prefix_tree(b, torch.arange(b.num_members), 0).num_tokens
 
 
 def test_prefix_layout_falls_back_to_padded_where_a_cache_cannot_be_repeated(models, batch, monkeypatch):
     """A cache the prefix layout cannot repeat (a legacy or non-key/value cache): the bucket's members
     take the padded path, with the same log-probs."""
-    import srpo_graph.srpo.logprobs as lp_mod
+    import srpo_graph.srpo.prefix_tree as tree_mod
 
     with torch.no_grad():
         want, _ = packed_logprobs(models, batch, layout="padded")
-        monkeypatch.setattr(lp_mod, "_can_repeat", lambda cache: False)
+        monkeypatch.setattr(tree_mod, "_can_repeat", lambda cache: False)
         got, _ = packed_logprobs(models, batch, layout="prefix")
     assert torch.allclose(got, want, atol=1e-6)
 
@@ -497,10 +498,10 @@ def test_prefix_layout_on_nested_chat_turns(models):
     """Chat turns nest: the tree has a node per task, per sample's first turn and per second turn, a
     first turn's input ends at a node (scored from the later turns' rows), the judge's policy gets its
     own tree; log-probs and gradients equal the padded layout's and the one-member reference's."""
-    from srpo_graph.srpo.logprobs import _prefix_tree
+    from srpo_graph.srpo.prefix_tree import prefix_tree
 
     b = _chat_batch(models[0].config.vocab_size)
-    tiny = _prefix_tree(b, (b.member_policy == 0).nonzero().squeeze(1), min_saved=0)
+    tiny = prefix_tree(b, (b.member_policy == 0).nonzero().squeeze(1), min_saved=0)
     judge = (b.member_policy == 1).nonzero().squeeze(1)
     assert max(len(tiny.path(m)) for m in tiny.last) >= 4  # task prompt, first turn, second turn, tail
     assert sum(tiny.children[tiny.last[m]] != [] for m in tiny.last) >= 9  # inputs that end where a later turn goes on
@@ -533,12 +534,12 @@ def test_prefix_layout_on_the_chat_workflow(chat_rollout, monkeypatch):
     """The real chat agent (qwen3-test, its chat template, tool messages between turns): the tree shares
     each task's prompt and each sample's earlier turns, and the prefix layout's log-probs and gradients
     equal the padded layout's and the one-member reference's."""
-    from srpo_graph.srpo.logprobs import _prefix_tree
+    from srpo_graph.srpo.prefix_tree import prefix_tree
 
     _real_sharing(monkeypatch)
     b, model = chat_rollout
     model.eval()
-    tree = _prefix_tree(b, torch.arange(b.num_members))
+    tree = prefix_tree(b, torch.arange(b.num_members))
     off = b.member_offsets.tolist()
     padded = sum(off[m + 1] - off[m] for m in range(b.num_members))
     assert b.num_members > 9 and tree.num_tokens < padded / 2
