@@ -67,7 +67,7 @@ def breakdown(eval_dir: Path) -> list[str]:
     difference to ``base`` paired by problem as ``compare`` pairs Avg@k: bootstrap over problems, sign-flip
     p), how often the frozen verifier copies it word for word, and the verifier's accuracy after a right and
     after a wrong solution: what the verifier passes on of what the solver learned."""
-    from srpo_graph.models.recipes import solution_correct
+    from srpo_graph.models.sft_data import solution_correct
     from srpo_graph.train.evaluate import bootstrap_indices, ratio_interval, sign_flip_p
 
     labels = [r["label"] for r in json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["reports"]]

@@ -87,7 +87,7 @@ def math(rng: random.Random) -> tuple[list[dict], list[dict]]:
 # --------------------------------------------------------------------------- corpus + search
 
 def corpus_and_search(rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
-    from srpo_graph.models.recipes import world
+    from srpo_graph.models.sft_data import world
 
     docs, questions = world(rng, 70)
     rng.shuffle(docs)
@@ -100,12 +100,12 @@ def corpus_and_search(rng: random.Random) -> tuple[list[dict], list[dict], list[
 
 # --------------------------------------------------------------------------- the CPU math/search tasks
 
-# For the locally pre-trained `tiny-reason` model (srpo_graph/models/recipes.py): the problems it
+# For the locally pre-trained `tiny-reason` model (srpo_graph/models/recipes.py, data: sft_data.py): the problems it
 # was never pre-trained on (`is_held_out`) are the eval split; the others are RL training tasks.
 
 
 def tinymath(rng: random.Random) -> tuple[list[dict], list[dict]]:
-    from srpo_graph.models.recipes import is_held_out, math_problem
+    from srpo_graph.models.sft_data import is_held_out, math_problem
 
     seen: set[str] = set()
     train, evals = [], []
@@ -123,7 +123,7 @@ def tinymath(rng: random.Random) -> tuple[list[dict], list[dict]]:
 
 
 def tinysearch(rng: random.Random) -> tuple[list[dict], list[dict]]:
-    from srpo_graph.models.recipes import is_held_out, search_questions
+    from srpo_graph.models.sft_data import is_held_out, search_questions
 
     qs = search_questions()
     rng.shuffle(qs)

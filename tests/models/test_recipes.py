@@ -13,10 +13,11 @@ from dataclasses import replace
 import pytest
 
 from srpo_graph.models import recipes as R
+from srpo_graph.models import sft_data as D
 
 
 def _examples(seed: int = 0, num: int = 3000):
-    return R.sft_examples(random.Random(seed), num)
+    return D.sft_examples(random.Random(seed), num)
 
 
 def test_sft_data_is_deterministic_and_covers_every_role():
@@ -30,9 +31,9 @@ def test_sft_data_is_deterministic_and_covers_every_role():
 def test_sft_data_never_holds_a_held_out_problem():
     for prompt, _ in _examples(num=6000):
         question = prompt[3:].split("<", 1)[0]
-        assert not R.is_held_out(question), prompt
-    qs = R.search_questions()
-    assert len(qs) == 350 and 0.1 < sum(R.is_held_out(q.question) for q in qs) / len(qs) < 0.3
+        assert not D.is_held_out(question), prompt
+    qs = D.search_questions()
+    assert len(qs) == 350 and 0.1 < sum(D.is_held_out(q.question) for q in qs) / len(qs) < 0.3
 
 
 def test_solutions_are_multi_token_and_their_format_can_break():
@@ -41,18 +42,18 @@ def test_solutions_are_multi_token_and_their_format_can_break():
     broken = lengths = 0
     n = 2000
     for _ in range(n):
-        p = R.math_problem(rng)
-        clean = R.solution(p)
-        assert R.final_answer(clean) == p.answer and R.solution_correct(clean, str(p.answer)) == 1.0
-        noisy = R.solution(p, rng)
+        p = D.math_problem(rng)
+        clean = D.solution(p)
+        assert D.final_answer(clean) == p.answer and D.solution_correct(clean, str(p.answer)) == 1.0
+        noisy = D.solution(p, rng)
         broken += "#" not in noisy
         lengths = max(lengths, len(tok(noisy, add_special_tokens=False)["input_ids"]))
         assert 7 <= len(tok(clean, add_special_tokens=False)["input_ids"]) <= 60
     assert lengths <= 60
     assert 0.1 < broken / n < 0.2  # P_NO_ANSWER
-    assert R.solution_correct("12+5=17", "17") == 0.0 and R.solution_correct(None, "17") == 0.0
+    assert D.solution_correct("12+5=17", "17") == 0.0 and D.solution_correct(None, "17") == 0.0
     with pytest.raises(ValueError):
-        R.final_answer("12+5=17;#")
+        D.final_answer("12+5=17;#")
 
 
 def test_search_examples_use_the_real_retriever():
@@ -64,7 +65,7 @@ def test_search_examples_use_the_real_retriever():
     for prompt, _ in answers[:20]:
         docs = prompt.split("<d>", 1)[1].removesuffix("<s>")
         assert docs.count("\n") == 1  # the retriever's 2 passages
-    q = next(q for q in R.search_questions() if q.kind == "crop")
+    q = next(q for q in D.search_questions() if q.kind == "crop")
     assert q.answer in retrieve(q.queries[-1], k=2) and len(q.queries) == 2
 
 
@@ -95,7 +96,7 @@ def test_build_is_deterministic_cached_and_loads_like_any_causal_lm(tmp_path, sm
     ids = tok("<q>12+5<s>")["input_ids"]
     assert tok.convert_ids_to_tokens(ids) == ["<bos>", "<q>", "1", "2", "+", "5", "<s>"]
     assert torch.isfinite(model(torch.tensor([ids])).logits).all()
-    assert tok("a\nb", add_special_tokens=False)["input_ids"] == [R.VOCAB.index(c) for c in "a\nb"]
+    assert tok("a\nb", add_special_tokens=False)["input_ids"] == [D.VOCAB.index(c) for c in "a\nb"]
 
 
 def test_a_later_stage_continues_from_the_first_stages_weights(tmp_path, small_recipe, monkeypatch):
@@ -107,7 +108,7 @@ def test_a_later_stage_continues_from_the_first_stages_weights(tmp_path, small_r
     one = load_file(str(R.ensure_recipe_model("tiny-reason", tmp_path / "one") / "model.safetensors"))
     weights = {}
     for lr in (0.0, 1e-2):
-        staged = replace(small_recipe, stages=(R.Stage(R.search_reading_examples, 16, 3, lr),))
+        staged = replace(small_recipe, stages=(R.Stage(D.search_reading_examples, 16, 3, lr),))
         monkeypatch.setitem(R.RECIPES, "tiny-reason", staged)
         path = R.ensure_recipe_model("tiny-reason", tmp_path / f"lr{lr}")
         weights[lr] = load_file(str(path / "model.safetensors"))
@@ -118,9 +119,9 @@ def test_a_later_stage_continues_from_the_first_stages_weights(tmp_path, small_r
 
 
 def test_reading_examples_are_answer_turns_over_renamed_worlds_only():
-    pairs = R.search_reading_examples(random.Random(0), 300)
-    assert len(pairs) == 300 and pairs == R.search_reading_examples(random.Random(0), 300)
-    shipped = {d["text"] for d in R.corpus_docs()}
+    pairs = D.search_reading_examples(random.Random(0), 300)
+    assert len(pairs) == 300 and pairs == D.search_reading_examples(random.Random(0), 300)
+    shipped = {d["text"] for d in D.corpus_docs()}
     passages = []
     for prompt, completion in pairs:
         assert completion.startswith("answer: ") and not prompt.endswith("<d><s>")
@@ -166,7 +167,7 @@ def test_init_model_recipe_cli_and_resolve_model(tmp_path, small_recipe, monkeyp
 
 
 def _search_pairs(seed: int = 0, num: int = 1500):
-    return R.search_sft_examples(random.Random(seed), num)
+    return D.search_sft_examples(random.Random(seed), num)
 
 
 def test_word_tokenizer_keeps_every_corpus_text_and_makes_a_word_one_token():
@@ -175,12 +176,12 @@ def test_word_tokenizer_keeps_every_corpus_text_and_makes_a_word_one_token():
     import re
 
     tok = R.build_tokenizer(R.RECIPES["tiny-search"])
-    texts = [f"{d['title']}: {d['text']}" for d in R.corpus_docs()] + [q.question for q in R.search_questions()]
-    texts += [f"search: {q.queries[0]}" for q in R.search_questions()] + [f"answer: {q.answer}" for q in R.search_questions()]
+    texts = [f"{d['title']}: {d['text']}" for d in D.corpus_docs()] + [q.question for q in D.search_questions()]
+    texts += [f"search: {q.queries[0]}" for q in D.search_questions()] + [f"answer: {q.answer}" for q in D.search_questions()]
     for text in texts:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.unk_token_id not in ids and tok.decode(ids) == text, text
-        assert len(ids) == len(re.findall(R.WORD_PATTERN, text))
+        assert len(ids) == len(re.findall(D.WORD_PATTERN, text))
     assert len(tok("search: flag of teda", add_special_tokens=False)["input_ids"]) == 8
     unknown = tok("peru", add_special_tokens=False)["input_ids"]
     assert unknown == [tok.unk_token_id]  # a word outside the corpus is one <unk>, not its characters
@@ -189,15 +190,15 @@ def test_word_tokenizer_keeps_every_corpus_text_and_makes_a_word_one_token():
 
 
 def test_renamed_worlds_keep_the_words_and_deal_the_facts_again():
-    shipped = R.corpus_docs()
-    vocab = set(R.word_vocabulary())
-    a, b = R.renamed_world(random.Random(1)), R.renamed_world(random.Random(1))
-    assert a == b and a != R.renamed_world(random.Random(2)) and len(a) == len(shipped)
-    qs = R.questions_from([d["text"] for d in a])
+    shipped = D.corpus_docs()
+    vocab = set(D.word_vocabulary())
+    a, b = D.renamed_world(random.Random(1)), D.renamed_world(random.Random(1))
+    assert a == b and a != D.renamed_world(random.Random(2)) and len(a) == len(shipped)
+    qs = D.questions_from([d["text"] for d in a])
     assert len(qs) == 350 and len({q.question.split()[-1] for q in qs if q.kind == "capital"}) == 70
     words = {w for d in a for w in __import__("re").findall(r"[a-z0-9]+", d["title"] + " " + d["text"])}
     assert words <= vocab
-    same = {(q.question, q.answer) for q in qs} & {(q.question, q.answer) for q in R.search_questions()}
+    same = {(q.question, q.answer) for q in qs} & {(q.question, q.answer) for q in D.search_questions()}
     assert len(same) < 0.1 * len(qs)  # the facts are others: remembering the shipped world does not answer
 
 
@@ -207,14 +208,14 @@ def test_search_sft_data_is_deterministic_never_held_out_and_reads_renamed_world
     assert all(p.startswith("<k>") and p.endswith("<s>") for p, _ in a)
     assert all(c.startswith(("search: ", "answer: ")) for _, c in a)
     for prompt, _ in a:
-        assert not R.is_held_out(prompt[3:].split("<d>", 1)[0]), prompt
-    shipped = {d["text"] for d in R.corpus_docs()}
+        assert not D.is_held_out(prompt[3:].split("<d>", 1)[0]), prompt
+    shipped = {d["text"] for d in D.corpus_docs()}
     read = [p.split("<d>", 1)[1].removesuffix("<s>") for p, _ in a if "<d><s>" not in p]
     passages = [line.split(": ", 1)[1] for docs in read for line in docs.split("\n")]
     renamed = sum(t not in shipped for t in passages) / len(passages)
     assert 0.3 < renamed < 0.7  # P_WORLD of the episodes are over renamed worlds
     # the imperfect teacher: the gold answer most of the time, not always
-    gold = {q.question: q.answer for q in R.search_questions()}
+    gold = {q.question: q.answer for q in D.search_questions()}
     final = [(p, c) for p, c in a if c.startswith("answer: ") and "<d><s>" not in p and p[3:].split("<d>")[0] in gold]
     right = sum(c == f"answer: {gold[p[3:].split('<d>')[0]]}" for p, c in final) / len(final)
     assert 0.5 < right < 0.95
@@ -230,7 +231,7 @@ def test_tiny_search_builds_and_loads_like_any_model(tmp_path, monkeypatch):
     path = R.ensure_recipe_model("tiny-search", tmp_path / "s")
     assert [s["steps"] for s in R.recipe_info(path)["stages"]] == [4, 2, 2]  # the read and the refresh stages
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    assert model.config.vocab_size == len(R.word_vocabulary()) == len(tok)
+    assert model.config.vocab_size == len(D.word_vocabulary()) == len(tok)
     text = "<k>what is the capital of rira?<d><s>"
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=False) == "<bos>" + text
     assert R.recipe_info(path)["recipe"] == "tiny-search"
