@@ -85,7 +85,7 @@ def test_configs_that_cannot_train_are_refused(overrides, field, fix):
 
 
 def test_train_refuses_them_too_when_built_in_code(tmp_path):
-    from srpo_graph.train.config import RolloutConfig
+    from srpo_graph.train.config_schema import RolloutConfig
     from srpo_graph.train.trainer import train
 
     with pytest.raises(ConfigError, match="rollout.dtype"):
