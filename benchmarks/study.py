@@ -80,6 +80,8 @@ class Plan:
     # seeds seed_offset .. seed_offset + seeds - 1 (`--seed-offset`: a replication on disjoint seeds
     # saves its records beside the first ones, seed<k>.json, and writes its own section of the page)
     seed_offset: int = 0
+    # `--pool`: every seed with saved records, from all the sets of seeds run so far (a report, never a run)
+    pooled: tuple[int, ...] = ()
     # (workflow, objectives) pairs: a workflow run under fewer objectives than the plan's (the K = 1
     # baseline of the k5 plan runs `srpo` alone)
     objectives_on: tuple[tuple[str, tuple[str, ...]], ...] = ()
@@ -89,12 +91,14 @@ class Plan:
 
     @property
     def seed_list(self) -> list[int]:
-        """The seeds this plan runs."""
-        return list(range(self.seed_offset, self.seed_offset + self.seeds))
+        """The seeds this plan runs (or, pooled, reports)."""
+        return list(self.pooled) if self.pooled else list(range(self.seed_offset, self.seed_offset + self.seeds))
 
     @property
     def section(self) -> str:
         """The name of the plan's section of the results page (a replication's names its seeds)."""
+        if self.pooled:
+            return f"{self.name}-pooled"
         return self.name if not self.seed_offset else f"{self.name}-seeds{self.seed_offset}-{self.seed_list[-1]}"
 
     def key(self, workflow: str) -> str:
@@ -104,7 +108,7 @@ class Plan:
 
         d = asdict(self)
         # what selects cells, not how a cell runs (and fields added later: old records stay valid)
-        for k in ("name", "workflows", "objectives", "seeds", "seed_offset", "objectives_on", "contrasts"):
+        for k in ("name", "workflows", "objectives", "seeds", "seed_offset", "pooled", "objectives_on", "contrasts"):
             d.pop(k)
         d["model"] = "+".join(f"{m}-v{RECIPES[m].version}" for m in recipes_of(workflow) or (MODEL,))
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
@@ -291,6 +295,28 @@ def paired_comparison(a: list[float], b: list[float], n: int = 10_000, seed: int
     d = sum(diffs) / len(diffs)
     lo, hi = means[int(0.025 * n)], means[int(0.975 * n) - 1]
     return d, lo, hi, sign_flip_p(diffs)
+
+
+def seed_ranges(seeds: list[int]) -> str:
+    """Seeds as runs of consecutive numbers.
+
+    >>> seed_ranges([0, 1, 2, 100, 101, 105])
+    '0..2, 100..101, 105'
+    """
+    runs: list[list[int]] = []
+    for x in sorted(seeds):
+        if runs and x == runs[-1][-1] + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def saved_seeds(runs_dir: Path, workflows: tuple[str, ...]) -> list[int]:
+    """The seeds whose evaluation before RL is saved for every one of ``workflows`` (``--pool``)."""
+    have = [{int(p.stem.removeprefix("start-seed")) for p in (runs_dir / wf).glob("start-seed*.json")}
+            for wf in workflows]
+    return sorted(set.intersection(*have)) if have else []
 
 
 # --------------------------------------------------------------------------- the workflows
@@ -1001,18 +1027,21 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
         f"## The {plan.section} study (`{command}`)",
         "",
         " ".join(about) +
-        f" Seeds {plan.seed_list[0]}..{plan.seed_list[-1]}; only `objective=NAME` differs. Held-out accuracy: "
+        f" Seeds {seed_ranges(plan.seed_list)}{' (every set of seeds run so far, pooled)' if plan.pooled else ''};"
+        " only `objective=NAME` differs. Held-out accuracy: "
         f"{held_out} x {plan.eval_samples} sampled episodes, every {plan.eval_every} steps; "
         f"*final* = mean of the last two evaluations. Machine: {platform.machine()}, {platform.python_version()}, "
         f"1 torch thread per run ({jobs} at a time) on a 2-core machine; training time summed over the "
-        f"{len(data['runs'])} runs {sum(r['seconds'] for r in data['runs']) / 60:.1f} min (this invocation "
-        f"{total_s / 60:.1f} min wall; runs saved earlier are reused).",
+        f"{len(data['runs'])} runs {sum(r['seconds'] for r in data['runs']) / 60:.1f} min "
+        + ("(each set of seeds ran in its own invocation; this section is computed from their saved records)."
+           if plan.pooled else f"(this invocation {total_s / 60:.1f} min wall; runs saved earlier are reused)."),
         "",
         *partial_lines(plan, data),
         "*Area* = the mean of all a run's held-out evaluations (how fast it learns); the `vs srpo` columns "
         "compare each seed's run with SRPO's run of the same seed: the mean difference, its paired bootstrap 95% "
-        f"interval (10,000 resamples) and the two-sided p of an exact paired sign-flip test (the smallest p "
-        f"{plan.seeds} seeds can give: {2 / 2 ** plan.seeds:.3g}).",
+        "interval (10,000 resamples) and the two-sided p of a paired sign-flip test ("
+        + (f"exact; the smallest p {plan.seeds} seeds can give: {2 / 2 ** plan.seeds:.3g})." if plan.seeds <= 16 else
+           f"{plan.seeds} seeds: 100,000 random sign assignments, so p >= 1e-5)."),
         "",
         f"*Seeds for {EFFECT:g}* = the power estimate: how many seeds a paired comparison with this seed-to-seed "
         f"spread of differences (sd) needs to resolve a true gap of {EFFECT:g} (the paper's smallest K = 5 gap, "
@@ -1109,7 +1138,7 @@ def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool
             lo = orig["plan"].get("seed_offset", 0)
             replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}",
                            "lines": replication_lines(orig["rows"], rows) + replication_pair_lines(orig, extra, paper)}
-    name = "summary.json" if not plan.seed_offset else f"summary-{plan.section}.json"
+    name = "summary.json" if plan.section == plan.name else f"summary-{plan.section}.json"
     if data["todo"]:  # a partial table is not the plan's summary (a replication compares with that one)
         name = f"summary-{plan.section}-partial.json"
     _save(runs_dir / name, {"plan": asdict(plan), "rows": rows, "contrasts": extra, "start": data["start"],
@@ -1141,9 +1170,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="ignore saved runs and rerun every cell")
     ap.add_argument("--report", action="store_true", help="run nothing: write the page from the runs saved so far "
                     "(a study still running gets a section marked partial, naming the cells and seeds done)")
+    ap.add_argument("--pool", action="store_true", help="run nothing: one section comparing the objectives over "
+                    "every seed saved for the plan (all its sets of seeds: the first, and every --seed-offset), paired by seed")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process and one torch thread each "
                     "(default 1; 2 on a 2-core machine halves the wall time)")
     args = ap.parse_args(argv)
+    if args.pool and (args.seeds or args.seed_offset or args.fresh or args.steps):
+        ap.error("--pool reports the saved runs: it takes no --seeds, --seed-offset, --steps or --fresh")
     one = args.plan or ("quick" if args.quick else "smoke" if args.smoke else None)
     flags = (f" --seeds {args.seeds}" if args.seeds else "") + (
         f" --seed-offset {args.seed_offset}" if args.seed_offset else "") + (f" --steps {args.steps}" if args.steps else "") + (
@@ -1174,7 +1207,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runs_dir = (args.runs_dir or ROOT / "runs") / f"study-{name}"
             command = "python benchmarks/study.py"
-        run_plan(plan, runs_dir, args.out, command + flags, fresh=args.fresh, jobs=args.jobs, run=not args.report)
+        if args.pool:
+            seeds = saved_seeds(runs_dir, plan.workflows)
+            if not seeds:
+                ap.error(f"--pool: no saved runs of {', '.join(plan.workflows)} in {runs_dir}")
+            plan = replace(plan, pooled=tuple(seeds), seeds=len(seeds))
+            flags += " --pool"
+        run_plan(plan, runs_dir, args.out, command + flags, fresh=args.fresh, jobs=args.jobs,
+                 run=not (args.report or args.pool))
     return 0
 
 

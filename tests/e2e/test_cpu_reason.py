@@ -358,6 +358,18 @@ def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     assert study.main(["--smoke", "--runs-dir", str(runs), "--out", str(out)]) == 0  # resumes: nothing reruns
     assert [p.stat().st_mtime_ns for p in records] == stamps
     assert out.read_text().count("<!-- study:smoke -->") == 1
+    # a disjoint set of seeds, then every saved seed pooled (a report: nothing runs)
+    assert study.main(["--smoke", "--seed-offset", "5", "--seeds", "1", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    summary = (runs / "summary.json").read_text()
+    assert study.main(["--smoke", "--pool", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    assert [p.stat().st_mtime_ns for p in records] == stamps and (runs / "summary.json").read_text() == summary
+    pooled = json.loads((runs / "summary-smoke-pooled.json").read_text())
+    assert pooled["plan"]["pooled"] == [0, 1, 5] and not pooled["todo"]
+    assert {r["objective"]: r["seeds"] for r in pooled["rows"]} == {"srpo": 3, "grpo": 3}
+    text = out.read_text()
+    assert "<!-- study:smoke-seeds5-5 -->" in text and "Seeds 0..1, 5 (every set of seeds run so far, pooled)" in text
+    with pytest.raises(SystemExit):
+        study.main(["--smoke", "--pool", "--seed-offset", "5", "--runs-dir", str(runs), "--out", str(out)])
 
 
 def test_study_workflows_flag_names_the_plans_workflows(capsys):
