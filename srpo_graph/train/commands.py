@@ -150,13 +150,13 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             cfg = cfg.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow).name)})
         try:
             code = _launch(workflow, cfg, resume is not None, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint)
-        except KeyboardInterrupt:  # rank 0 has printed where the run stands and how to resume
+        except KeyboardInterrupt:  # the ranks have stopped; rank 0 has printed where the run stands
             _decided()
             from srpo_graph.train.stops import continue_command
 
-            click.echo(f"srpo-graph train: interrupted; continue with: {continue_command(workflow, cfg.run_dir)}",
-                       err=True)
-            sys.exit(130)
+            click.echo(f"srpo-graph train: {_interrupt_name()}; continue with: "
+                       f"{continue_command(workflow, cfg.run_dir)}", err=True)
+            sys.exit(_interrupt_code())
         _decided()
         sys.exit(code)
     main_rank = int(os.environ.get("RANK", "0")) == 0

@@ -242,15 +242,39 @@ def shard_sets(set_tokens: Sequence[int], rank: int, world_size: int) -> list[in
     return out
 
 
+# Seconds the ranks get to stop on their own after the launcher is interrupted (they stop at once, like
+# one process: the step in flight is dropped, the last checkpoint stays): then they are killed.
+STOP_GRACE_S = 60.0
+
+
 def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None,
-           timeout: float = 600.0) -> int:
+           timeout: float = 600.0, grace: float = STOP_GRACE_S) -> int:
     """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes on this
     node (of ``nnodes``, meeting at ``endpoint``: :func:`multinode.torchrun_command`).
+
+    Ctrl-C or SIGTERM here (``KeyboardInterrupt``) is passed on: torchrun gets SIGTERM and sends it to
+    the ranks, which stop as one process does (rank 0 prints where the run stands and the command
+    that resumes it); after ``grace`` seconds, or a second interrupt, torchrun is killed. Then the
+    ``KeyboardInterrupt`` is raised again. (``subprocess.call`` would SIGKILL torchrun at once, and
+    the ranks would die without a word.)
 
     Returns:
         torchrun's exit code.
     """
+    import signal
+
     from srpo_graph.train.multinode import torchrun_command
 
-    return subprocess.call(torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
-                                            timeout=timeout))
+    proc = subprocess.Popen(torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
+                                             timeout=timeout))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):  # asked twice, or the ranks did not stop
+            proc.kill()
+            proc.wait()
+        raise

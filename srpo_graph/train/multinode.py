@@ -156,11 +156,14 @@ def main(argv: Sequence[str]) -> int:
     """torchrun with ``argv``; a failed rank's exit code, without torchrun's own traceback."""
     import signal
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(list(argv)))
+    except SignalException as exc:  # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         code = int(failure.exitcode)

@@ -164,6 +164,44 @@ def test_a_rank_killed_during_training_ends_the_job_with_a_resume_line(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig, group", [("SIGTERM", False), ("SIGINT", False), ("SIGINT", True)],
+                         ids=["sigterm", "sigint", "ctrl-c"])
+def test_a_signal_to_the_launcher_stops_every_rank_like_one_process(tmp_path, sig, group):
+    """SIGTERM (a scheduler, `kill`) or SIGINT to the `srpo-graph train --nproc 2` process alone, not its
+    ranks: it is passed on through torchrun, every rank stops as one process does (rank 0 says where
+    the run stands and how to resume), no rank is left running, no traceback, and the exit status is
+    the signal's. (The launcher used to SIGKILL torchrun, and the ranks died without a word.) Ctrl-C
+    in a terminal is SIGINT to the whole process group at once: the same outcome."""
+    import signal
+    import time
+
+    (tmp_path / "home").mkdir()
+    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
+    run = tmp_path / "run"
+    env = {**_env(tmp_path / "home"), "SRPO_TEST_MARKER": str(tmp_path)}
+    with open(tmp_path / "err.txt", "w") as err:
+        p = subprocess.Popen(["srpo-graph", "train", WF, "--nproc", "2", "--steps", "40", "--run-dir", str(run), *SMALL],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=group)
+        deadline = time.monotonic() + 400
+        while not ((run / "metrics.jsonl").exists() and len(_rows(run)) >= 2):
+            assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
+            time.sleep(0.2)
+        ranks = [_pid_of_rank(r, str(tmp_path)) for r in (0, 1)]
+        assert None not in ranks
+        if group:
+            os.killpg(p.pid, getattr(signal, sig))
+        else:
+            p.send_signal(getattr(signal, sig))
+        code = p.wait(timeout=300)
+    text = (tmp_path / "err.txt").read_text()
+    assert code == 128 + getattr(signal, sig), text[-3000:]
+    assert "newest complete checkpoint" in text and text.count(f"--resume {run}") == 2, text[-3000:]  # rank 0, launcher
+    assert "Traceback" not in text, text[-3000:]
+    assert all(_pid_of_rank(r, str(tmp_path)) is None for r in (0, 1))
+    assert len(_rows(run)) < 40
+
+
+@pytest.mark.slow
 def test_fsdp_checkpoints_on_two_nodes_without_a_shared_run_folder(tmp_path):
     """strategy=fsdp over two "nodes" (separate folders, a relative run folder): each rank writes
     its own DCP shards on its own disk, rank 0 receives node 1's over the group, so node 0's
