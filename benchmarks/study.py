@@ -312,10 +312,19 @@ def seed_ranges(seeds: list[int]) -> str:
     return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def saved_seeds(runs_dir: Path, workflows: tuple[str, ...]) -> list[int]:
-    """The seeds whose evaluation before RL is saved for every one of ``workflows`` (``--pool``)."""
-    have = [{int(p.stem.removeprefix("start-seed")) for p in (runs_dir / wf).glob("start-seed*.json")}
-            for wf in workflows]
+def saved_seeds(plan: Plan, runs_dir: Path) -> list[int]:
+    """The seeds whose evaluation before RL is saved, for this plan's budget and inputs (its key), for
+    every one of the plan's workflows (``--pool``); a set of seeds run with another budget (``--steps``)
+    or an older model is not this plan's, and is left out."""
+    have = []
+    for wf in plan.workflows:
+        key = (plan.key(wf), inputs_digest(wf))
+        seeds = set()
+        for p in (runs_dir / wf).glob("start-seed*.json"):
+            tail = p.stem.removeprefix("start-seed")
+            if tail.isdigit() and _load(p, key) is not None:
+                seeds.add(int(tail))
+        have.append(seeds)
     return sorted(set.intersection(*have)) if have else []
 
 
@@ -1208,13 +1217,12 @@ def main(argv: list[str] | None = None) -> int:
             runs_dir = (args.runs_dir or ROOT / "runs") / f"study-{name}"
             command = "python benchmarks/study.py"
         if args.pool:
-            seeds = saved_seeds(runs_dir, plan.workflows)
+            seeds = saved_seeds(plan, runs_dir)
             if not seeds:
-                ap.error(f"--pool: no saved runs of {', '.join(plan.workflows)} in {runs_dir}")
+                ap.error(f"--pool: no saved runs of {', '.join(plan.workflows)} at this plan's budget in {runs_dir}")
             plan = replace(plan, pooled=tuple(seeds), seeds=len(seeds))
-            flags += " --pool"
-        run_plan(plan, runs_dir, args.out, command + flags, fresh=args.fresh, jobs=args.jobs,
-                 run=not (args.report or args.pool))
+        run_plan(plan, runs_dir, args.out, command + flags + (" --pool" if args.pool else ""), fresh=args.fresh,
+                 jobs=args.jobs, run=not (args.report or args.pool))
     return 0
 
 

@@ -30,8 +30,8 @@ if _AS_COMMAND:
 
 import click  # noqa: E402 - after the start-up handlers
 
+from srpo_graph import exiting  # noqa: E402
 from srpo_graph.errors import SrpoGraphError  # noqa: E402
-from srpo_graph.exiting import quiet_signals_for_exit  # noqa: E402
 
 
 class _Group(click.Group):
@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     if _AS_COMMAND:  # the commands handle Ctrl-C / SIGTERM themselves from here on
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        exiting.as_entry_point()
     try:
         app.main(args=argv, prog_name="srpo-graph")
-    finally:
-        if _AS_COMMAND:  # the outcome is decided: a signal must not raise into the exit (exiting.py)
-            quiet_signals_for_exit()
+    finally:  # the outcome is decided: a signal must not raise into the exit (exiting.py)
+        exiting.decided()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,9 +9,13 @@ of record is lost. That happens without anyone pressing a key: when one rank of 
 dies, the others fail their next collective, print their stop line, and exit; torchrun sends
 SIGTERM to them meanwhile, and the signal finds them inside their exit.
 
-:func:`quiet_signals_for_exit` makes the first such signal a no-op (the exit, already under way,
-finishes with the status chosen); a second one ends the process at once (``128 + signal``), so
-an exit that hangs still ends on request.
+:func:`decided` is called where the outcome is decided (a run that stops: in the trainer's
+handlers, before their cleanup; a command: before it prints its last line). In a process that a
+command owns (:func:`as_entry_point`: ``srpo-graph``, ``python -m srpo_graph.train``, the torchrun
+wrapper) it makes the first SIGINT / SIGTERM a no-op -- the exit, already under way, finishes
+with the status chosen -- and a second one ends the process at once (``128 + signal``), so an
+exit that hangs still ends on request. Called in-process (a test's ``CliRunner``, a notebook),
+it only puts back the SIGTERM handler that was there before :func:`stop_on_sigterm`.
 
 :func:`stop_on_sigterm` is ``train``'s SIGTERM handler: it raises ``KeyboardInterrupt`` like
 Ctrl-C and records the signal. A signal that lands in a finalizer has its exception swallowed by
@@ -25,9 +29,17 @@ import os
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Any
 
 _STOPS: list[int] = []  # the SIGTERMs stop_on_sigterm's handler received
+_BEFORE: list[Any] = []  # the SIGTERM handler stop_on_sigterm replaced
+_ENTRY: list[bool] = []  # set by as_entry_point: this process is a command's
+_SEEN: list[int] = []  # signals received once the outcome was decided
+
+
+def as_entry_point() -> None:
+    """This process runs one command and ends with it: :func:`decided` may quiet its signals."""
+    _ENTRY[:] = [True]
 
 
 def _terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
@@ -38,6 +50,8 @@ def _terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
 def stop_on_sigterm() -> None:
     """SIGTERM raises ``KeyboardInterrupt`` from now on, like Ctrl-C, and is recorded."""
     _STOPS.clear()
+    if signal.getsignal(signal.SIGTERM) is not _terminated:
+        _BEFORE[:] = [signal.getsignal(signal.SIGTERM)]
     signal.signal(signal.SIGTERM, _terminated)
 
 
@@ -55,31 +69,28 @@ def raise_if_stopped() -> None:
         raise KeyboardInterrupt
 
 
-def owns_sigterm() -> bool:
-    """Whether SIGTERM is stop_on_sigterm's (the command that installed it decides the process's exit)."""
-    return signal.getsignal(signal.SIGTERM) is _terminated
+def _during_exit(signum, frame):  # noqa: ARG001 - a signal handler's signature
+    if _SEEN:  # asked twice: the exit takes too long; end it now
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
+                pass
+        os._exit(128 + signum)
+    _SEEN.append(signum)
 
 
-def quiet_signals_for_exit(signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
-    """From now on, the first of ``signals`` is ignored and a second ends the process at once.
+def decided() -> None:
+    """The outcome is decided: from now on no signal raises into what remains (the module docstring).
 
-    Call it where the process's outcome is decided and only its exit remains. It changes the
-    process's handlers, so call it only where the command owns the process (the entry points);
-    from another thread than the main one it does nothing (Python sets handlers there only).
+    Idempotent: a signal received between two calls still counts as the first. From another
+    thread than the main one it does nothing (Python sets handlers there only).
     """
     if threading.current_thread() is not threading.main_thread():
         return
-    seen: list[int] = []
-
-    def _during_exit(signum, frame):  # noqa: ARG001 - a signal handler's signature
-        if seen:  # asked twice: the exit takes too long; end it now
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
-                    pass
-            os._exit(128 + signum)
-        seen.append(signum)
-
-    for sig in signals:
-        signal.signal(sig, _during_exit)
+    if _ENTRY:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not _during_exit:
+                signal.signal(sig, _during_exit)
+    elif signal.getsignal(signal.SIGTERM) is _terminated:  # in-process: the caller's handler again
+        signal.signal(signal.SIGTERM, _BEFORE[0] if _BEFORE else signal.SIG_DFL)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from srpo_graph import exiting
 from srpo_graph.errors import SrpoGraphError
-from srpo_graph.exiting import quiet_signals_for_exit
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run(train_command, argv)
     finally:  # the outcome is decided: a signal must not raise into the exit (srpo_graph/exiting.py)
-        quiet_signals_for_exit()
+        exiting.decided()
 
 
 def _run(train_command, argv: list[str] | None) -> None:
@@ -40,4 +40,5 @@ def _run(train_command, argv: list[str] | None) -> None:
 
 
 if __name__ == "__main__":
+    exiting.as_entry_point()
     main()

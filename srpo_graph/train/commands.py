@@ -138,7 +138,7 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             if overwrite:
                 cfg = cfg.model_copy(update={"overwrite": True})
     except KeyboardInterrupt:  # while reading the configuration: nothing was touched
-        _decided()
+        exiting.decided()
         click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again",
                    err=True)
         sys.exit(_interrupt_code())
@@ -151,13 +151,13 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         try:
             code = _launch(workflow, cfg, resume is not None, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint)
         except KeyboardInterrupt:  # the ranks have stopped; rank 0 has printed where the run stands
-            _decided()
+            exiting.decided()
             from srpo_graph.train.stops import continue_command
 
             click.echo(f"srpo-graph train: {_interrupt_name()}; continue with: "
                        f"{continue_command(workflow, cfg.run_dir)}", err=True)
             sys.exit(_interrupt_code())
-        _decided()
+        exiting.decided()
         sys.exit(code)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     try:
@@ -166,17 +166,17 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         try:
             summary = train(workflow, cfg, resume=resume is not None)
         except RunStopped as exc:  # disk full, failure budget, a dead server: the cause and the command that continues
-            _decided()
+            exiting.decided()
             if main_rank:
                 click.echo(exc.advice(workflow), err=True)
             sys.exit(exc.exit_code)
     except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM in the loop: no traceback, say how to continue
-        _decided()
+        exiting.decided()
         if main_rank:
             click.echo(exc.advice(workflow), err=True)
         sys.exit(_interrupt_code())
     except KeyboardInterrupt:  # before the loop started (imports, loading models and tasks)
-        _decided()
+        exiting.decided()
         if main_rank:
             from srpo_graph.train.stops import continue_command
 
@@ -187,7 +187,7 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             click.echo(f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}",
                        err=True)
         sys.exit(_interrupt_code())
-    _decided()
+    exiting.decided()
     if main_rank and resume is not None and summary.steps_this_run == 0:
         click.echo(f"nothing to do: the run in {summary.run_dir} is already at step {summary.steps} "
                    f"(extend it with --steps N, N > {summary.steps})")
@@ -203,14 +203,6 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             f"  skipped updates: {summary.skipped_updates}\n"
             f"  run folder: {summary.run_dir} (metrics.jsonl, plots/, checkpoints/, tensorboard/)"
         )
-
-
-def _decided() -> None:
-    """The run's outcome is decided: a SIGTERM from now on must not raise into the exit (exiting.py).
-
-    Only the handler this command installed is replaced: it owns SIGTERM, not SIGINT."""
-    if exiting.owns_sigterm():
-        exiting.quiet_signals_for_exit((signal.SIGTERM,))
 
 
 def _interrupt_name() -> str:

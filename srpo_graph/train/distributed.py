@@ -275,6 +275,38 @@ def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int =
                 proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=grace)
         except (KeyboardInterrupt, subprocess.TimeoutExpired):  # asked twice, or the ranks did not stop
-            proc.kill()
-            proc.wait()
+            _kill_tree(proc)
         raise
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; elsewhere none): torchrun starts each rank in a
+    session of its own, so killing torchrun alone would leave them running."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the command may hold spaces and ')'
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process below it, the ranks first."""
+    import signal
+
+    for pid in reversed(_descendants(proc.pid)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # already gone
+            pass
+    proc.kill()
+    proc.wait()

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import torch
 
+from srpo_graph import exiting
 from srpo_graph.errors import ConfigError
 from srpo_graph.train.distributed import DistInfo, broadcast_bytes
 
@@ -163,8 +164,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         run(parse_args(list(argv)))
     except SignalException as exc:  # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
+        exiting.decided()  # torchrun's handler raises SignalException: not into the exit (exiting.py)
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
+        exiting.decided()
         rank, failure = exc.get_first_failure()
         code = int(failure.exitcode)
         if code < 0:  # killed by a signal: say which rank, the ranks that saw it have said the rest
@@ -173,8 +176,10 @@ def main(argv: Sequence[str]) -> int:
                   file=sys.stderr)
             return 128 - code
         return code or 1
+    exiting.decided()
     return 0
 
 
 if __name__ == "__main__":
+    exiting.as_entry_point()
     sys.exit(main(sys.argv[1:]))

@@ -319,47 +319,52 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
         close_worker(slots)
         raise
     try:
-        with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
-            for step in range(state.step + 1, config.steps + 1):
-                exiting.raise_if_stopped()  # a SIGTERM whose exception a finalizer swallowed still stops the run
-                result = learn_step(step, wf, rollouts.get(step, state), slots, config, compile_cfg, state, dist,
-                                    report)
-                rollouts.weights_updated(step)  # the weights of version `step` are synced
-                record, episodes = result.record, result.episodes
-                state.step = step
-                rewards.append(record["reward"])
-                if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
-                    t0 = time.perf_counter()
-                    eps, _ = rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist,
-                                      config.eval.samples, frozen=frozen)
-                    record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())  # eval/reward = Avg@k, Pass@k
-                    record["time/eval"] = time.perf_counter() - t0
-                    evals.append((step, record["eval/reward"]))
-                state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
-                                   workflow=wf.name, frozen=frozen_policies.pointers(wf))
-                if writer is not None:
-                    writer.log(record)
-                    if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
-                        (run_dir / "traces").mkdir(exist_ok=True)
-                        write_traces(run_dir / "traces" / f"step_{step}.jsonl", episodes)
-                    if config.logging.plots and _due(step, config.logging.plots_every, config.steps):
-                        draw_plots(run_dir)
-                if _due(step, config.checkpoint.every, config.steps) and any(fsdp.is_sharded(s.model) for s in slots):
-                    last_ckpt = str(sharded_ckpt.save(  # every rank writes its shards: sharded_checkpoint.py
-                        run_dir, state, models={s.name: s.model for s in slots},
-                        tokenizers={s.name: s.tokenizer for s in slots}, optimizers={s.name: s.optimizer for s in slots},
-                        schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
-                elif _due(step, config.checkpoint.every, config.steps):
+        try:
+            with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
+                for step in range(state.step + 1, config.steps + 1):
+                    exiting.raise_if_stopped()  # a SIGTERM whose exception a finalizer swallowed still stops the run
+                    result = learn_step(step, wf, rollouts.get(step, state), slots, config, compile_cfg, state, dist,
+                                        report)
+                    rollouts.weights_updated(step)  # the weights of version `step` are synced
+                    record, episodes = result.record, result.episodes
+                    state.step = step
+                    rewards.append(record["reward"])
+                    if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
+                        t0 = time.perf_counter()
+                        eps, _ = rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist,
+                                          config.eval.samples, frozen=frozen)
+                        record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())  # eval/reward = Avg@k, Pass@k
+                        record["time/eval"] = time.perf_counter() - t0
+                        evals.append((step, record["eval/reward"]))
+                    state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
+                                       workflow=wf.name, frozen=frozen_policies.pointers(wf))
                     if writer is not None:
-                        last_ckpt = str(ckpt.save_checkpoint(
+                        writer.log(record)
+                        if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
+                            (run_dir / "traces").mkdir(exist_ok=True)
+                            write_traces(run_dir / "traces" / f"step_{step}.jsonl", episodes)
+                        if config.logging.plots and _due(step, config.logging.plots_every, config.steps):
+                            draw_plots(run_dir)
+                    if _due(step, config.checkpoint.every, config.steps) and any(fsdp.is_sharded(s.model) for s in slots):
+                        last_ckpt = str(sharded_ckpt.save(  # every rank writes its shards: sharded_checkpoint.py
                             run_dir, state, models={s.name: s.model for s in slots},
-                            tokenizers={s.name: s.tokenizer for s in slots},
-                            optimizers={s.name: s.optimizer for s in slots},
+                            tokenizers={s.name: s.tokenizer for s in slots}, optimizers={s.name: s.optimizer for s in slots},
                             schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
-                bar.advance(record)
-                if config.debug.stop_after_step is not None and step >= config.debug.stop_after_step:
-                    break
-        completed = True
+                    elif _due(step, config.checkpoint.every, config.steps):
+                        if writer is not None:
+                            last_ckpt = str(ckpt.save_checkpoint(
+                                run_dir, state, models={s.name: s.model for s in slots},
+                                tokenizers={s.name: s.tokenizer for s in slots},
+                                optimizers={s.name: s.optimizer for s in slots},
+                                schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
+                    bar.advance(record)
+                    if config.debug.stop_after_step is not None and step >= config.debug.stop_after_step:
+                        break
+            completed = True
+            exiting.decided()  # finished: a signal from now on does not turn it into a stop (exiting.py)
+        except BaseException:
+            exiting.decided()  # the run stops: no second signal raises into the handling and cleanup below
+            raise
     except KeyboardInterrupt:
         raise TrainingInterrupted(run_dir, state.step, ckpt.latest_checkpoint(run_dir)) from None
     except OSError as exc:

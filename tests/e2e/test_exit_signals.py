@@ -38,7 +38,7 @@ cli.main(sys.argv[1:])
 _AS_TORCHRUN_WORKER = _SLOW_EXIT + """
 import runpy
 sys.argv[0] = "srpo_graph.train"
-runpy.run_module("srpo_graph.train", run_name="__main__")
+runpy.run_module("srpo_graph.train", run_name="__main__", alter_sys=True)
 """
 
 
@@ -80,29 +80,34 @@ def test_a_signal_during_a_train_workers_exit_keeps_the_status_and_prints_no_tra
     assert "optim.lr" in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
 
 
-def test_a_second_signal_ends_a_slow_exit_at_once(tmp_path):
-    proc = _start(_AS_CLI, tmp_path / "marker", 60.0, "check", WF)
+@pytest.mark.parametrize("code", [_AS_CLI, _AS_TORCHRUN_WORKER], ids=["cli", "torchrun-worker"])
+def test_a_second_signal_ends_a_slow_exit_at_once(tmp_path, code):
+    args = ("check", WF) if code is _AS_CLI else (WF, "--steps", "1", "--run-dir", str(tmp_path / "run"))
+    proc = _start(code, tmp_path / "marker", 60.0, *args)
     err, seconds = _signal_during_exit(proc, tmp_path / "marker", signal.SIGTERM, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert seconds < 30 and "Traceback" not in err, (seconds, err[-2000:])
 
 
-def test_the_train_command_stops_raising_on_sigterm_once_its_outcome_is_decided():
-    """In-process: ``_decided`` replaces the command's own SIGTERM handler only (it does not own SIGINT)."""
+def test_in_process_the_outcome_puts_the_callers_sigterm_handler_back():
+    """In-process (a test's CliRunner, a notebook), ``decided`` changes nothing the caller owns: the
+    SIGTERM handler ``stop_on_sigterm`` replaced is put back, SIGINT is left alone."""
     from srpo_graph import exiting
     from srpo_graph.train import commands
 
+    def callers(signum, frame):  # noqa: ARG001
+        raise RuntimeError("the caller's handler")
+
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
+        signal.signal(signal.SIGTERM, callers)
         exiting.stop_on_sigterm()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)  # the handler runs at the next bytecode boundary
         assert commands._interrupt_code() == 143 and "SIGTERM" in commands._interrupt_name()
-        commands._decided()
-        assert not exiting.owns_sigterm() and signal.getsignal(signal.SIGINT) is before[1]
-        os.kill(os.getpid(), signal.SIGTERM)  # the first one during the exit: ignored
-        time.sleep(0.1)
+        exiting.decided()
+        assert signal.getsignal(signal.SIGTERM) is callers and signal.getsignal(signal.SIGINT) is before[1]
     finally:
         signal.signal(signal.SIGTERM, before[0])
         exiting._STOPS.clear()

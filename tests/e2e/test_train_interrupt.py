@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.train import checkpoint as ck
@@ -53,8 +54,15 @@ def test_sigint_leaves_a_resumable_run_and_says_how(tmp_path):
     with pytest.raises(ConfigError, match="trained workflow 'coord_par3'"):
         train(ROOT / "workflows" / "coord_par2.wf", validate(load_toml(run / "config.toml")), resume=True)
 
-    # what `--resume RUN_DIR` does (tests/e2e/test_train_cli.py runs it as a command), in-process
-    summary = train(ROOT / WF, validate(load_toml(run / "config.toml")), resume=True)
+    # what `--resume RUN_DIR` does (tests/e2e/test_train_cli.py runs it as a command), in-process, with
+    # the command's one thread (OMP_NUM_THREADS=1 above): a float sum split over two threads rounds
+    # differently in its last bits, and the redone steps are compared bit for bit
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        summary = train(ROOT / WF, validate(load_toml(run / "config.toml")), resume=True)
+    finally:
+        torch.set_num_threads(threads)
     assert summary.steps_this_run == 8 - int(newest.name.split("_")[1])
     resumed = _rows(run)
     assert [r["step"] for r in resumed] == list(range(1, 9))

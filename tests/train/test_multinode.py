@@ -201,6 +201,34 @@ def test_a_signal_to_the_launcher_stops_every_rank_like_one_process(tmp_path, si
     assert len(_rows(run)) < 40
 
 
+def test_the_launcher_kills_the_ranks_it_gives_up_on_with_torchrun():
+    """When the ranks do not stop within the grace period (or the user asks twice), the launcher kills
+    torchrun and every process under it: torchrun starts each rank in a session of its own, so
+    killing torchrun alone would leave them running. Real processes: a child in its own session."""
+    import signal
+    import time
+
+    from srpo_graph.train.distributed import _descendants, _kill_tree
+
+    parent = subprocess.Popen(["bash", "-c", "setsid sleep 300 & sleep 300 & wait"])
+    deadline = time.monotonic() + 30
+    while len(below := _descendants(parent.pid)) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    _kill_tree(parent)
+    time.sleep(0.2)
+    alive = []
+    for pid in below:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie waiting for init is gone
+                    alive.append(pid)
+        except OSError:
+            pass
+    assert not alive and parent.returncode == -signal.SIGKILL
+
+
 @pytest.mark.slow
 def test_fsdp_checkpoints_on_two_nodes_without_a_shared_run_folder(tmp_path):
     """strategy=fsdp over two "nodes" (separate folders, a relative run folder): each rank writes
