@@ -130,24 +130,34 @@ def _pid_of_rank(rank: int, marker: str) -> int | None:
     return None
 
 
-@pytest.mark.slow
-def test_a_rank_killed_during_training_ends_the_job_with_a_resume_line(tmp_path):
-    """SIGKILL rank 1 of a 2-process job after step 2: the job ends (no hang), the error names the
-    rank and says how to continue; the resume line works."""
-    import signal
+def _two_ranks_past_step_2(tmp_path: Path, steps: int, err, *, new_session: bool = False
+                           ) -> tuple[subprocess.Popen, Path, dict[str, str]]:
+    """Start `srpo-graph train WF --nproc 2` (stderr to ``err``; each rank's environment marked with
+    ``tmp_path``, see :func:`_pid_of_rank`) and return once two steps are logged: (process, run, env)."""
     import time
 
     (tmp_path / "home").mkdir()
     os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
     run = tmp_path / "run"
     env = {**_env(tmp_path / "home"), "SRPO_TEST_MARKER": str(tmp_path)}
+    p = subprocess.Popen(["srpo-graph", "train", WF, "--nproc", "2", "--steps", str(steps), "--run-dir", str(run),
+                          *SMALL], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                         start_new_session=new_session)
+    deadline = time.monotonic() + 400
+    while not ((run / "metrics.jsonl").exists() and len(_rows(run)) >= 2):
+        assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
+        time.sleep(0.2)
+    return p, run, env
+
+
+@pytest.mark.slow
+def test_a_rank_killed_during_training_ends_the_job_with_a_resume_line(tmp_path):
+    """SIGKILL rank 1 of a 2-process job after step 2: the job ends (no hang), the error names the
+    rank and says how to continue; the resume line works."""
+    import signal
+
     with open(tmp_path / "err.txt", "w") as err:
-        p = subprocess.Popen(["srpo-graph", "train", WF, "--nproc", "2", "--steps", "8", "--run-dir", str(run), *SMALL],
-                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 400
-        while not ((run / "metrics.jsonl").exists() and len(_rows(run)) >= 2):
-            assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
-            time.sleep(0.2)
+        p, run, env = _two_ranks_past_step_2(tmp_path, 8, err)
         pid = _pid_of_rank(1, str(tmp_path))
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -173,19 +183,9 @@ def test_a_signal_to_the_launcher_stops_every_rank_like_one_process(tmp_path, si
     the signal's. (The launcher used to SIGKILL torchrun, and the ranks died without a word.) Ctrl-C
     in a terminal is SIGINT to the whole process group at once: the same outcome."""
     import signal
-    import time
 
-    (tmp_path / "home").mkdir()
-    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
-    run = tmp_path / "run"
-    env = {**_env(tmp_path / "home"), "SRPO_TEST_MARKER": str(tmp_path)}
     with open(tmp_path / "err.txt", "w") as err:
-        p = subprocess.Popen(["srpo-graph", "train", WF, "--nproc", "2", "--steps", "40", "--run-dir", str(run), *SMALL],
-                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=group)
-        deadline = time.monotonic() + 400
-        while not ((run / "metrics.jsonl").exists() and len(_rows(run)) >= 2):
-            assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()[-2000:]
-            time.sleep(0.2)
+        p, run, _ = _two_ranks_past_step_2(tmp_path, 40, err, new_session=group)
         ranks = [_pid_of_rank(r, str(tmp_path)) for r in (0, 1)]
         assert None not in ranks
         if group:
