@@ -79,8 +79,8 @@ def reset(url: str, model: str) -> None:
 
 
 def train_once(wf: Path, url: str, model: str, k: int, seed: int, steps: int, args, root: Path) -> list[dict]:
-    from srpo_graph.train.config import load_config
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.observe.metrics import read_metrics
     from srpo_graph.train.trainer import train
 
     reset(url, model)
@@ -108,8 +108,8 @@ def learn_once(url: str, model: str, k: int, seed: int, args, root: Path) -> dic
     sys.path.insert(0, str(HERE))
     from study import _tasks_of
 
-    from srpo_graph.train.config import load_config
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.observe.metrics import read_metrics
     from srpo_graph.train.trainer import train
 
     reset(url, model)

@@ -67,9 +67,9 @@ def worker(model_dir: str, out: Path, bucket_mb: float, shard_mb: float) -> None
     from transformers import AutoModelForCausalLM
 
     from srpo_graph.backends.weight_sync import buckets, flatten, named_weights
-    from srpo_graph.train import fsdp
-    from srpo_graph.train.distributed import init_distributed, shutdown
-    from srpo_graph.train.fsdp_stream import GatheredModel
+    from srpo_graph.train.parallel import fsdp
+    from srpo_graph.train.parallel.collectives import init_distributed, shutdown
+    from srpo_graph.train.parallel.gather import GatheredModel
 
     torch.set_num_threads(1)
     dist = init_distributed("cpu", timeout=300.0)

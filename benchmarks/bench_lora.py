@@ -87,9 +87,9 @@ def _measure(n: int, kind: str, model: str, steps: int) -> dict:
     import torch
 
     from srpo_graph.lang import load_workflow
-    from srpo_graph.train.config import validate
-    from srpo_graph.train.distributed import DistInfo
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.config.loading import validate
+    from srpo_graph.train.observe.metrics import read_metrics
+    from srpo_graph.train.parallel.collectives import DistInfo
     from srpo_graph.train.trainer import _build_slots, train
 
     torch.set_num_threads(1)

@@ -41,9 +41,9 @@ def worker(out: Path, repeats: int) -> None:
     from srpo_graph.lang import load_workflow
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.train.config import validate
-    from srpo_graph.train.distributed import init_distributed, shutdown
-    from srpo_graph.train.rollout_stage import rollout
+    from srpo_graph.train.config.loading import validate
+    from srpo_graph.train.parallel.collectives import init_distributed, shutdown
+    from srpo_graph.train.rollout.lockstep import rollout
 
     torch.set_num_threads(1)
     dist = init_distributed("cpu", timeout=600)

@@ -52,7 +52,7 @@ def one(spec: dict) -> dict:
     from srpo_graph.models.architectures import build_config
     from srpo_graph.srpo.logprobs import packed_logprobs
     from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
-    from srpo_graph.train.precision import enable_gradient_checkpointing, update_forward
+    from srpo_graph.train.policies.precision import enable_gradient_checkpointing, update_forward
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ from _perfdoc import machine, write_result, write_section  # noqa: E402
 
 
 def run(workflow: str, worker: bool, steps: int, root: Path) -> dict[str, float]:
-    from srpo_graph.train.config import validate
+    from srpo_graph.train.config.loading import validate
     from srpo_graph.train.trainer import train
 
     run_dir = root / f"{workflow}-{'worker' if worker else 'inproc'}"

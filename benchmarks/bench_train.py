@@ -33,10 +33,10 @@ def measure(wf: str, args) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    import srpo_graph.train.checkpoint as ckpt
+    import srpo_graph.train.checkpoint.layout as ckpt
     import srpo_graph.train.trainer as trainer
-    from srpo_graph.train.config import validate
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.config.loading import validate
+    from srpo_graph.train.observe.metrics import read_metrics
 
     starts: list[float] = []
     ckpt_s: list[float] = []

@@ -64,8 +64,8 @@ def run_srpo(steps: int, scale: int, layout: str) -> dict:
 
     torch.set_num_threads(1)
     import srpo_graph.train.trainer as trainer
-    from srpo_graph.train.config import validate
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.config.loading import validate
+    from srpo_graph.train.observe.metrics import read_metrics
 
     starts: list[float] = []
     cpu: list[float] = []

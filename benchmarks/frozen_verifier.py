@@ -8,7 +8,7 @@ Run (after training the seeds and evaluating them in one ``srpo-graph eval``, do
 
 Reads each run folder's ``metrics.jsonl`` (``<runs>/seed<k>``) and the eval's ``eval.json`` (sources
 ``base`` and every run, the same tasks, samples and seed), pairs every run with ``base`` by
-``srpo_graph.train.evaluate.compare`` (``srpo-graph eval --compare``'s code: paired bootstrap over
+``srpo_graph.eval.score.compare`` (``srpo-graph eval --compare``'s code: paired bootstrap over
 problems, sign-flip p), and prints a markdown table; draws the train reward per step (each seed, and
 the mean over seeds smoothed over 10 steps).
 """
@@ -44,7 +44,7 @@ def smooth(xs: list[float], w: int = 10) -> list[float]:
 
 def table(eval_json: Path) -> list[str]:
     """Markdown rows: each source's Avg@k and Pass@k with 95% intervals, and each run minus ``base``, paired."""
-    from srpo_graph.train.evaluate import EvalReport, compare
+    from srpo_graph.eval.score import EvalReport, compare
 
     reports = [EvalReport.model_validate(r) for r in json.loads(eval_json.read_text(encoding="utf-8"))["reports"]]
     base = next(r for r in reports if r.label == "base")
@@ -67,8 +67,8 @@ def breakdown(eval_dir: Path) -> list[str]:
     difference to ``base`` paired by problem as ``compare`` pairs Avg@k: bootstrap over problems, sign-flip
     p), how often the frozen verifier copies it word for word, and the verifier's accuracy after a right and
     after a wrong solution: what the verifier passes on of what the solver learned."""
+    from srpo_graph.eval.score import bootstrap_indices, ratio_interval, sign_flip_p
     from srpo_graph.models.sft_data import solution_correct
-    from srpo_graph.train.evaluate import bootstrap_indices, ratio_interval, sign_flip_p
 
     labels = [r["label"] for r in json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["reports"]]
     lines = ["| source | solver right (- base, paired [95% CI], p) | verifier right | verifier copies the solver | "

@@ -29,7 +29,7 @@ The analysis reports, per (workflow, objective): mean final held-out accuracy ov
 95% t-interval, and for every objective a paired comparison to ``srpo`` (same seeds, so same initial
 sampling and task order: bootstrap interval, exact sign-flip p) with a power estimate (the seeds that would
 resolve a 1.5-point gap at the observed spread), then writes ``docs/results.md`` and the plots. Held-out
-accuracy is scored by ``srpo-graph eval``'s code (``srpo_graph/train/evaluate.py``): Avg@k with k =
+accuracy is scored by ``srpo-graph eval``'s code (``srpo_graph/eval/score.py``): Avg@k with k =
 ``eval_samples``.
 """
 
@@ -423,10 +423,10 @@ def _tasks_of(workflow: str, root: Path = ROOT) -> tuple[Path, Path]:
 def held_out_accuracy(workflow: str, plan: Plan, seed: int) -> dict[str, float]:
     """Held-out accuracy of the workflow's untrained policies (sampled, as declared): overall and per family."""
     from srpo_graph.backends import load_backend, resolve_model
+    from srpo_graph.eval.score import score
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.train.evaluate import score
 
     wf = load_workflow(ROOT / "workflows" / f"{workflow}.wf")
     tasks = load_tasks(_tasks_of(workflow)[1], wf)[: plan.eval_tasks]
@@ -460,8 +460,8 @@ def _route_shares(run_dir: Path, route: tuple[str, ...]) -> dict[str, dict[str, 
 
 def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path) -> dict:
     """Train one cell and return its record (also what is saved as JSON)."""
-    from srpo_graph.train.config import load_config
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.observe.metrics import read_metrics
     from srpo_graph.train.trainer import train
 
     steps, lr, samples = plan.budget(workflow)

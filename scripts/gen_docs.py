@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config() -> str:
-    from srpo_graph.train.config import config_reference
+    from srpo_graph.train.config.loading import config_reference
 
     return config_reference()
 

@@ -54,8 +54,7 @@ def checkpoint_campaign(rng: random.Random, n: int, tmp: Path) -> str:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from srpo_graph.train import checkpoint as ck
-
+    from srpo_graph.train.checkpoint import layout as ck
     base = tmp / "base"
     proc = _train(base, 2)
     assert proc.wait(timeout=600) == 0, proc.communicate()
@@ -280,8 +279,8 @@ def wf_campaign(rng: random.Random, n: int, tmp: Path) -> str:
 
 
 def kill9_campaign(rng: random.Random, n: int, tmp: Path) -> str:
-    from srpo_graph.train import checkpoint as ck
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.checkpoint import layout as ck
+    from srpo_graph.train.observe.metrics import read_metrics
 
     resumed = 0
     for k in range(n):

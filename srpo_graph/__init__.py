@@ -38,7 +38,7 @@ _EXPORTS = {
     "srpo_loss": "srpo_graph.srpo.loss",
     "LossConfig": "srpo_graph.srpo.loss",
     "train": "srpo_graph.train.trainer",
-    "TrainConfig": "srpo_graph.train.config",
+    "TrainConfig": "srpo_graph.train.config.loading",
     "SrpoGraphError": "srpo_graph.errors",
 }
 

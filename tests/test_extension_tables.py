@@ -10,8 +10,8 @@ from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo import objectives
 from srpo_graph.srpo.loss import srpo_loss
-from srpo_graph.train import strategies
-from srpo_graph.train.config import load_config
+from srpo_graph.train.config.loading import load_config
+from srpo_graph.train.learn import strategies
 
 
 def test_a_toy_objective_through_the_table_alone(monkeypatch):
@@ -43,7 +43,7 @@ def test_a_toy_strategy_through_the_table_alone(monkeypatch):
     assert load_config(None, ["strategy=counting"]).strategy == "counting"
     with pytest.raises(Exception, match="unknown strategy"):
         load_config(None, ["strategy=nope"])
-    from srpo_graph.train.distributed import DistInfo
+    from srpo_graph.train.parallel.collectives import DistInfo
 
     dist = DistInfo(rank=0, world_size=2)  # rank 0 of 2 (no collective is called below)
     s = strategies.make_strategy("counting", dist)

@@ -24,6 +24,7 @@ RANK = {
     "viz": 3,
     "backends": 3,
     "runtime": 4,
+    "eval": 5,  # scoring episodes (Avg@k, Pass@k, intervals): after runtime, no torch
     "compiler": 5,
     "srpo": 6,
     "train": 7,

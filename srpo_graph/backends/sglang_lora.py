@@ -81,7 +81,7 @@ ADAPTERS_BY_DISK = ("SGLang 0.5.23 streams base-model weights only over a proces
 
 
 def is_adapter_policy(policy: Any) -> bool:
-    """Whether a ``TrainedPolicy``'s model is a view of a shared LoRA base (``train/lora.py``)."""
+    """Whether a ``TrainedPolicy``'s model is a view of a shared LoRA base (``train/policies/lora.py``)."""
     return hasattr(getattr(policy, "model", None), "shared_base")
 
 

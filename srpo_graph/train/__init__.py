@@ -1,6 +1,6 @@
 """Trainer stage: config, the RL loop, checkpoints, metrics, plots and data-parallel launch.
 
-Consumes a ``.wf`` workflow and a :class:`~srpo_graph.train.config.TrainConfig`; produces a run
+Consumes a ``.wf`` workflow and a :class:`~srpo_graph.train.config.loading.TrainConfig`; produces a run
 folder. Modules: ``config`` (TrainConfig, TOML, overrides), ``data`` (task files, task order,
 workflow overrides), ``update`` (epochs x mini-batches x micro-batches on a SetBatch),
 ``trainer`` (``train``), ``checkpoint``, ``metrics``, ``plots``, ``progress``, ``distributed``,

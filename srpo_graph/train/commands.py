@@ -29,7 +29,7 @@ def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None,
         ConfigError: bad TOML, unknown field, invalid value, or a run folder without config.toml.
     """
     from srpo_graph.errors import ConfigError
-    from srpo_graph.train.config import load_toml, merge_overrides, validate
+    from srpo_graph.train.config.loading import load_toml, merge_overrides, validate
 
     data: dict = {}
     source = "config"
@@ -44,7 +44,7 @@ def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None,
             _check_saved_config(None, saved, exc.diagnostics[0].message if exc.diagnostics
                                 else str(exc).splitlines()[0].split("error: ", 1)[-1])
         _check_saved_config(data, saved)
-        from srpo_graph.train.config import _without_objective_defaults
+        from srpo_graph.train.config.loading import _without_objective_defaults
 
         data = _without_objective_defaults(data)  # an `objective=...` override then takes effect
     if config_path is not None:
@@ -121,13 +121,13 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
     exiting.stop_on_sigterm()  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
         if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
-            from srpo_graph.train.config import load_toml, validate
+            from srpo_graph.train.config.loading import load_toml, validate
 
             cfg = validate(load_toml(os.environ[LAUNCH_ENV]), os.environ[LAUNCH_ENV])
             resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
         elif resume is not None and node_rank > 0 and not (Path(resume) / "config.toml").exists():
             # another node of a multi-node job: the run folder is on node 0, whose config this node follows
-            from srpo_graph.train.multinode import FOLLOW_ENV
+            from srpo_graph.train.parallel.multinode import FOLLOW_ENV
 
             cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=resume, tasks=tasks,
                                nproc=nproc)
@@ -145,7 +145,7 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
     if (cfg.nproc > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
         if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
             from srpo_graph.lang import load_workflow
-            from srpo_graph.train.config import default_run_dir
+            from srpo_graph.train.config.loading import default_run_dir
 
             cfg = cfg.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow).name)})
         try:
@@ -214,8 +214,7 @@ def _interrupt_code() -> int:
 
 
 def _after_a_lost_rank(workflow: Path, run_dir: Path) -> None:
-    from srpo_graph.train import checkpoint as ckpt
-
+    from srpo_graph.train.checkpoint import layout as ckpt
     last = ckpt.latest_checkpoint(run_dir) if run_dir.is_dir() else None
     if last is None:
         click.echo(f"srpo-graph train: no checkpoint yet; start again: srpo-graph train {workflow} --run-dir {run_dir} "
@@ -229,7 +228,7 @@ def _print_plan(workflow: Path, gpus: int, overrides: tuple[str, ...]) -> None:
     """``--plan GPUS``: the placement of servers and trainer ranks, and the commands (placement.py)."""
     from srpo_graph.backends import resolve_model
     from srpo_graph.lang import load_workflow
-    from srpo_graph.train.placement import plan
+    from srpo_graph.train.parallel.placement import plan
 
     wf = load_workflow(workflow)
     p = plan(gpus, [(pol.name, str(resolve_model(pol.model))) for pol in wf.policies if pol.adapter is None],
@@ -251,14 +250,14 @@ def _launch(workflow: Path, cfg, resume: bool, *, nnodes: int = 1, node_rank: in
     """
     import tempfile
 
-    from srpo_graph.train.config import write_config
-    from srpo_graph.train.distributed import launch
+    from srpo_graph.train.config.loading import write_config
+    from srpo_graph.train.parallel.collectives import launch
 
     with tempfile.TemporaryDirectory(prefix="srpo-graph-launch-") as tmp:
         path = Path(tmp) / "config.toml"
         if cfg.run_dir is None:  # every rank must agree on the folder
             from srpo_graph.lang import load_workflow
-            from srpo_graph.train.config import default_run_dir
+            from srpo_graph.train.config.loading import default_run_dir
 
             cfg = cfg.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow).name)})
         write_config(cfg, path)
@@ -286,7 +285,7 @@ def export_adapter_command(source, out, policy, dtype):
 
     Example: srpo-graph export-adapter runs/coord_lora2 --policy role_a exported/role_a
     """
-    from srpo_graph.train.lora import export_adapter
+    from srpo_graph.train.policies.lora import export_adapter
 
     click.echo(f"wrote {export_adapter(source, policy, out, dtype=dtype)} (load it with from_pretrained)")
 
@@ -306,8 +305,8 @@ def consolidate_command(source, out, step, policy):
     Example: srpo-graph consolidate runs/coord_fsdp --out exported/coord
     """
     from srpo_graph.errors import ConfigError
-    from srpo_graph.train.eval_run import resolve_source
-    from srpo_graph.train.sharded_checkpoint import consolidate
+    from srpo_graph.train.checkpoint.sharded import consolidate
+    from srpo_graph.train.eval_command import resolve_source
 
     is_run = (source / "config.toml").is_file() and (source / "checkpoints").is_dir()
     if not (is_run or ((source / "COMPLETE").is_file() and source.parent.name == "checkpoints")):
@@ -321,6 +320,6 @@ def consolidate_command(source, out, step, policy):
         click.echo(f"wrote {written} ({name}, {src.checkpoint.name}; load it with from_pretrained)")
 
 
-from srpo_graph.train.eval_run import eval_command  # noqa: E402  (its own module: evaluation)
+from srpo_graph.train.eval_command import eval_command  # noqa: E402  (its own module: evaluation)
 
 COMMANDS: list = [train_command, export_adapter_command, consolidate_command, eval_command]

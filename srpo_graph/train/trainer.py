@@ -1,6 +1,6 @@
 """Trainer stage: ``train(workflow_path, config) -> RunSummary``, the RL loop.
 
-Consumes a ``.wf`` file and a :class:`~srpo_graph.train.config.TrainConfig`; produces a run
+Consumes a ``.wf`` file and a :class:`~srpo_graph.train.config.loading.TrainConfig`; produces a run
 folder (config.toml, metrics.jsonl, tensorboard/, plots/, traces/, checkpoints/) and a
 :class:`RunSummary`. Per step::
 
@@ -37,31 +37,38 @@ import torch
 from srpo_graph import exiting
 from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
 from srpo_graph.errors import BackendError, ConfigError
+from srpo_graph.eval.score import score
 from srpo_graph.lang import load_workflow
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import write_traces
-from srpo_graph.train import checkpoint as ckpt
-from srpo_graph.train import frozen as frozen_policies
-from srpo_graph.train import fsdp, lora
-from srpo_graph.train import sharded_checkpoint as sharded_ckpt
-from srpo_graph.train.async_rollout import check_async, make_rollouts
-from srpo_graph.train.config import TrainConfig, check_trainable, default_run_dir, to_data, validate, write_config
-from srpo_graph.train.data import default_task_file, override_workflow, split_tasks
-from srpo_graph.train.distributed import DistInfo, collective_failed, init_distributed, shutdown
-from srpo_graph.train.evaluate import score
-from srpo_graph.train.metrics import MetricsWriter, truncate_after
-from srpo_graph.train.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
-from srpo_graph.train.plots import draw_plots
-from srpo_graph.train.precision import enable_gradient_checkpointing
-from srpo_graph.train.progress import ProgressBar
-from srpo_graph.train.rank_rollout import samples_on_every_rank
-from srpo_graph.train.rollout_stage import rollout
-from srpo_graph.train.rollout_worker import close_worker
-from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow
-from srpo_graph.train.runlock import lock_run_dir
-from srpo_graph.train.sglang_rollout import server_scope, with_backend_defaults
-from srpo_graph.train.step import learn_step
+from srpo_graph.train.checkpoint import layout as ckpt
+from srpo_graph.train.checkpoint import sharded as sharded_ckpt
+from srpo_graph.train.config.loading import (
+    TrainConfig,
+    check_trainable,
+    default_run_dir,
+    to_data,
+    validate,
+    write_config,
+)
+from srpo_graph.train.learn.step import learn_step
+from srpo_graph.train.observe.metrics import MetricsWriter, truncate_after
+from srpo_graph.train.observe.plots import draw_plots
+from srpo_graph.train.observe.progress import ProgressBar
+from srpo_graph.train.parallel import fsdp
+from srpo_graph.train.parallel.collectives import DistInfo, collective_failed, init_distributed, shutdown
+from srpo_graph.train.parallel.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
+from srpo_graph.train.policies import frozen as frozen_policies
+from srpo_graph.train.policies import lora
+from srpo_graph.train.policies.precision import enable_gradient_checkpointing
+from srpo_graph.train.rollout.lockstep import rollout
+from srpo_graph.train.rollout.overlapped import check_async, make_rollouts
+from srpo_graph.train.rollout.ranks import samples_on_every_rank
+from srpo_graph.train.rollout.servers import server_scope, with_backend_defaults
+from srpo_graph.train.rollout.tasks import default_task_file, override_workflow, split_tasks
+from srpo_graph.train.rollout.worker.client import close_worker
+from srpo_graph.train.run_folder import check_resumed_workflow, lock_run_dir, record_workflow
 from srpo_graph.train.stops import (
     FailureBudgetExceeded,
     FailureReport,
@@ -147,7 +154,7 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         slots = lora.build_slots(wf, config, device, resume_from, dist, make_slot=PolicySlot,
                                  lr_lambda=_lr_lambda(config, updates_total))
     for pol in wf.policies if not slots else ():
-        if pol.name in wf.untrained_policies:  # frozen / external: train/frozen.py, no slot
+        if pol.name in wf.untrained_policies:  # frozen / external: train/policies/frozen.py, no slot
             continue
         base = resolve_model(pol.model)
         path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
@@ -180,8 +187,8 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         if frozen and lora.uses_adapters(wf) and not spec.in_process:
             raise ConfigError.at("field `rollout.backend`", "frozen policies beside LoRA adapters need the "
                                  "transformers backend", fix='rollout.backend = "transformers"')
-        if config.rollout.worker:  # sampling in a process of its own (train/rollout_worker.py); it builds the frozen ones
-            from srpo_graph.train.rollout_worker import start_for_training
+        if config.rollout.worker:  # sampling in a process of its own (train/rollout/worker/client.py); it builds the frozen ones
+            from srpo_graph.train.rollout.worker.client import start_for_training
 
             backends = start_for_training(wf, config, slots, device)
         else:
@@ -189,7 +196,7 @@ def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None,
         for s in slots:
             s.backend = backends[s.name]
         frozen_backends = {p.name: backends[p.name] for p in frozen}
-    if config.optim.gradient_checkpointing:  # train/precision.py
+    if config.optim.gradient_checkpointing:  # train/policies/precision.py
         for s in slots:
             enable_gradient_checkpointing(s.model)
     return slots, frozen_backends
@@ -299,8 +306,8 @@ def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> R
                 record_workflow(run_dir, wf, workflow_path)
             truncate_after(run_dir / "metrics.jsonl", state.step)
             sinks = []
-            if config.logging.wandb:  # optional extra: Weights & Biases (train/wandb_log.py)
-                from srpo_graph.train.wandb_log import WandbSink
+            if config.logging.wandb:  # optional extra: Weights & Biases (train/observe/wandb_sink.py)
+                from srpo_graph.train.observe.wandb_sink import WandbSink
 
                 lg = config.logging
                 sinks.append(WandbSink(run_dir, project=lg.wandb_project, entity=lg.wandb_entity, name=lg.wandb_name,

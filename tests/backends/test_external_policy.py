@@ -175,7 +175,7 @@ def test_real_sglang_endpoint_runs_compiles_and_trains(chat_server, tiny_backend
     assert b.policies == ["solver"] and b.stats.frozen_only_events == 8 and b.num_sets == 8
 
     # training: one command's worth (train()), the solver alone updates
-    from srpo_graph.train.config import validate
+    from srpo_graph.train.config.loading import validate
     from srpo_graph.train.trainer import train
 
     wf_file = tmp_path / "ext.wf"

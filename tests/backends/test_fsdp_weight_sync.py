@@ -1,4 +1,4 @@
-"""FSDP weight sync without a full copy (srpo_graph/train/fsdp_stream.py), with 2 real gloo
+"""FSDP weight sync without a full copy (srpo_graph/train/parallel/gather.py), with 2 real gloo
 processes (torchrun) running tests/train/fsdp_sync_worker.py: the weights gathered one tensor at
 a time reach a REAL SGLang CPU server (its log-probs are the trainer's weights', bf16 tolerance)
 or a safetensors folder written shard by shard (``from_pretrained`` gives the weights back); a

@@ -73,7 +73,7 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
     import torch
 
     from srpo_graph.train import trainer as trainer_mod
-    from srpo_graph.train.config import load_config
+    from srpo_graph.train.config.loading import load_config
 
     require_sglang()
     torch.set_num_threads(1)
@@ -118,7 +118,7 @@ def test_a_partial_sync_pauses_a_request_in_flight_and_resumes_it_on_the_new_wei
 
     from srpo_graph.backends.sglang import SGLangBackend
     from srpo_graph.models.tiny import load_tokenizer
-    from srpo_graph.train.weight_gate import GatedBackend, WeightGate
+    from srpo_graph.train.rollout.gate import GatedBackend, WeightGate
 
     backend = SGLangBackend(sglang_url, load_tokenizer(str(tiny_dir)), sync="disk")
     gated = GatedBackend(backend, WeightGate(60), partial=True)

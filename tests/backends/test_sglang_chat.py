@@ -45,7 +45,7 @@ def test_a_chat_agent_runs_token_in_token_out_on_sglang(qwen3_server):
     from srpo_graph.runtime.chat import chat_plan
     from srpo_graph.runtime.executor import run
     from srpo_graph.srpo.logprobs import packed_logprobs
-    from srpo_graph.train.sglang_rollout import agent_mismatch
+    from srpo_graph.train.rollout.servers import agent_mismatch
 
     path, server = qwen3_server
     backend = load_backend("sglang", str(path), url=server.url, backoff=0.05)

@@ -22,8 +22,8 @@ def test_eval_a_run_folder_on_sglang(tmp_path):
     import torch
 
     from srpo_graph.backends.sglang_server import live_servers
-    from srpo_graph.train.config import load_config
-    from srpo_graph.train.eval_run import evaluate_all
+    from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.eval_command import evaluate_all
     from srpo_graph.train.trainer import train
 
     require_sglang()

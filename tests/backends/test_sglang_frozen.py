@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_selfplay_with_a_frozen_opponent_trains_on_sglang(tmp_path):
     import torch
 
-    from srpo_graph.train.config import load_config
+    from srpo_graph.train.config.loading import load_config
     from srpo_graph.train.trainer import train
 
     require_sglang()

@@ -77,7 +77,7 @@ def test_adapters_train_and_resume_on_one_real_cpu_server(tmp_path):
     import torch
 
     from srpo_graph.backends.sglang_server import live_servers
-    from srpo_graph.train.config import load_config
+    from srpo_graph.train.config.loading import load_config
     from srpo_graph.train.trainer import train
 
     require_sglang()

@@ -35,7 +35,7 @@ def _version(url: str) -> str | None:
 
 
 def _config(run_dir: Path, *extra: str):
-    from srpo_graph.train.config import load_config
+    from srpo_graph.train.config.loading import load_config
 
     return load_config(None, ["steps=2", f"run_dir={json.dumps(str(run_dir))}", "rollout.backend=sglang",
                               "rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0",

@@ -57,7 +57,7 @@ max_steps: 2
 
 
 def _config(run_dir: Path, steps: int, *extra: str):
-    from srpo_graph.train.config import load_config
+    from srpo_graph.train.config.loading import load_config
 
     return load_config(None, [f"steps={steps}", f"run_dir={json.dumps(str(run_dir))}", "rollout.backend=sglang",
                               "rollout.sglang.launch=cpu",  # no port: free ones are picked (issue 23.1)
@@ -192,7 +192,7 @@ def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_serv
     the checkpoints are sharded (DCP) and verify."""
     import subprocess
 
-    from srpo_graph.train.checkpoint import verify_checkpoint
+    from srpo_graph.train.checkpoint.layout import verify_checkpoint
 
     require_sglang()
     run = tmp_path / "fsdp"

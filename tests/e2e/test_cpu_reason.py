@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from srpo_graph.lang import load_workflow
-from srpo_graph.train.config import load_config
-from srpo_graph.train.metrics import read_metrics
+from srpo_graph.train.config.loading import load_config
+from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -412,7 +412,7 @@ def test_k5_search_evaluates_by_route_and_reader(reason_model, tmp_path):
     """``srpo-graph eval``'s code on the K = 5 workflow (the shrunk ``tiny-search``): every episode starts
     with the five searchers' set, then the reader; the reward reads the reader, so it is the answering
     agent; routes count the rounds. (The real model's starting accuracy is measured by the study.)"""
-    from srpo_graph.train.eval_run import Source, evaluate_source
+    from srpo_graph.train.eval_command import Source, evaluate_source
 
     rep, eps = evaluate_source(ROOT / "workflows" / "tinysearch_k5.wf", Source("base", "base"), None, samples=2,
                                seed=0, num_tasks=4, out=tmp_path)

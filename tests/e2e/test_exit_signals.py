@@ -94,7 +94,6 @@ def test_in_process_the_outcome_puts_the_callers_sigterm_handler_back():
     SIGTERM handler ``stop_on_sigterm`` replaced is put back, SIGINT is left alone."""
     from srpo_graph import exiting
     from srpo_graph.train import commands
-
     def callers(signum, frame):  # noqa: ARG001
         raise RuntimeError("the caller's handler")
 

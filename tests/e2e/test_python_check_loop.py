@@ -17,8 +17,8 @@ import pytest
 from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
-from srpo_graph.train.config import validate
-from srpo_graph.train.metrics import read_metrics
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.trainer import train
 
 CHECKS = '''from typing import Literal

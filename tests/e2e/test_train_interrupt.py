@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from srpo_graph.errors import ConfigError
-from srpo_graph.train import checkpoint as ck
-from srpo_graph.train.config import load_toml, validate
-from srpo_graph.train.metrics import deterministic_fields, read_metrics
+from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train.config.loading import load_toml, validate
+from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

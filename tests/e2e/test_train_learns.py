@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from srpo_graph.train.config import validate
-from srpo_graph.train.metrics import read_metrics
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

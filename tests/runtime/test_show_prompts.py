@@ -90,7 +90,7 @@ def test_without_a_tokenizer_the_prompt_is_a_count_and_the_fix_is_named(tmp_path
 
 def test_a_trace_in_a_run_folder_finds_its_workflow(tmp_path):
     from srpo_graph.lang import load_workflow
-    from srpo_graph.train.runinfo import record_workflow
+    from srpo_graph.train.run_folder import record_workflow
 
     wf, out, episodes = _run(tmp_path)
     run = tmp_path / "run"

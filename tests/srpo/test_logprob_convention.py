@@ -17,7 +17,7 @@ from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.srpo.logprobs import packed_logprobs
-from srpo_graph.train.data import override_workflow
+from srpo_graph.train.rollout.tasks import override_workflow
 
 WF = """
 workflow topk "one agent, truncated sampling"

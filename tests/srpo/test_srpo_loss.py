@@ -243,7 +243,7 @@ def test_dual_clip_with_gmpo_matches_naive(batch, unit):
 
 def test_dual_clip_with_cispo_is_a_config_error_naming_the_field():
     from srpo_graph.errors import ConfigError
-    from srpo_graph.train.config import validate
+    from srpo_graph.train.config.loading import validate
 
     with pytest.raises(ConfigError, match=r"field `loss.dual_clip`.*'cispo'") as info:
         validate({"objective": "cispo", "loss": {"dual_clip": 3.0}})

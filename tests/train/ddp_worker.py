@@ -18,9 +18,10 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.srpo.loss import LossConfig
-from srpo_graph.train import distributed, fsdp
-from srpo_graph.train.distributed import init_distributed, shutdown
-from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
+from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
+from srpo_graph.train.parallel import collectives as distributed
+from srpo_graph.train.parallel import fsdp
+from srpo_graph.train.parallel.collectives import init_distributed, shutdown
 
 
 def main(out: Path, strategy: str = "ddp") -> None:

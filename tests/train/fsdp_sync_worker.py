@@ -17,9 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from srpo_graph.errors import BackendError
-from srpo_graph.train import fsdp
-from srpo_graph.train.distributed import init_distributed, shutdown
-from srpo_graph.train.fsdp_stream import GatheredModel
+from srpo_graph.train.parallel import fsdp
+from srpo_graph.train.parallel.collectives import init_distributed, shutdown
+from srpo_graph.train.parallel.gather import GatheredModel
 
 
 def main(model_dir: str, out: Path, url: str, route: str, seed: int = 1) -> None:

@@ -17,13 +17,13 @@ import pytest
 from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.errors import BackendError, ConfigError
 from srpo_graph.train import trainer as trainer_mod
-from srpo_graph.train.async_rollout import AsyncRollouts, check_async
-from srpo_graph.train.config import validate
-from srpo_graph.train.distributed import DistInfo
-from srpo_graph.train.metrics import deterministic_fields, read_metrics
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
+from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.rollout.gate import GateClosed, GatedBackend, WeightGate
+from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async
 from srpo_graph.train.stops import RunStopped
 from srpo_graph.train.trainer import train
-from srpo_graph.train.weight_gate import GateClosed, GatedBackend, WeightGate
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_seq.wf"
@@ -190,7 +190,7 @@ def test_the_dispatch_rule_with_a_plugged_in_sampler():
     26 item 4 plugs in; a recording function stands in for it until that worker is merged): batch s is
     asked for only once the version is >= s - 1 - k, with the tasks and seed the synchronous stage
     gives step s, and the batches come back in step order whatever order they finish in."""
-    from srpo_graph.train.data import task_indices
+    from srpo_graph.train.rollout.tasks import task_indices
 
     k, steps = 2, 6
     cfg = validate({"steps": steps, "seed": 3, "rollout": {"backend": "sglang", "max_staleness": k,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from srpo_graph.train import checkpoint as ck
-from srpo_graph.train.metrics import read_metrics
+from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_seq.wf"

@@ -1,4 +1,4 @@
-"""Evaluation (``srpo_graph/train/evaluate.py``, ``eval_run.py``, ``srpo-graph eval``).
+"""Evaluation (``srpo_graph/eval/score.py``, ``eval_run.py``, ``srpo-graph eval``).
 
 Numerics against independent references: Pass@k against brute-force enumeration of k-subsets,
 the bootstrap intervals against a plain-loop percentile bootstrap on the same generator (and
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from srpo_graph.train.evaluate import (
+from srpo_graph.eval.score import (
     bootstrap_ci,
     bootstrap_indices,
     compare,
@@ -177,7 +177,7 @@ def test_compare_pairs_problems_and_checks_it_can(routed):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """coord_par2 trained 2 steps on the tiny model, checkpoints at steps 1 and 2, eval every step."""
-    from srpo_graph.train.config import load_config
+    from srpo_graph.train.config.loading import load_config
     from srpo_graph.train.trainer import train
 
     d = tmp_path_factory.mktemp("evalrun") / "run"
@@ -190,7 +190,7 @@ def run_dir(tmp_path_factory):
 
 
 def _eval(source, tmp_path, **kw):
-    from srpo_graph.train.eval_run import evaluate_source, resolve_source
+    from srpo_graph.train.eval_command import evaluate_source, resolve_source
 
     kw = {"samples": 2, "seed": 3, "num_tasks": 6, "out": tmp_path, **kw}
     step = kw.pop("step", None)
@@ -203,7 +203,7 @@ def _numbers(rep):
 
 
 def test_train_logs_the_eval_code_and_the_command_reproduces_it(run_dir, tmp_path):
-    from srpo_graph.train.metrics import read_metrics
+    from srpo_graph.train.observe.metrics import read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert all({"eval/reward", "eval/pass@1", "eval/pass@2", "eval/reward_low"} <= set(r) for r in rows)
@@ -232,7 +232,7 @@ def test_sources_a_run_a_checkpoint_a_model_directory_and_base(run_dir, tmp_path
 
 def test_bad_sources_name_what_is_wrong(run_dir, tmp_path):
     from srpo_graph.errors import ConfigError
-    from srpo_graph.train.eval_run import resolve_source
+    from srpo_graph.train.eval_command import resolve_source
 
     with pytest.raises(ConfigError, match="cannot evaluate step 7"):
         resolve_source(str(run_dir), 7)
@@ -242,8 +242,8 @@ def test_bad_sources_name_what_is_wrong(run_dir, tmp_path):
 
 def test_lora_run_folder(tmp_path):
     """Adapter policies load the way --resume loads them (shared frozen base + adapters)."""
-    from srpo_graph.train.config import load_config
-    from srpo_graph.train.eval_run import evaluate_source, resolve_source
+    from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.eval_command import evaluate_source, resolve_source
     from srpo_graph.train.trainer import train
 
     cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "steps=1", "rollout.tasks_per_step=2",

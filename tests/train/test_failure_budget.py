@@ -25,8 +25,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from user_code_cases import make  # noqa: E402
 
-from srpo_graph.train.config import validate  # noqa: E402
-from srpo_graph.train.metrics import read_metrics  # noqa: E402
+from srpo_graph.train.config.loading import validate  # noqa: E402
+from srpo_graph.train.observe.metrics import read_metrics  # noqa: E402
 from srpo_graph.train.stops import RunStopped  # noqa: E402
 from srpo_graph.train.trainer import train  # noqa: E402
 

@@ -14,8 +14,8 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.errors import ConfigError
 from srpo_graph.models.tiny import ensure_tiny_model
 from srpo_graph.srpo.loss import LossConfig
-from srpo_graph.train.config import TrainConfig, load_config
-from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
+from srpo_graph.train.config.loading import TrainConfig, load_config
+from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 
 
 def _setup(dtype):
@@ -85,7 +85,7 @@ def test_configs_that_cannot_train_are_refused(overrides, field, fix):
 
 
 def test_train_refuses_them_too_when_built_in_code(tmp_path):
-    from srpo_graph.train.config_schema import RolloutConfig
+    from srpo_graph.train.config.schema import RolloutConfig
     from srpo_graph.train.trainer import train
 
     with pytest.raises(ConfigError, match="rollout.dtype"):

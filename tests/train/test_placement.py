@@ -4,7 +4,7 @@ import shlex
 
 import pytest
 
-from srpo_graph.train.placement import plan
+from srpo_graph.train.parallel.placement import plan
 
 POLICIES = [("solver", "/m/solver"), ("judge", "/m/judge"), ("router", "/m/router")]
 

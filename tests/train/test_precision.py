@@ -1,4 +1,4 @@
-"""The update's memory options (train/precision.py): gradient checkpointing gives the same
+"""The update's memory options (train/policies/precision.py): gradient checkpointing gives the same
 gradients as the plain forward while saving far fewer tensors for backward (it really
 checkpoints, though the trainer keeps models in eval mode), bf16 autocast runs the matmuls in
 bf16 with float32 weights and gradients, both reach ``update_policies`` through the config, and
@@ -16,9 +16,9 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.errors import ConfigError
 from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
 from srpo_graph.srpo.loss import LossConfig
-from srpo_graph.train.config import TrainConfig, apply_overrides
-from srpo_graph.train.precision import enable_gradient_checkpointing, update_forward
-from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies
+from srpo_graph.train.config.loading import TrainConfig, apply_overrides
+from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
+from srpo_graph.train.policies.precision import enable_gradient_checkpointing, update_forward
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The rollout worker process (issue 26 item 4, transformers backend): ``train/rollout_worker.py``.
+"""The rollout worker process (issue 26 item 4, transformers backend): ``train/rollout/worker/client.py``.
 
 A real child process with its own copies of the tiny model, real gloo weight pushes, real
 executor runs: its episodes equal the in-process backend's for the same weights and seed, for
@@ -26,10 +26,10 @@ from srpo_graph.lang import load_workflow
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
-from srpo_graph.train.config import validate
-from srpo_graph.train.lora import AdapterModel, SharedBase
-from srpo_graph.train.metrics import deterministic_fields, read_metrics
-from srpo_graph.train.rollout_worker import RolloutWorker
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
+from srpo_graph.train.policies.lora import AdapterModel, SharedBase
+from srpo_graph.train.rollout.worker.client import RolloutWorker
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
     script = (
         "import sys, time\n"
         "from srpo_graph.lang import load_workflow\n"
-        "from srpo_graph.train.rollout_worker import RolloutWorker\n"
+        "from srpo_graph.train.rollout.worker.client import RolloutWorker\n"
         f"w = RolloutWorker(load_workflow({str(ROOT / 'workflows' / 'coord_par2.wf')!r}), timeout=300)\n"
         "print(w.proc.pid, flush=True)\n"
         "time.sleep(600)\n")

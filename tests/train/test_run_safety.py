@@ -20,11 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from srpo_graph.errors import ConfigError, SrpoGraphError
-from srpo_graph.train import checkpoint as ck
+from srpo_graph.train.checkpoint import layout as ck
 from srpo_graph.train.commands import build_config
-from srpo_graph.train.config import load_toml, validate
-from srpo_graph.train.metrics import read_metrics
-from srpo_graph.train.runlock import lock_run_dir
+from srpo_graph.train.config.loading import load_toml, validate
+from srpo_graph.train.observe.metrics import read_metrics
+from srpo_graph.train.run_folder import lock_run_dir
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_config_toml_is_written_atomically(tmp_path):
-    from srpo_graph.train.config import TrainConfig, write_config
+    from srpo_graph.train.config.loading import TrainConfig, write_config
 
     path = tmp_path / "config.toml"
     write_config(TrainConfig(steps=7), path)
@@ -154,7 +154,7 @@ def test_config_toml_is_written_atomically(tmp_path):
 
 def _holder(run: Path) -> subprocess.Popen:
     """Another real process holding the run folder's lock."""
-    code = ("import sys, time; from srpo_graph.train.runlock import lock_run_dir; "
+    code = ("import sys, time; from srpo_graph.train.run_folder import lock_run_dir; "
             "l = lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True, env=ENV)
     assert proc.stdout.readline().strip() == "locked"

@@ -6,7 +6,7 @@ import pytest
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
-from srpo_graph.train.runinfo import check_resumed_workflow, record_workflow, recorded_workflow
+from srpo_graph.train.run_folder import check_resumed_workflow, record_workflow, recorded_workflow
 
 SEQ, PIPE = "workflows/coord_seq.wf", "workflows/math_pipeline.wf"
 
@@ -42,7 +42,7 @@ def test_an_edited_file_of_the_same_name_resumes_with_a_note(tmp_path, capsys):
 def test_train_names_the_runs_workflow_before_overrides_or_tasks(tmp_path):
     """`train --resume` with another .wf: the run's workflow is named even when the saved config's
     model overrides and task file belong to the run's workflow, not the one given."""
-    from srpo_graph.train.config import validate
+    from srpo_graph.train.config.loading import validate
     from srpo_graph.train.trainer import train
 
     record_workflow(tmp_path, load_workflow(PIPE), PIPE)

@@ -1,4 +1,4 @@
-"""Sharded (DCP) checkpoints (srpo_graph/train/sharded_checkpoint.py) in one process: the same code
+"""Sharded (DCP) checkpoints (srpo_graph/train/checkpoint/sharded.py) in one process: the same code
 every FSDP rank runs (dcp.save / dcp.load of model and Adam state), checked here without a group
 (the 2-process save/resume is tests/train/test_train_fsdp.py): a round trip restores weights and
 Adam state exactly; the verifier accepts the layout and names a damaged shard or a NaN weight;
@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
-from srpo_graph.train import checkpoint as ckpt
-from srpo_graph.train import sharded_checkpoint as sc
+from srpo_graph.train.checkpoint import layout as ckpt
+from srpo_graph.train.checkpoint import sharded as sc
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 

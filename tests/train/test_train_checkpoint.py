@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
-from srpo_graph.train import checkpoint as ck
+from srpo_graph.train.checkpoint import layout as ck
 
 
 def _policy(lr=1e-2):

@@ -3,7 +3,7 @@
 import pytest
 
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.config import TrainConfig, apply_overrides, load_config, load_toml, validate, write_config
+from srpo_graph.train.config.loading import TrainConfig, apply_overrides, load_config, load_toml, validate, write_config
 
 
 def test_defaults_and_overrides_are_typed():
@@ -69,7 +69,7 @@ def test_docs_config_reference_is_current():
     # docs/training.md carries the generated field table; regenerate it when a field changes.
     from pathlib import Path
 
-    from srpo_graph.train.config import config_reference
+    from srpo_graph.train.config.loading import config_reference
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
     assert config_reference().strip() in doc  # regenerate: python scripts/gen_docs.py

@@ -51,7 +51,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
 
 
 def test_shards_are_whole_contiguous_and_cover_everything():
-    from srpo_graph.train.distributed import shard_sets
+    from srpo_graph.train.parallel.collectives import shard_sets
 
     tokens = [7, 1, 30, 2, 2, 9, 4]
     for world in (1, 2, 3, 4):
@@ -63,7 +63,7 @@ def test_shards_are_whole_contiguous_and_cover_everything():
 SHUTDOWN_WORKER = '''
 import json, os, sys
 import torch
-from srpo_graph.train.distributed import all_gather_bytes, init_distributed, shutdown
+from srpo_graph.train.parallel.collectives import all_gather_bytes, init_distributed, shutdown
 
 def gloo_threads():
     names = (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))

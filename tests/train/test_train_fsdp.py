@@ -1,6 +1,6 @@
 """FSDP2 (fully_shard) with gloo: 2 processes give the single-process loss and weights.
 
-The ``fsdp`` strategy of the trainer (srpo_graph/train/fsdp.py): each policy model is sharded
+The ``fsdp`` strategy of the trainer (srpo_graph/train/parallel/fsdp.py): each policy model is sharded
 with ``fully_shard`` (per decoder layer + root), the local loss is scaled by the world size so
 FSDP's averaged reduce-scatter is the single-process sum, and ranks whose shard lacks
 micro-batches or members of a policy run zero-weight forwards so the collectives match.
@@ -79,7 +79,7 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
     # the single-process run's model and Adam state
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.train.checkpoint import verify_checkpoint
+    from srpo_graph.train.checkpoint.layout import verify_checkpoint
 
     ck = tmp_path / "fsdp" / "checkpoints" / "step_2"
     assert sorted(p.name for p in (ck / "dcp" / "tiny").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]

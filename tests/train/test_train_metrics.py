@@ -2,8 +2,8 @@
 
 import math
 
-from srpo_graph.train.metrics import MetricsWriter, read_metrics, truncate_after
-from srpo_graph.train.plots import draw_plots
+from srpo_graph.train.observe.metrics import MetricsWriter, read_metrics, truncate_after
+from srpo_graph.train.observe.plots import draw_plots
 
 
 def test_writer_flattens_and_cleans_then_truncates(tmp_path):

@@ -10,7 +10,7 @@ import re
 import pytest
 from rich.console import Console
 
-from srpo_graph.train.progress import Layout, ProgressBar
+from srpo_graph.train.observe.progress import Layout, ProgressBar
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 

@@ -13,10 +13,10 @@ import pytest
 
 from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.trace import read_traces
-from srpo_graph.train.config import validate
-from srpo_graph.train.metrics import read_metrics
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.observe.metrics import read_metrics
+from srpo_graph.train.observe.transitions import transition_metrics
 from srpo_graph.train.trainer import train
-from srpo_graph.train.transition_metrics import transition_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_routed.wf"

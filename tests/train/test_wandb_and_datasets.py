@@ -13,8 +13,8 @@ import pytest
 wandb = pytest.importorskip("wandb")
 datasets = pytest.importorskip("datasets")
 
-from srpo_graph.train.config import validate  # noqa: E402
-from srpo_graph.train.metrics import read_metrics  # noqa: E402
+from srpo_graph.train.config.loading import validate  # noqa: E402
+from srpo_graph.train.observe.metrics import read_metrics  # noqa: E402
 from srpo_graph.train.trainer import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

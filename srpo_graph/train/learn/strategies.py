@@ -1,0 +1,127 @@
+"""``STRATEGIES``: how the update runs on one or many processes (trainer stage), one table.
+
+A strategy answers the few questions the update loop (``update.py``) asks that depend on the
+distribution of the work; the loop itself has no ``if sharded`` left:
+
+* ``shard(mb)``: this rank's whole events of a mini-batch;
+* ``micro_batches(local)``: the micro-batches to run (FSDP pads with ``None`` so every rank runs
+  the same number of forwards, Note [Matching forwards] in ``fsdp.py``);
+* ``begin(models, active, i, n)``: the models to run micro-batch i of n with, and a plan;
+* ``backward(loss, plan)`` / ``backward_padding(plan)``: back-propagate a micro-batch's loss
+  (or a zero-weight padding forward); each returns the padding forwards it ran;
+* ``reduce_grads(params)``: make the gradients global before clipping (DDP's all-reduce;
+  FSDP reduce-scatters inside the last backward);
+* ``after_grads(models)`` and ``finish(result)``.
+
+Adding a strategy is one class and one row here; ``TrainConfig.strategy``'s choices are this
+table's keys. ``single`` is what every strategy becomes in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from srpo_graph.compiler.setbatch import SetBatch
+from srpo_graph.train.parallel import fsdp as fsdp_mod
+from srpo_graph.train.parallel.collectives import DistInfo, all_reduce_grads, all_reduce_sum, shard_sets
+
+
+class Single:
+    """One process: the whole mini-batch, plain backward, nothing to reduce."""
+
+    name = "single"
+
+    def __init__(self, dist: DistInfo):
+        self.dist = dist
+
+    def shard(self, mb: SetBatch) -> SetBatch:
+        return mb
+
+    def micro_batches(self, local: SetBatch) -> list[SetBatch | None]:
+        return list(local.micro_batches())
+
+    def begin(self, models: Sequence[torch.nn.Module], active: list[int], i: int, n: int) -> tuple[Sequence[Any], Any]:
+        return models, None
+
+    def backward(self, loss: torch.Tensor, plan: Any) -> int:
+        loss.backward()
+        return 0
+
+    def backward_padding(self, plan: Any) -> int:
+        return 0
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        return None
+
+    def after_grads(self, models: Sequence[torch.nn.Module]) -> None:
+        return None
+
+    def finish(self, padding_forwards: int) -> int:
+        return padding_forwards
+
+
+class DataParallel(Single):
+    """DDP's arithmetic: each rank back-propagates its shard of whole events (balanced by tokens);
+    gradients are all-reduced in buckets before clipping (``distributed.py``; the loss
+    denominator is global, so the sum over ranks is the one-process gradient)."""
+
+    name = "ddp"
+
+    def shard(self, mb: SetBatch) -> SetBatch:
+        shard = shard_sets(mb.set_tokens.tolist(), self.dist.rank, self.dist.world_size)
+        return mb.select_sets(shard).with_(set_episode_events=mb.set_episode_events[shard])
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        all_reduce_grads(params, self.dist)
+
+
+class FullySharded(DataParallel):
+    """FSDP2 (``fsdp.py``): every rank runs the same forwards in the same order (padding ranks with
+    fewer micro-batches with zero-weight forwards); the reduce-scatter runs in the last
+    micro-batch's backward; FSDP averages over ranks, so losses are scaled back to the sum."""
+
+    name = "fsdp"
+
+    def micro_batches(self, local: SetBatch) -> list[SetBatch | None]:
+        micros: list[SetBatch | None] = list(local.micro_batches())
+        return micros + [None] * (fsdp_mod.all_reduce_max(len(micros), self.dist) - len(micros))
+
+    def begin(self, models, active, i, n):
+        fsdp_mod.set_gradient_sync(models, i == n - 1)
+        return fsdp_mod.ordered_models(models, active)
+
+    def backward(self, loss: torch.Tensor, plan: Any) -> int:
+        zero = plan.finish()
+        (loss * fsdp_mod.loss_scale(self.dist) + (zero if zero is not None else 0.0)).backward()
+        return len(plan.extra)
+
+    def backward_padding(self, plan: Any) -> int:
+        zero = plan.finish()
+        if zero is not None:
+            zero.backward()
+        return len(plan.extra)
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        return None  # reduce-scattered in the last backward
+
+    def after_grads(self, models: Sequence[torch.nn.Module]) -> None:
+        fsdp_mod.reshard_all(models)  # the optimizer steps the sharded parameters
+
+    def finish(self, padding_forwards: int) -> int:
+        return int(all_reduce_sum(float(padding_forwards), self.dist))
+
+
+STRATEGIES: dict[str, type[Single]] = {"ddp": DataParallel, "fsdp": FullySharded}
+
+
+def make_strategy(name: str, dist: DistInfo) -> Single:
+    """The strategy ``name`` (a key of ``STRATEGIES``); in one process every strategy is ``single``.
+
+    >>> make_strategy("fsdp", DistInfo()).name
+    'single'
+    """
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](dist) if dist.enabled else Single(dist)

@@ -1,0 +1,1 @@
+"""(package docstring: filled in below)"""
