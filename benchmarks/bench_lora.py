@@ -90,7 +90,8 @@ def _measure(n: int, kind: str, model: str, steps: int) -> dict:
     from srpo_graph.train.config.loading import validate
     from srpo_graph.train.observe.metrics import read_metrics
     from srpo_graph.train.parallel.collectives import DistInfo
-    from srpo_graph.train.trainer import _build_slots, train
+    from srpo_graph.train.policies.build import build_policies
+    from srpo_graph.train.trainer import train
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="i13_bench_"))
@@ -103,7 +104,7 @@ def _measure(n: int, kind: str, model: str, steps: int) -> dict:
     train(wf_path, cfg)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     times = [r["time/step"] for r in read_metrics(work / "run" / "metrics.jsonl")][1:]  # step 1 warms up
-    slots = _build_slots(load_workflow(wf_path), cfg, "cpu", None, DistInfo())
+    slots = build_policies(load_workflow(wf_path), cfg, "cpu", None, DistInfo())
     params = {id(p): p for s in slots for p in s.model.parameters()}
     trainable = [p for p in params.values() if p.requires_grad]
     for p in trainable:

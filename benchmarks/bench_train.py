@@ -33,7 +33,7 @@ def measure(wf: str, args) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    import srpo_graph.train.checkpoint.layout as ckpt
+    import srpo_graph.train.checkpoint as ckpt
     import srpo_graph.train.trainer as trainer
     from srpo_graph.train.config.loading import validate
     from srpo_graph.train.observe.metrics import read_metrics

@@ -54,7 +54,9 @@ def checkpoint_campaign(rng: random.Random, n: int, tmp: Path) -> str:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from srpo_graph.train.checkpoint import layout as ck
+    from srpo_graph.train import checkpoint as ck
+    from srpo_graph.train.checkpoint import layout
+
     base = tmp / "base"
     proc = _train(base, 2)
     assert proc.wait(timeout=600) == 0, proc.communicate()
@@ -76,7 +78,7 @@ def checkpoint_campaign(rng: random.Random, n: int, tmp: Path) -> str:
                 tensors[name].shape)
             save_file(tensors, target, metadata={"format": "pt"})
             marker = json.loads((newest / ck.COMPLETE).read_text())
-            marker["files"] = ck._manifest(newest)
+            marker["files"] = layout.manifest(newest)
             (newest / ck.COMPLETE).write_text(json.dumps(marker))
         elif kind == "delete":
             target.unlink()
@@ -279,7 +281,7 @@ def wf_campaign(rng: random.Random, n: int, tmp: Path) -> str:
 
 
 def kill9_campaign(rng: random.Random, n: int, tmp: Path) -> str:
-    from srpo_graph.train.checkpoint import layout as ck
+    from srpo_graph.train import checkpoint as ck
     from srpo_graph.train.observe.metrics import read_metrics
 
     resumed = 0

@@ -11,7 +11,7 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo import objectives
 from srpo_graph.srpo.loss import srpo_loss
 from srpo_graph.train.config.loading import load_config
-from srpo_graph.train.learn import strategies
+from srpo_graph.train.parallel import strategies
 
 
 def test_a_toy_objective_through_the_table_alone(monkeypatch):

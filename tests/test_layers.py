@@ -110,3 +110,84 @@ def test_the_check_resolves_relative_imports(tmp_path, line):
     src.write_text(line + "\n")
     modules = [m for _, m in _imports(src, package="srpo_graph.lang")]
     assert any(_stage_of(m) == "train" for m in modules), modules
+
+
+# ----------------------------------------------------------------------------- inside train/
+# The trainer's packages in pipeline order (DESIGN.md, "The trainer's layout"): a module of train/
+# imports only train/ modules of an earlier rank (or its own package), also inside functions.
+# parallel comes before config because the config's `strategy` choices are parallel/'s STRATEGIES table.
+TRAIN_RANK = {
+    "parallel": 0,
+    "config": 1,
+    "checkpoint": 2,
+    "policies": 3,
+    "rollout": 4,
+    "learn": 5,
+    "sync": 6,
+    "observe": 7,
+    "stops": 8,
+    "run_folder": 8,
+    "trainer": 9,
+    "eval_command": 9,
+    "commands": 10,
+    "__main__": 11,
+}
+NEVER = {("rollout", "learn"), ("learn", "rollout")}  # two stages of the loop: neither knows the other
+TRAIN = PKG / "train"
+
+
+def _train_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["srpo_graph", "train"] else None
+
+
+def _train_violations(root: Path = TRAIN) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        own = rel.parts[0].removesuffix(".py")
+        if own == "__init__":
+            continue  # the package itself: the callable srpo_graph.train(...) forwards to trainer.train
+        for lineno, module in _imports(path):
+            other = _train_part(module)
+            if other is None or other == own or other == "__init__":
+                continue
+            if own not in TRAIN_RANK or other not in TRAIN_RANK:
+                found.append(f"srpo_graph/train/{rel}:{lineno}: unranked part of train/ ({own!r} or {other!r}): "
+                             "add it to TRAIN_RANK")
+            elif TRAIN_RANK[other] >= TRAIN_RANK[own] or (own, other) in NEVER:
+                found.append(f"srpo_graph/train/{rel}:{lineno}: train/{own} imports train/{other} ({module}), "
+                             f"which is not before it in the loop")
+    return found
+
+
+def test_every_part_of_train_is_ranked():
+    parts = {p.name.removesuffix(".py") for p in TRAIN.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert parts - {"__init__"} <= set(TRAIN_RANK), sorted(parts - {"__init__"} - set(TRAIN_RANK))
+
+
+def test_train_imports_only_earlier_parts():
+    violations = _train_violations()
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("planted,part", [("from srpo_graph.train.trainer import train", "rollout"),
+                                          ("from srpo_graph.train.learn import step", "rollout"),
+                                          ("from srpo_graph.train.observe.record import StepRecord", "config")])
+def test_the_train_check_finds_a_planted_upward_import(tmp_path, planted, part):
+    """The check can fail: a module of train/<part>/ with an upward import (inside a function, too)
+    is reported with its file and line."""
+    path = tmp_path / "train" / part / "planted.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(f"def f():\n    {planted}\n")
+    found = _train_violations(tmp_path / "train")
+    assert len(found) == 1 and f"train/{part}/planted.py:2" in found[0], found
+
+
+def test_scoring_imports_no_model_code():
+    """srpo_graph/eval/ (Avg@k, Pass@k, intervals) runs where no model does: no torch, transformers
+    or trainer import, even inside a function."""
+    heavy = ("torch", "transformers", "safetensors", "srpo_graph.train", "srpo_graph.backends")
+    found = [f"srpo_graph/eval/{p.name}:{line}: {m}" for p in sorted((PKG / "eval").rglob("*.py"))
+             for line, m in _imports(p) if m.split(".")[0] in heavy or m.startswith(heavy)]
+    assert not found, "\n".join(found)

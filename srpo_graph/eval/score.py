@@ -18,7 +18,7 @@ as :func:`srpo_graph.runtime.executor.run` returns them) and the tasks; produces
 
 :func:`compare` pairs two reports of the same problems, samples and seed (so the same per-request
 seeds) and gives B - A with a paired bootstrap interval and a sign-flip p over problems.
-Knows nothing of models, checkpoints or servers (``eval_run.py`` loads those).
+Knows nothing of models, checkpoints or servers (``train/eval_command.py`` loads those).
 """
 
 from __future__ import annotations

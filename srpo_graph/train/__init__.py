@@ -1,10 +1,21 @@
-"""Trainer stage: config, the RL loop, checkpoints, metrics, plots and data-parallel launch.
+"""Trainer stage: ``srpo_graph.train(workflow, config)``, the RL loop, as packages in pipeline order.
 
-Consumes a ``.wf`` workflow and a :class:`~srpo_graph.train.config.loading.TrainConfig`; produces a run
-folder. Modules: ``config`` (TrainConfig, TOML, overrides), ``data`` (task files, task order,
-workflow overrides), ``update`` (epochs x mini-batches x micro-batches on a SetBatch),
-``trainer`` (``train``), ``checkpoint``, ``metrics``, ``plots``, ``progress``, ``distributed``,
-``commands`` (``srpo-graph train``) and ``__main__`` (``torchrun -m srpo_graph.train``).
+Consumes a ``.wf`` workflow and a :class:`~srpo_graph.train.config.schema.TrainConfig`; produces a
+run folder. The loop is ``trainer.py``'s :class:`~srpo_graph.train.trainer.Trainer`: rollout ->
+compile + update -> sync -> evaluate/log -> checkpoint. Its parts, each importing only the ones
+before it (``tests/test_layers.py``)::
+
+    parallel/    process groups, collectives, DDP/FSDP strategies, torchrun launch, placement
+    config/      TrainConfig: schema, loading, the command line's config
+    checkpoint/  the layout, the full and DCP formats, the Checkpointer
+    policies/    trained (full, LoRA, sharded), frozen and external policies
+    rollout/     stage 1: task order, lockstep and overlapped rollouts, gates, ranks, backends, worker/
+    learn/       stage 2: compile + update
+    sync.py      stage 3: the new weights to every backend
+    observe/     stage 4: step records, metrics, evaluation, progress, plots
+    stops.py, run_folder.py    how a run stops and resumes; who owns the run folder
+    trainer.py, eval_command.py, commands.py, __main__.py    the loop, ``eval``, the CLI, torchrun's entry
+
 Heavy modules are not imported here, so ``import srpo_graph.train`` stays cheap.
 """
 

@@ -20,66 +20,7 @@ from pathlib import Path
 import click
 
 from srpo_graph import exiting
-
-
-def build_config(config_path, overrides, *, steps=None, seed=None, run_dir=None, tasks=None, nproc=None, resume=None):
-    """The run's TrainConfig from the CLI's pieces (see the module docstring for precedence).
-
-    Raises:
-        ConfigError: bad TOML, unknown field, invalid value, or a run folder without config.toml.
-    """
-    from srpo_graph.errors import ConfigError
-    from srpo_graph.train.config.loading import load_toml, merge_overrides, validate
-
-    data: dict = {}
-    source = "config"
-    if resume is not None:
-        saved = Path(resume) / "config.toml"
-        if not saved.is_file():
-            raise ConfigError.at(str(resume), "not a run folder (no config.toml)",
-                                 fix="pass the --run-dir of an earlier `srpo-graph train`")
-        try:
-            data, source = load_toml(saved), str(saved)
-        except ConfigError as exc:  # damaged: not TOML, not UTF-8
-            _check_saved_config(None, saved, exc.diagnostics[0].message if exc.diagnostics
-                                else str(exc).splitlines()[0].split("error: ", 1)[-1])
-        _check_saved_config(data, saved)
-        from srpo_graph.train.config.loading import _without_objective_defaults
-
-        data = _without_objective_defaults(data)  # an `objective=...` override then takes effect
-    if config_path is not None:
-        data = merge_overrides({**data, **load_toml(config_path)}, [])
-        source = str(config_path)
-    flags = list(overrides)
-    for key, value in (("steps", steps), ("seed", seed), ("nproc", nproc)):
-        if value is not None:
-            flags.append(f"{key}={value}")
-    for key, value in (("run_dir", resume if resume is not None else run_dir), ("rollout.tasks", tasks)):
-        if value is not None:
-            flags.append(f"{key}={json.dumps(str(value))}")
-    return validate(merge_overrides(data, flags), source if not flags else f"{source} + overrides")
-
-
-# what every config.toml the trainer writes holds (None fields are left out, these never are)
-_SAVED_KEYS = ("steps", "seed", "run_dir", "rollout", "optim", "loss", "compile", "eval", "checkpoint", "logging")
-
-
-def _check_saved_config(data: dict | None, path: Path, damage: str = "") -> None:
-    """A run's config.toml that is damaged, empty or cut short must stop ``--resume``: read with
-    the defaults filled in, it would silently train another run (and then overwrite the file)."""
-    from srpo_graph.errors import ConfigError
-
-    missing = [k for k in _SAVED_KEYS if k not in (data or {})]
-    if missing:
-        what = (f"is damaged ({damage})" if data is None else "is empty" if not data
-                else f"is incomplete (no {', '.join(missing)})")
-        copies = sorted(path.parent.glob("checkpoints/step_*/config.toml"),
-                        key=lambda p: int(p.parent.name.split("_")[1]) if p.parent.name.split("_")[1].isdigit() else -1)
-        fix = (f"restore it from the newest checkpoint's copy: cp {copies[-1]} {path}" if copies
-               else "restore config.toml from a backup (or write the run's settings back by hand)")
-        raise ConfigError.at(str(path), f"the run's saved configuration {what}",
-                             why="resuming with defaults in its place would silently change the run",
-                             fix=f"{fix}, then --resume again")
+from srpo_graph.train.eval_command import eval_command
 
 
 @click.command("train", context_settings={"ignore_unknown_options": False})
@@ -120,6 +61,8 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
         raise click.BadParameter(f"Directory '{resume}' does not exist.", param_hint="'--resume'")
     exiting.stop_on_sigterm()  # SIGTERM stops the run like Ctrl-C: resumable, no traceback
     try:
+        from srpo_graph.train.config.build import build_config  # (torch and the rest load here, not at start-up)
+
         if LAUNCH_ENV in os.environ:  # a torchrun worker started by --nproc: the parent resolved the config
             from srpo_graph.train.config.loading import load_toml, validate
 
@@ -214,7 +157,7 @@ def _interrupt_code() -> int:
 
 
 def _after_a_lost_rank(workflow: Path, run_dir: Path) -> None:
-    from srpo_graph.train.checkpoint import layout as ckpt
+    from srpo_graph.train import checkpoint as ckpt
     last = ckpt.latest_checkpoint(run_dir) if run_dir.is_dir() else None
     if last is None:
         click.echo(f"srpo-graph train: no checkpoint yet; start again: srpo-graph train {workflow} --run-dir {run_dir} "
@@ -251,7 +194,7 @@ def _launch(workflow: Path, cfg, resume: bool, *, nnodes: int = 1, node_rank: in
     import tempfile
 
     from srpo_graph.train.config.loading import write_config
-    from srpo_graph.train.parallel.collectives import launch
+    from srpo_graph.train.parallel.launch import launch
 
     with tempfile.TemporaryDirectory(prefix="srpo-graph-launch-") as tmp:
         path = Path(tmp) / "config.toml"
@@ -320,6 +263,5 @@ def consolidate_command(source, out, step, policy):
         click.echo(f"wrote {written} ({name}, {src.checkpoint.name}; load it with from_pretrained)")
 
 
-from srpo_graph.train.eval_command import eval_command  # noqa: E402  (its own module: evaluation)
 
 COMMANDS: list = [train_command, export_adapter_command, consolidate_command, eval_command]

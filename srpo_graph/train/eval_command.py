@@ -1,4 +1,4 @@
-"""Trainer stage: ``srpo-graph eval`` -- evaluate run folders, checkpoints and model directories on a task file.
+"""Trainer stage, top: ``srpo-graph eval`` -- evaluate run folders, checkpoints and model directories on a task file.
 
 Consumes a ``.wf`` file, sources and a task file; produces, in ``--out``: ``eval.json`` (every
 :class:`~srpo_graph.eval.score.EvalReport` and comparison), ``eval.md`` (the tables, also
@@ -10,7 +10,7 @@ printed), ``eval.png`` (Avg@k and Pass@k per source with their intervals) and
 * a **model directory** (``config.json`` + weights): every policy of the workflow uses it;
 * ``base``: the workflow's policies as declared (the untrained start).
 
-The policies are built by the trainer's own code (``trainer._build_slots``) under the run's saved
+The policies are built by the trainer's own code (``policies/build.py``, ``rollout/backends.py``) under the run's saved
 config (or ``--config`` / ``-o key=value``), so ``-o rollout.backend=sglang`` launches SGLang
 servers exactly as ``train`` does (``rollout.sglang.*``) and stops them after each source. Every
 source runs the same tasks with the same ``--seed``: the same per-request seeds, so
@@ -48,7 +48,8 @@ def resolve_source(text: str, step: int | None = None) -> Source:
         ConfigError: not ``base``, a run folder, a checkpoint or a model directory; ``--step N``
             has no checkpoint; the run has no good checkpoint.
     """
-    from srpo_graph.train.checkpoint import layout as ckpt
+    from srpo_graph.train import checkpoint as ckpt
+
     if text == "base":
         return Source(text, "base")
     path = Path(text)
@@ -81,7 +82,7 @@ def source_config(source: Source, config_path: Path | None, overrides: Sequence[
     """The ``TrainConfig`` a source is loaded under: a run's saved config (then ``--config`` and
     the overrides), else the defaults with them; ``run_dir`` is the evaluation's folder (SGLang's
     weight files go there)."""
-    from srpo_graph.train.commands import build_config
+    from srpo_graph.train.config.build import build_config
 
     resume = source.path if source.kind == "run" else None
     cfg = build_config(config_path, list(overrides), resume=resume)
@@ -102,9 +103,10 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.train.parallel.collectives import DistInfo
-    from srpo_graph.train.rollout.servers import server_scope
+    from srpo_graph.train.policies import frozen as frozen_policies
+    from srpo_graph.train.policies.build import build_policies, device_of
+    from srpo_graph.train.rollout.backends import attach_backends, server_scope
     from srpo_graph.train.rollout.tasks import default_task_file, override_workflow
-    from srpo_graph.train.trainer import _build_slots, _device
 
     cfg = source_config(source, config_path, overrides, out)
     wf = load_workflow(workflow_path)
@@ -121,11 +123,11 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
             tasks_path = held_out_next_to(Path(r.tasks) if r.tasks is not None else default_task_file(workflow_path, wf))
     tasks = load_tasks(tasks_path, wf)[:num_tasks]
     t0 = time.perf_counter()
+    device = device_of(cfg)
     with server_scope():  # servers launched for this source stop with it
-        from srpo_graph.train.policies import frozen as frozen_policies
-        frozen_local, frozen = frozen_policies.load_frozen(wf, cfg, _device(cfg))  # frozen / external policies
-        slots, frozen_backends = _build_slots(wf, cfg, _device(cfg), source.checkpoint, DistInfo(), frozen_local)
-        frozen.update(frozen_backends)
+        frozen_local, external = frozen_policies.load_frozen(wf, cfg, device)  # frozen / external policies
+        slots = build_policies(wf, cfg, device, source.checkpoint, DistInfo())
+        frozen = attach_backends(wf, cfg, slots, frozen_local, external, device, DistInfo())
         res = run(wf, tasks, {**frozen, **{s.name: s.backend for s in slots}}, samples=samples, seed=seed,
                   progress=progress, on_backend_error="fail" if backend_spec(cfg.rollout.backend).remote
                   or any(p.external is not None for p in wf.policies) else "raise",

@@ -5,7 +5,16 @@
   the process trains. The kernel drops the lock when the process ends in any way (even ``kill -9``),
   so a crashed run never leaves a stale lock behind; the file itself only records who holds it (pid,
   host, start time) for the error message.
-* :func:`record_workflow` / :func:`check_resumed_workflow`: which workflow a run folder trained, so ``--resume`` with another ``.wf`` says so first.
+* :func:`clear_previous_run`: a fresh (not resumed) run never mixes with an earlier run's outputs
+  in the same folder: refused, or replaced with ``--overwrite``;
+* :func:`record_workflow` / :func:`check_resumed_workflow`: which workflow a run folder trained,
+  so ``--resume`` with another ``.wf`` says so first. ``<run_dir>/workflow.json`` (``{"name",
+  "file", "source_hash"}``) is written when a fresh run starts; on ``--resume`` one check is made
+  before anything else of the run is read (task files, checkpoints, models): a workflow of another
+  name is refused with "this run trained workflow 'X' (file ...)", whatever else would have failed
+  later. Runs written before this file existed are identified by their newest checkpoint's
+  ``state.json`` (the workflow's name only). The same name with another source (the file was
+  edited since) is allowed, with a note on stderr: fixing a prompt and resuming is legitimate.
 
 This module knows nothing about models or configs.
 """
@@ -15,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -138,3 +148,26 @@ def check_resumed_workflow(run_dir: str | Path, workflow: Workflow, workflow_pat
     if got.get("source_hash") and workflow.source_hash and got["source_hash"] != workflow.source_hash:
         print(f"srpo-graph train: note: workflow {workflow.name!r} changed since this run started{file}; "
               "resuming with the edited file", file=sys.stderr)
+
+
+def clear_previous_run(run_dir: Path, *, overwrite: bool, quiet: bool = False) -> None:
+    """A fresh (not resumed) run never mixes with an earlier run's outputs in the same folder.
+
+    It refuses the folder (losing nothing) unless ``overwrite`` is set; then the old outputs
+    go, since an old, newer-numbered checkpoint would be what a later ``--resume`` picks.
+
+    Raises:
+        ConfigError: the folder holds an earlier run and ``overwrite`` is off.
+    """
+    old = [run_dir / n for n in ("checkpoints", "traces", "plots", "tensorboard", "metrics.jsonl", "summary.json")]
+    old = [p for p in old if p.exists()]
+    if old and not overwrite:
+        raise ConfigError.at(
+            str(run_dir), f"the folder holds an earlier run ({', '.join(p.name for p in old)})",
+            why="a fresh run there would mix with it or destroy it",
+            fix=f"continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it",
+        )
+    if old and not quiet:
+        print(f"srpo-graph train: replacing the previous run in {run_dir} (--overwrite)", file=sys.stderr)
+    for p in old:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()

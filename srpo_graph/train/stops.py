@@ -6,23 +6,24 @@ checkpoint yet, ``--resume`` starts the run again from step 0 with its saved con
 
 * :class:`TrainingInterrupted`: Ctrl-C / SIGTERM in the loop;
 * :class:`RunStopped`: the disk filled up, a step's episodes failed beyond the budget, a server
-  died during a weight sync -- anything with a cause to fix before resuming.
+  died during a weight sync, another rank of the job stopped answering -- anything with a cause
+  to fix before resuming.
 
-And the failure accounting of a step's episodes (issue 24, item 1): :func:`check_failure_budget`
-counts *every* failed episode (backend, tool, extractor, reward, prompt, timeout, workflow;
-``runtime.usercode.FAILURE_KINDS``) against ``rollout.max_failed_fraction``;
-:class:`FailureReport` prints the first failure of each kind once, with its ``.wf`` location.
+:func:`as_stop` is the one place that turns what the loop raised into one of them.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
-import sys
 from pathlib import Path
-from typing import Any, TextIO
 
-from srpo_graph.errors import RuntimeFailure, SrpoGraphError
+from srpo_graph.errors import BackendError, SrpoGraphError
+from srpo_graph.train.parallel.collectives import collective_failed
+from srpo_graph.train.rollout.failures import FailureBudgetExceeded
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def continue_command(workflow: str | Path, run_dir: str | Path) -> str:
@@ -90,82 +91,36 @@ class RunStopped(SrpoGraphError):
                 f"{continue_command(workflow, self.run_dir)}")
 
 
-class FailureBudgetExceeded(RuntimeFailure):
-    """More of a step's episodes failed than ``rollout.max_failed_fraction`` allows (the trainer
-    turns it into :class:`RunStopped`, which knows the run folder and the command)."""
+def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path | None, *,
+            distributed: bool = False) -> BaseException | None:
+    """The stop the exception ``exc`` means for a run that has done ``steps_done`` steps (its newest
+    complete checkpoint ``checkpoint``), or None: not a stop, the caller re-raises ``exc`` as it is.
 
+    * Ctrl-C / SIGTERM (``KeyboardInterrupt``): :class:`TrainingInterrupted`;
+    * a full disk (``OSError`` ENOSPC/EDQUOT), a failure budget exceeded, a backend that failed
+      (e.g. a server that died during a weight sync or an adapter swap), and -- under torchrun --
+      a collective whose peer died or stalled past ``dist_timeout``: :class:`RunStopped`, with what
+      to fix first.
 
-def failure_summary(stats: Any) -> str:
-    """``reward 8, timeout 2`` (failed episodes per kind)."""
-    return ", ".join(f"{k} {n}" for k, n in sorted(stats.failed_by_kind.items()))
-
-
-def check_failure_budget(stats: Any, config: Any) -> None:
-    """Stop the run when more of a step's episodes failed -- for any reason -- than the budget allows.
-
-    Raises:
-        FailureBudgetExceeded: naming the share, the budget, the count per kind and the first
-            failure of each kind with its ``.wf`` location.
+    >>> type(as_stop(KeyboardInterrupt(), Path("r"), 3, None)).__name__
+    'TrainingInterrupted'
+    >>> as_stop(ValueError("a bug"), Path("r"), 3, None) is None
+    True
     """
-    if stats is None or not stats.episodes or not stats.failures:
-        return
-    share = stats.failures / stats.episodes
-    budget = config.rollout.max_failed_fraction
-    if share > budget:
-        firsts = "".join(f"\n  first {k} failure: {msg}" for k, msg in sorted(stats.first_failure.items()))
-        server = (" (a server's log is in RUN_DIR/sglang/ when training started it)"
-                  if "backend" in stats.failed_by_kind else "")
-        raise FailureBudgetExceeded(
-            f"{stats.failures} of {stats.episodes} episodes failed ({failure_summary(stats)}; {share:.0%} > "
-            f"rollout.max_failed_fraction={budget:g}){server}{firsts}")
+    if isinstance(exc, KeyboardInterrupt):
+        return TrainingInterrupted(run_dir, steps_done, checkpoint)
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        return RunStopped(run_dir, steps_done, checkpoint, exc)
+    if isinstance(exc, FailureBudgetExceeded):
+        return RunStopped(run_dir, steps_done, checkpoint, f"rollout stopped: {exc}", remedy="fix the cause named above")
+    if isinstance(exc, BackendError):
+        return RunStopped(run_dir, steps_done, checkpoint, str(exc).strip(),
+                          remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})")
+    if isinstance(exc, RuntimeError) and distributed and collective_failed(exc):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return RunStopped(run_dir, steps_done, checkpoint, f"another rank of the job stopped answering ({first[:200]})",
+                          remedy="check the other ranks' output")
+    return None
 
 
-def failure_metrics(stats: Any) -> dict[str, float]:
-    """``rollout/failed/<kind>`` counts of a step (only the kinds that occurred)."""
-    if stats is None:
-        return {}
-    return {f"rollout/failed/{k}": n for k, n in sorted(stats.failed_by_kind.items())}
-
-
-class FailureReport:
-    """Prints the first failure of each kind once per run (stderr), with its ``.wf`` location, and
-    the first step where nothing could be updated (and why)."""
-
-    def __init__(self, enabled: bool = True, out: TextIO | None = None):
-        self.enabled, self.out = enabled, out
-        self.seen: set[str] = set()
-        self.said_no_update = False
-
-    def _print(self, text: str) -> None:
-        if self.enabled:
-            print(text, file=self.out or sys.stderr, flush=True)
-
-    def episodes(self, step: int, stats: Any) -> None:
-        if stats is None:
-            return
-        for kind, msg in sorted(stats.first_failure.items()):
-            if kind not in self.seen:
-                self.seen.add(kind)
-                n = stats.failed_by_kind.get(kind, 0)
-                self._print(f"srpo-graph train: step {step}: {n} of {stats.episodes} episodes failed ({kind}); "
-                            f"first: {msg}\n  (each kind is reported once; counts per step in metrics.jsonl "
-                            f"rollout/failed/<kind>)")
-
-    def nothing_updated(self, step: int, why: str) -> None:
-        if not self.said_no_update:
-            self.said_no_update = True
-            self._print(f"srpo-graph train: step {step}: nothing to update: {why} (reported once; such steps show "
-                        f"`no update` in the progress line and `updates = 0` in metrics.jsonl)")
-
-
-def no_update_reason(episodes: list[Any], batch_stats: Any = None) -> str:
-    """Why a step has no set to train on."""
-    failed = sum(e.status == "failed" for e in episodes)
-    if episodes and failed == len(episodes):
-        return f"every one of the {len(episodes)} episodes failed"
-    return (f"no set had a non-zero advantage ({failed} of {len(episodes)} episodes failed; in every group the "
-            "others had equal rewards)")
-
-
-__all__ = ["FailureBudgetExceeded", "FailureReport", "RunStopped", "TrainingInterrupted", "check_failure_budget",
-           "continue_command", "failure_metrics", "failure_summary", "no_update_reason"]
+__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "continue_command"]

@@ -1,80 +1,64 @@
-"""Trainer stage: ``train(workflow_path, config) -> RunSummary``, the RL loop.
+"""Trainer stage: ``train(workflow_path, config) -> RunSummary``, the RL loop as a pipeline you can see.
 
-Consumes a ``.wf`` file and a :class:`~srpo_graph.train.config.loading.TrainConfig`; produces a run
+Consumes a ``.wf`` file and a :class:`~srpo_graph.train.config.schema.TrainConfig`; produces a run
 folder (config.toml, metrics.jsonl, tensorboard/, plots/, traces/, checkpoints/) and a
-:class:`RunSummary`. Per step::
+:class:`RunSummary`. :class:`Trainer` builds its parts up front from the config and holds them
+as typed attributes (torchtitan's shape); its loop is the pipeline of DESIGN.md, one call per
+stage::
 
-    rollout stage (rollout_stage.py: tasks by a seeded cursor -> runtime.run, G episodes per task,
-      tagged with weight versions) -> learning step (step.py: compile -> old log-probs recomputed
-      -> epochs x mini-batches x micro-batches (update.py) -> backend.sync_weights(model, version))
-      -> metrics, eval, checkpoint, plots
+    rollout (rollout/: tasks by the stage's own cursor -> runtime.run, G episodes per task, tagged
+      with weight versions; overlapped with the update when rollout.max_staleness >= 1)
+    -> compile + update (learn/: SetBatch -> old log-probs -> epochs x mini-batches x micro-batches)
+    -> sync (sync.py: the new weights to every backend, version = step)
+    -> evaluate, log (observe/: the step's record to metrics.jsonl, TensorBoard, traces, plots)
+    -> checkpoint (checkpoint/: every checkpoint.every steps, in the policies' format)
 
-Several policies: one model, optimizer and scheduler per policy (a shared-policy workflow has
-one); an event spanning policies sends gradient to each. A frozen reference model per policy is
-loaded only when the objective's KL coefficient is non-zero. Departures from a textbook PPO
-loop: no value function (group-relative advantages), models kept in eval mode (no dropout).
-Under torchrun every rank samples its share of the tasks with in-process backends
-(``rank_rollout.py``); with servers or under fsdp rank 0 samples alone (episodes broadcast as
-JSON). ``strategy = "fsdp"``: models sharded (``fsdp.py``); rank 0 samples in process from an
-unsharded replica synced every step, or streams the weights to servers bucket by bucket
-(``fsdp_stream.py``, no replica); checkpoints are sharded (``sharded_checkpoint.py``).
+and :func:`~srpo_graph.train.stops.as_stop` turns what the loop raised into a stop that says how to
+resume. Several policies: one model, optimizer and scheduler per policy (``policies/``); an event
+spanning policies sends gradient to each. Departures from a textbook PPO loop: no value function
+(group-relative advantages), models kept in eval mode (no dropout). Under torchrun every rank
+samples its share of the tasks with in-process backends (``rollout/ranks.py``); with servers or
+under fsdp rank 0 samples alone (episodes broadcast as JSON); under fsdp the models are sharded
+and the checkpoints too (``parallel/fsdp.py``, ``checkpoint/sharded.py``).
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import math
 import os
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from srpo_graph import exiting
-from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
-from srpo_graph.errors import BackendError, ConfigError
-from srpo_graph.eval.score import score
+from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
-from srpo_graph.models.tiny import load_tokenizer
-from srpo_graph.runtime.tasks import load_tasks
-from srpo_graph.runtime.trace import write_traces
-from srpo_graph.train.checkpoint import layout as ckpt
-from srpo_graph.train.checkpoint import sharded as sharded_ckpt
-from srpo_graph.train.config.loading import (
-    TrainConfig,
-    check_trainable,
-    default_run_dir,
-    to_data,
-    validate,
-    write_config,
-)
-from srpo_graph.train.learn.step import learn_step
-from srpo_graph.train.observe.metrics import MetricsWriter, truncate_after
-from srpo_graph.train.observe.plots import draw_plots
-from srpo_graph.train.observe.progress import ProgressBar
-from srpo_graph.train.parallel import fsdp
-from srpo_graph.train.parallel.collectives import DistInfo, collective_failed, init_distributed, shutdown
+from srpo_graph.train.checkpoint import Checkpointer, LoopState
+from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
+from srpo_graph.train.config.schema import TrainConfig
+from srpo_graph.train.learn.step import Learner
+from srpo_graph.train.observe.evaluator import Evaluator
+from srpo_graph.train.observe.observer import Observer
+from srpo_graph.train.observe.record import StepRecord
+from srpo_graph.train.parallel.collectives import DistInfo, init_distributed, shutdown
 from srpo_graph.train.parallel.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
 from srpo_graph.train.policies import frozen as frozen_policies
-from srpo_graph.train.policies import lora
-from srpo_graph.train.policies.precision import enable_gradient_checkpointing
-from srpo_graph.train.rollout.lockstep import rollout
-from srpo_graph.train.rollout.overlapped import check_async, make_rollouts
-from srpo_graph.train.rollout.ranks import samples_on_every_rank
-from srpo_graph.train.rollout.servers import server_scope, with_backend_defaults
-from srpo_graph.train.rollout.tasks import default_task_file, override_workflow, split_tasks
+from srpo_graph.train.policies.build import build_policies, device_of
+from srpo_graph.train.policies.slot import PolicySlot
+from srpo_graph.train.rollout.backends import attach_backends, load_frozen, server_scope, with_backend_defaults
+from srpo_graph.train.rollout.lockstep import Rollouts
+from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make_rollouts
+from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
 from srpo_graph.train.rollout.worker.client import close_worker
-from srpo_graph.train.run_folder import check_resumed_workflow, lock_run_dir, record_workflow
-from srpo_graph.train.stops import (
-    FailureBudgetExceeded,
-    FailureReport,
-    RunStopped,
-    TrainingInterrupted,
-)
+from srpo_graph.train.run_folder import check_resumed_workflow, clear_previous_run, lock_run_dir, record_workflow
+from srpo_graph.train.stops import RunStopped, TrainingInterrupted, as_stop
+from srpo_graph.train.sync import Syncer
+from srpo_graph.workflow import Workflow
+
+__all__ = ["RunStopped", "RunSummary", "Trainer", "TrainingInterrupted", "train"]
 
 
 @dataclass
@@ -93,129 +77,6 @@ class RunSummary:
     steps_this_run: int = 0  # steps trained by this call (a resumed run already had the others)
 
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-@dataclass
-class PolicySlot:
-    """One trainable policy: its model, optimizer, scheduler and the backend sampling from it."""
-
-    name: str
-    base: str  # the resolved base model path/name (reference model source)
-    model: Any
-    tokenizer: Any
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    backend: Any
-    ref_model: Any = None
-    version: int = 0
-    replica: Any = None  # fsdp: rank 0's unsharded copy (sampled from in process); None otherwise
-    stream: bool = False  # fsdp with a server backend: the sync streams gathered buckets (every rank)
-
-    def sync(self, version: int) -> None:
-        """Give the backend the current weights, tagged ``version``. A collective under fsdp."""
-        self.version = version
-        fsdp.sync_backend(self.model, self.replica, self.backend, version, stream=self.stream)
-
-
-def _lr_lambda(config: TrainConfig, updates_total: int):
-    o = config.optim
-
-    def factor(n: int) -> float:  # n = optimizer steps taken
-        if o.warmup_steps and n < o.warmup_steps:
-            return (n + 1) / o.warmup_steps
-        frac = min(1.0, (n - o.warmup_steps) / max(1, updates_total - o.warmup_steps))
-        return {"constant": 1.0, "linear": 1.0 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[o.schedule]
-
-    return factor
-
-
-def _device(config: TrainConfig) -> str:
-    if config.rollout.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return config.rollout.device
-
-
-def _build_slots(wf, config: TrainConfig, device: str, resume_from: Path | None, dist: DistInfo,
-                 frozen: Sequence[TrainedPolicy] = ()) -> tuple[list[PolicySlot], dict[str, Any]]:
-    """The trained policies' slots, and the frozen local policies' backends (``frozen``: built with
-    the same ``for_training`` call, so e.g. SGLang servers get distinct ports)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    dtype = getattr(torch, config.rollout.dtype)
-    updates_total = config.steps * config.optim.epochs * config.optim.mini_batches
-    kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
-    spec = backend_spec(config.rollout.backend)
-    slots = []
-    sharded = config.strategy == "fsdp" and dist.enabled
-    if lora.uses_adapters(wf):  # LoRA adapters on one shared frozen base per base policy: lora.py
-        slots = lora.build_slots(wf, config, device, resume_from, dist, make_slot=PolicySlot,
-                                 lr_lambda=_lr_lambda(config, updates_total))
-    for pol in wf.policies if not slots else ():
-        if pol.name in wf.untrained_policies:  # frozen / external: train/policies/frozen.py, no slot
-            continue
-        base = resolve_model(pol.model)
-        path = str(ckpt.policy_path(resume_from, pol.name)) if resume_from else base
-        model: Any = sharded_ckpt.load_model(path, dtype)  # a sharded checkpoint: its config; shards below
-        model = model.to(device).eval()  # no dropout: update.py
-        tok = load_tokenizer(path)
-        # fsdp: shard before the optimizer sees the parameters; rank 0 keeps a whole replica only to
-        # sample from in process; a server gets the weights streamed bucket by bucket (fsdp_stream.py)
-        replica = fsdp.shard_with_replica(model, path, dtype, device, dist) if sharded and spec.in_process else None
-        if sharded and not spec.in_process:
-            fsdp.shard_model(model)
-        o = config.optim
-        opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config, updates_total))
-        if resume_from is not None and sharded_ckpt.is_sharded_checkpoint(resume_from):  # every rank its shards
-            sharded_ckpt.load_policy(resume_from, pol.name, model, opt)
-        ref: Any = None
-        if kl != 0.0:
-            ref = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-            ref = ref.to(device).eval()
-            ref.requires_grad_(False)
-        slots.append(PolicySlot(pol.name, base, model, tok, opt, sched, None, ref, replica=replica,
-                                stream=sharded and not spec.in_process))
-    frozen_backends: dict[str, Any] = {}
-    if dist.is_main or samples_on_every_rank(config, dist):  # the ranks that sample build backends (rank 0
-        # alone starts servers); each rank's in-process backends sample from its own models
-        trained = [TrainedPolicy(s.name, s.base, s.replica if s.replica is not None else s.model, s.tokenizer, device)
-                   for s in slots]
-        options = getattr(config.rollout, config.rollout.backend)
-        if frozen and lora.uses_adapters(wf) and not spec.in_process:
-            raise ConfigError.at("field `rollout.backend`", "frozen policies beside LoRA adapters need the "
-                                 "transformers backend", fix='rollout.backend = "transformers"')
-        if config.rollout.worker:  # sampling in a process of its own (train/rollout/worker/client.py); it builds the frozen ones
-            from srpo_graph.train.rollout.worker.client import start_for_training
-
-            backends = start_for_training(wf, config, slots, device)
-        else:
-            backends = spec.for_training([*trained, *frozen], options, Path(config.run_dir or "runs"))
-        for s in slots:
-            s.backend = backends[s.name]
-        frozen_backends = {p.name: backends[p.name] for p in frozen}
-    if config.optim.gradient_checkpointing:  # train/policies/precision.py
-        for s in slots:
-            enable_gradient_checkpointing(s.model)
-    return slots, frozen_backends
-
-
-def _resolve_tasks(workflow_path: Path, wf, config: TrainConfig):
-    r = config.rollout
-    path = r.tasks if r.tasks is not None else default_task_file(workflow_path, wf)
-    tasks = load_tasks(path, wf)
-    eval_path = r.eval_tasks
-    if eval_path is None and Path(path).with_name(f"{Path(path).stem}_eval.jsonl").is_file():
-        eval_path = Path(path).with_name(f"{Path(path).stem}_eval.jsonl")  # make_data.py's held-out split
-    eval_list = load_tasks(eval_path, wf) if eval_path is not None else None
-    train_tasks, eval_tasks = split_tasks(tasks, eval_list, config.eval.num_tasks)
-    if not train_tasks:
-        raise ConfigError.at(str(path), "no training tasks", fix="give a task file with at least 2 tasks")
-    return Path(path), train_tasks, eval_tasks[: config.eval.num_tasks]
-
-
 def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, resume: bool = False) -> RunSummary:
     """Train the workflow in ``workflow_path`` as ``config`` says, holding the run folder's lock.
 
@@ -227,237 +88,206 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
         RunSummary.
     Raises:
         ConfigError: bad configuration, missing task file, nothing to resume, the run folder
-            in use by another process (``runlock.py``).
-        RunStopped: the disk filled up during the run (checkpoints intact; resume later).
+            in use by another process (``run_folder.py``).
+        RunStopped: the disk filled up, too many episodes failed, a server or another rank died
+            (checkpoints intact; resume later).
+        TrainingInterrupted: Ctrl-C or SIGTERM.
         WorkflowSyntaxError, WorkflowCheckError: the workflow does not load.
     """
     check_trainable(config)  # also for a TrainConfig built in code, not through validate()
     if config.run_dir is None:  # the folder is chosen (and locked) before anything is loaded
         config = config.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow_path).name)})
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the lock for the whole job
-        return _train(workflow_path, config, resume=resume)
+        return Trainer(workflow_path, config, resume=resume).fit()
     assert config.run_dir is not None
     with lock_run_dir(config.run_dir), server_scope():  # servers it launched stop with it, whatever happens
-        return _train(workflow_path, config, resume=resume)
+        return Trainer(workflow_path, config, resume=resume).fit()
 
 
-def _train(workflow_path: str | Path, config: TrainConfig, *, resume: bool) -> RunSummary:
-    t_start = time.perf_counter()
-    config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
-    workflow_path = Path(workflow_path)
-    device = _device(config)
-    dist = init_distributed(device, config.dist_timeout)
-    check_async(config, dist)  # overlapped rollouts: a server backend, one process
-    if dist.enabled:  # several nodes may have resolved their own command lines: rank 0's config wins
-        config = validate(json.loads(agree_config(json.dumps(to_data(config)), workflow_path.read_text(), dist,
-                                                       follow=os.environ.get(FOLLOW_ENV) == "1")),
-                          "rank 0's config")
-    torch.manual_seed(config.seed)
-    wf_base = load_workflow(workflow_path)
-    if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
-        check_resumed_workflow(Path(config.run_dir), wf_base, workflow_path)  # named as such, nothing else
-    wf = override_workflow(wf_base, models=config.rollout.models, max_tokens=config.rollout.max_tokens,
-                           logprobs=config.rollout.logprobs)
-    frozen_policies.check_something_trains(wf, workflow_path)
-    wf_eval = override_workflow(wf, greedy=config.eval.mode == "greedy")
-    run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(wf.name)
-    task_path, train_tasks, eval_tasks = _resolve_tasks(workflow_path, wf, config)
-    # stored resolved, so `--resume` works from any working directory
-    resolved = {"tasks": task_path.resolve()}
-    if config.rollout.eval_tasks is not None:
-        resolved["eval_tasks"] = Path(config.rollout.eval_tasks).resolve()
-    config = config.model_copy(update={"run_dir": run_dir, "rollout": config.rollout.model_copy(update=resolved)})
-    resume_from = None
-    if resume:  # rank 0 chooses; ranks that cannot read its run folder (other nodes) receive the files
-        chosen = _choose_checkpoint(run_dir, announce=True) if dist.is_main else None
-        resume_from = ship_checkpoint(chosen, dist)
-    if resume_from is not None:  # before loading anything: the frozen policies must be the run's
-        frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), wf, resume_from)
-    restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
-    samplers = dist.is_main or samples_on_every_rank(config, dist)  # (raises on an every_rank it cannot do)
-    frozen_local, frozen = frozen_policies.load_frozen(wf, config, device) \
-        if samplers and not config.rollout.worker else ([], {})  # a rollout worker loads its own
-    slots, frozen_backends = _build_slots(wf, config, device, resume_from, dist, frozen_local)
-    try:  # from here a rollout worker may run: set-up that fails must not leave it behind
-        frozen.update(frozen_backends)
-        state = ckpt.LoopState(step=0, cursor=0)
-        if resume_from is not None:
-            state = ckpt.load_checkpoint(
-                resume_from, optimizers={s.name: s.optimizer for s in slots},
-                schedulers={s.name: s.scheduler for s in slots})
-            started_with = state.extra.get("workflow")
-            if started_with is not None and started_with != wf.name:
-                raise ConfigError.at(str(resume_from), f"this run trained workflow {started_with!r}, not {wf.name!r} "
-                                     f"({workflow_path})", fix="resume with the .wf file the run was started with")
-            for s in slots:
-                s.sync(int(state.extra.get("versions", {}).get(s.name, state.step)))
-        compile_cfg = config.compile.model_copy(update={"policies": tuple(s.name for s in slots),
-                                                        "frozen_policies": frozen_policies.frozen_policies(wf)})
-        writer = None
-        if dist.is_main:
-            if resume_from is None:  # before anything is written: a refused folder keeps all it had
-                _clear_previous_run(run_dir, overwrite=config.overwrite or restart, quiet=restart)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            # stop_after_step belongs to this invocation only: a resumed run must not stop again
-            write_config(config.model_copy(update={"debug": config.debug.model_copy(update={"stop_after_step": None}),
-                                                   "overwrite": False}),
-                         run_dir / "config.toml")
-            if resume_from is None:
-                record_workflow(run_dir, wf, workflow_path)
-            truncate_after(run_dir / "metrics.jsonl", state.step)
-            sinks = []
-            if config.logging.wandb:  # optional extra: Weights & Biases (train/observe/wandb_sink.py)
-                from srpo_graph.train.observe.wandb_sink import WandbSink
+class Trainer:
+    """One training run: its parts, built up front from the config, and the loop over them.
 
-                lg = config.logging
-                sinks.append(WandbSink(run_dir, project=lg.wandb_project, entity=lg.wandb_entity, name=lg.wandb_name,
-                                       config=config.model_dump(mode="json")))
-            writer = MetricsWriter(run_dir, tensorboard=config.logging.tensorboard,
-                                   purge_step=state.step + 1 if resume_from is not None else None, sinks=sinks)
-        rewards: list[float] = [r for r in state.extra.get("rewards", [])]
-        evals: list[tuple[int, float]] = [tuple(e) for e in state.extra.get("evals", [])]
-        last_ckpt = str(resume_from) if resume_from else None
-        first_step = state.step
-        bar = ProgressBar(config.steps, enabled=dist.is_main and config.logging.progress, start=state.step)
-        report = FailureReport(enabled=dist.is_main)
-        completed = False
-        rollouts = make_rollouts(wf, train_tasks, slots, config, dist, frozen)  # max_staleness >= 1: overlapped
-    except BaseException:
-        close_worker(slots)
-        raise
-    try:
-        try:
-            with bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
-                for step in range(state.step + 1, config.steps + 1):
-                    exiting.raise_if_stopped()  # a SIGTERM whose exception a finalizer swallowed still stops the run
-                    result = learn_step(step, wf, rollouts.get(step, state), slots, config, compile_cfg, state, dist,
-                                        report)
-                    rollouts.weights_updated(step)  # the weights of version `step` are synced
-                    record, episodes = result.record, result.episodes
-                    state.step = step
-                    rewards.append(record["reward"])
-                    if config.eval.every and eval_tasks and (step % config.eval.every == 0 or step == config.steps):
-                        t0 = time.perf_counter()
-                        eps, _ = rollout(wf_eval, eval_tasks, slots, config, eval_seed := config.seed * 7919 + step, dist,
-                                          config.eval.samples, frozen=frozen)
-                        record.update(score(wf_eval, eps, eval_tasks, samples=config.eval.samples, seed=eval_seed).metrics())  # eval/reward = Avg@k, Pass@k
-                        record["time/eval"] = time.perf_counter() - t0
-                        evals.append((step, record["eval/reward"]))
-                    state.extra.update(rewards=rewards, evals=evals, versions={s.name: s.version for s in slots},
-                                       workflow=wf.name, frozen=frozen_policies.pointers(wf))
-                    if writer is not None:
-                        writer.log(record)
-                        if config.logging.traces_every and (_due(step, config.logging.traces_every, config.steps) or step == 1):
-                            (run_dir / "traces").mkdir(exist_ok=True)
-                            write_traces(run_dir / "traces" / f"step_{step}.jsonl", episodes)
-                        if config.logging.plots and _due(step, config.logging.plots_every, config.steps):
-                            draw_plots(run_dir)
-                    if _due(step, config.checkpoint.every, config.steps) and any(fsdp.is_sharded(s.model) for s in slots):
-                        last_ckpt = str(sharded_ckpt.save(  # every rank writes its shards: sharded_checkpoint.py
-                            run_dir, state, models={s.name: s.model for s in slots},
-                            tokenizers={s.name: s.tokenizer for s in slots}, optimizers={s.name: s.optimizer for s in slots},
-                            schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
-                    elif _due(step, config.checkpoint.every, config.steps):
-                        if writer is not None:
-                            last_ckpt = str(ckpt.save_checkpoint(
-                                run_dir, state, models={s.name: s.model for s in slots},
-                                tokenizers={s.name: s.tokenizer for s in slots},
-                                optimizers={s.name: s.optimizer for s in slots},
-                                schedulers={s.name: s.scheduler for s in slots}, keep_last=config.checkpoint.keep_last))
-                    bar.advance(record)
-                    if config.debug.stop_after_step is not None and step >= config.debug.stop_after_step:
-                        break
-            completed = True
-            exiting.decided()  # finished: a signal from now on does not turn it into a stop (exiting.py)
+    Attributes (set by the constructor; a rank that does not sample holds no backends):
+        config: the run's resolved configuration (rank 0's under torchrun).
+        dist: this process's place in the job.
+        workflow, workflow_eval: the workflow as trained, and as evaluated (greedy or sampled).
+        run_dir: the run folder.
+        policies: the trained policies (model, optimizer, scheduler, backend, version).
+        frozen: the backends of the frozen and external policies (never updated).
+        rollouts: the rollout stage (synchronous, or overlapped with the update); owns the task cursor.
+        learner: compile + update.
+        syncer: the weights to the backends.
+        evaluator: the held-out evaluation.
+        observer: metrics, traces, plots, progress, failure report.
+        checkpointer: saves and restores the run.
+        state: the loop's state (step, counters, rewards so far).
+    """
+
+    config: TrainConfig
+    dist: DistInfo
+    workflow: Workflow
+    workflow_eval: Workflow
+    run_dir: Path
+    policies: list[PolicySlot]
+    frozen: dict[str, Any]
+    rollouts: Rollouts | AsyncRollouts
+    learner: Learner
+    syncer: Syncer
+    evaluator: Evaluator
+    observer: Observer
+    checkpointer: Checkpointer
+    state: LoopState
+
+    def __init__(self, workflow_path: str | Path, config: TrainConfig, *, resume: bool = False) -> None:
+        self._t_start = time.perf_counter()
+        self.workflow_path = Path(workflow_path)
+        config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
+        self.device = device_of(config)
+        self.dist = dist = init_distributed(self.device, config.dist_timeout)
+        check_async(config, dist)  # overlapped rollouts: a server backend or a rollout worker, one process
+        if dist.enabled:  # several nodes may have resolved their own command lines: rank 0's config wins
+            config = validate(json.loads(agree_config(json.dumps(to_data(config)), self.workflow_path.read_text(),
+                                                      dist, follow=os.environ.get(FOLLOW_ENV) == "1")),
+                              "rank 0's config")
+        torch.manual_seed(config.seed)
+        wf_base = load_workflow(self.workflow_path)
+        if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
+            check_resumed_workflow(Path(config.run_dir), wf_base, self.workflow_path)  # named as such, nothing else
+        r = config.rollout
+        self.workflow = override_workflow(wf_base, models=r.models, max_tokens=r.max_tokens, logprobs=r.logprobs)
+        frozen_policies.check_something_trains(self.workflow, self.workflow_path)
+        self.workflow_eval = override_workflow(self.workflow, greedy=config.eval.mode == "greedy")
+        self.run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(self.workflow.name)
+        task_path, train_tasks, eval_tasks = resolve_tasks(self.workflow_path, self.workflow, config)
+        resolved = {"tasks": task_path.resolve()}  # stored resolved, so `--resume` works from any working directory
+        if r.eval_tasks is not None:
+            resolved["eval_tasks"] = Path(r.eval_tasks).resolve()
+        self.config = config = config.model_copy(update={"run_dir": self.run_dir, "rollout": r.model_copy(update=resolved)})
+        self.checkpointer = Checkpointer(self.run_dir, every=config.checkpoint.every,
+                                         keep_last=config.checkpoint.keep_last, last_step=config.steps,
+                                         is_main=dist.is_main)
+        resume_from = None
+        if resume:  # rank 0 chooses; ranks that cannot read its run folder (other nodes) receive the files
+            chosen = self.checkpointer.choose(announce=True) if dist.is_main else None
+            resume_from = ship_checkpoint(chosen, dist)
+        if resume_from is not None:  # before loading anything: the frozen policies must be the run's
+            frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), self.workflow, resume_from)
+        restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
+        frozen_local, external = load_frozen(self.workflow, config, self.device, dist)  # (a rollout worker loads its own)
+        self.policies = build_policies(self.workflow, config, self.device, resume_from, dist)
+        try:  # from here a rollout worker may run: set-up that fails must not leave it behind
+            self.frozen = attach_backends(self.workflow, config, self.policies, frozen_local, external, self.device,
+                                          dist)
+            self.syncer = Syncer(self.policies)
+            self.state = LoopState(step=0, cursor=0)
+            if resume_from is not None:
+                self.state = self.checkpointer.restore(resume_from, self.policies)
+                if self.state.workflow is not None and self.state.workflow != self.workflow.name:
+                    raise ConfigError.at(str(resume_from), f"this run trained workflow {self.state.workflow!r}, not "
+                                         f"{self.workflow.name!r} ({self.workflow_path})",
+                                         fix="resume with the .wf file the run was started with")
+                self.syncer.restore(self.state.versions, default=self.state.step)  # the checkpoint's weights
+            compile_config = config.compile.model_copy(update={
+                "policies": tuple(s.name for s in self.policies),
+                "frozen_policies": frozen_policies.frozen_policies(self.workflow)})
+            self.learner = Learner(self.policies, config, compile_config, dist)
+            self.evaluator = Evaluator(self.workflow_eval, eval_tasks, config, dist, self.policies, self.frozen)
+            self.observer = Observer(self.run_dir, config, is_main=dist.is_main, start=self.state.step)
+            if dist.is_main:
+                self._prepare_run_dir(fresh=resume_from is None, restart=restart)
+                self.observer.open(resumed_at=self.state.step if resume_from is not None else None)
+            self._first_step = self.state.step
+            self.rollouts = make_rollouts(self.workflow, train_tasks, self.policies, config, dist, self.frozen)
+            self.rollouts.load_state_dict({"cursor": self.state.cursor})
         except BaseException:
-            exiting.decided()  # the run stops: no second signal raises into the handling and cleanup below
+            close_worker(self.policies)
             raise
-    except KeyboardInterrupt:
-        raise TrainingInterrupted(run_dir, state.step, ckpt.latest_checkpoint(run_dir)) from None
-    except OSError as exc:
-        if exc.errno not in _DISK_FULL:
-            raise
-        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), exc) from None
-    except FailureBudgetExceeded as exc:
-        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), f"rollout stopped: {exc}",
-                         remedy="fix the cause named above") from None
-    except BackendError as exc:  # e.g. a server that died during a weight sync or an adapter swap
-        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir), str(exc).strip(),
-                         remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})") from None
-    except RuntimeError as exc:  # under torchrun: another rank died or stalled past dist_timeout
-        if not (dist.enabled and collective_failed(exc)):
-            raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RunStopped(run_dir, state.step, ckpt.latest_checkpoint(run_dir),
-                         f"another rank of the job stopped answering ({first[:200]})",
-                         remedy="check the other ranks' output") from None
-    finally:
-        rollouts.close()
-        if writer is not None:
+
+    def _prepare_run_dir(self, *, fresh: bool, restart: bool) -> None:
+        """Rank 0, before the first step: a fresh run clears (or refuses) an earlier run's outputs first,
+        so a refused folder keeps all it had; then config.toml and the workflow's record."""
+        if fresh:
+            clear_previous_run(self.run_dir, overwrite=self.config.overwrite or restart, quiet=restart)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # stop_after_step belongs to this invocation only: a resumed run must not stop again
+        debug = self.config.debug.model_copy(update={"stop_after_step": None})
+        write_config(self.config.model_copy(update={"debug": debug, "overwrite": False}), self.run_dir / "config.toml")
+        if fresh:
+            record_workflow(self.run_dir, self.workflow, self.workflow_path)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def fit(self) -> RunSummary:
+        """Train from ``state.step + 1`` to ``config.steps``; the run's summary.
+
+        Raises:
+            TrainingInterrupted, RunStopped: the run stopped (``stops.as_stop``); resumable.
+        """
+        completed = False
+        try:
             try:
-                writer.close()
-            except OSError:  # the disk is full: the error that stopped the run is the one to report
-                if completed:
-                    raise
-        shutdown(dist, barrier=completed)
-    tail = rewards[-min(10, len(rewards)):] if rewards else [float("nan")]
-    summary = RunSummary(run_dir=str(run_dir), workflow=wf.name, steps=state.step,
-                         first_reward=rewards[0] if rewards else float("nan"), final_reward=sum(tail) / len(tail),
-                         eval_rewards=evals, skipped_updates=state.skipped_updates,
-                         seconds=time.perf_counter() - t_start, checkpoint=last_ckpt,
-                         steps_this_run=state.step - first_step)
-    if dist.is_main:
-        (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=2))
-    return summary
+                with self.observer.bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
+                    for step in range(self.state.step + 1, self.config.steps + 1):
+                        exiting.raise_if_stopped()  # a SIGTERM whose exception a finalizer swallowed still stops the run
+                        # 1. rollout: the step's episodes (sampled ahead when rollouts overlap the update)
+                        rolled = self.rollouts.get(step)
+                        # 2. compile + update, from the weights every policy has now
+                        versions = {s.name: s.version for s in self.policies}
+                        learned = self.learner.learn(step, rolled.episodes)
+                        # 3. sync: the new weights, version `step`, to every backend
+                        sync_seconds = self.syncer.sync(step)
+                        self.rollouts.weights_updated(step)
+                        # 4. evaluate and log
+                        record = self._record(step, rolled, learned, versions, sync_seconds)
+                        self.observer.log(record, rolled.episodes)
+                        # 5. checkpoint
+                        if self.checkpointer.due(step):
+                            self.checkpointer.save(self.state, self.policies)
+                        self.observer.advance(record)
+                        if self.config.debug.stop_after_step is not None and step >= self.config.debug.stop_after_step:
+                            break
+                completed = True
+                exiting.decided()  # finished: a signal from now on does not turn it into a stop (exiting.py)
+            except BaseException:
+                exiting.decided()  # the run stops: no second signal raises into the handling and cleanup below
+                raise
+        except BaseException as exc:
+            stop = as_stop(exc, self.run_dir, self.state.step, self.checkpointer.newest(), distributed=self.dist.enabled)
+            if stop is None:
+                raise
+            raise stop from None
+        finally:
+            self.rollouts.close()
+            self.observer.close(completed=completed)
+            shutdown(self.dist, barrier=completed)
+        return self._summary()
 
+    def _record(self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float) -> StepRecord:
+        """Step ``step``'s record, with its evaluation when due; the loop state moves on to it."""
+        if learned.update is not None:
+            self.state.skipped_updates += learned.update.skipped_updates
+        record = self.observer.record(step, self.workflow, rolled, learned, versions, sync_seconds=sync_seconds,
+                                      skipped_updates=self.state.skipped_updates,
+                                      lr=self.policies[0].scheduler.get_last_lr()[0], device=self.device)
+        s = self.state
+        s.step, s.cursor = step, self.rollouts.state_dict()["cursor"]
+        s.rewards.append(record.reward)
+        if self.evaluator.due(step):
+            record.eval = self.evaluator.evaluate(step)  # eval/reward = Avg@k, Pass@k
+            s.evals.append((step, record.eval["eval/reward"]))
+        s.versions = {p.name: p.version for p in self.policies}
+        s.workflow, s.frozen = self.workflow.name, frozen_policies.pointers(self.workflow)
+        return record
 
-def _choose_checkpoint(run_dir: Path, *, announce: bool) -> Path | None:
-    """The newest checkpoint that verifies (checksums, finite weights); damaged newer ones are named.
-    None: the run has no checkpoint yet (it stopped before the first), so it starts again at step 0.
-
-    Raises:
-        ConfigError: every checkpoint is damaged (each named with why).
-    """
-    good, damaged = ckpt.latest_good_checkpoint(run_dir)
-    if good is None:
-        if not damaged:
-            if announce:
-                print(f"srpo-graph train: {run_dir} has no checkpoint yet; starting the run again from step 0 with "
-                      "its saved configuration", file=sys.stderr)
-            return None
-        listed = "\n".join(f"  {p}: {why}" for p, why in damaged)
-        raise ConfigError.at(str(run_dir), f"every checkpoint is damaged, nothing to resume from\n{listed}",
-                             fix="restore the run folder from a backup, or start a new run with --overwrite")
-    if announce:
-        for path, why in damaged:
-            print(f"srpo-graph train: checkpoint {path} is damaged ({why}); skipping it", file=sys.stderr)
-        if damaged:
-            print(f"srpo-graph train: resuming from the previous good checkpoint {good}", file=sys.stderr)
-    return good
-
-
-def _clear_previous_run(run_dir: Path, *, overwrite: bool, quiet: bool = False) -> None:
-    """A fresh (not resumed) run never mixes with an earlier run's outputs in the same folder.
-
-    It refuses the folder (losing nothing) unless ``overwrite`` is set; then the old outputs
-    go, since an old, newer-numbered checkpoint would be what a later ``--resume`` picks.
-    """
-    import shutil
-    import sys
-
-    old = [run_dir / n for n in ("checkpoints", "traces", "plots", "tensorboard", "metrics.jsonl", "summary.json")]
-    old = [p for p in old if p.exists()]
-    if old and not overwrite:
-        raise ConfigError.at(
-            str(run_dir), f"the folder holds an earlier run ({', '.join(p.name for p in old)})",
-            why="a fresh run there would mix with it or destroy it",
-            fix=f"continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it",
-        )
-    if old and not quiet:
-        print(f"srpo-graph train: replacing the previous run in {run_dir} (--overwrite)", file=sys.stderr)
-    for p in old:
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-
-
-def _due(step: int, every: int, last: int) -> bool:
-    return step == last or (every > 0 and step % every == 0)
+    def _summary(self) -> RunSummary:
+        rewards = self.state.rewards
+        tail = rewards[-min(10, len(rewards)):] if rewards else [float("nan")]
+        latest = self.checkpointer.latest
+        summary = RunSummary(run_dir=str(self.run_dir), workflow=self.workflow.name, steps=self.state.step,
+                             first_reward=rewards[0] if rewards else float("nan"), final_reward=sum(tail) / len(tail),
+                             eval_rewards=list(self.state.evals), skipped_updates=self.state.skipped_updates,
+                             seconds=time.perf_counter() - self._t_start, checkpoint=str(latest) if latest else None,
+                             steps_this_run=self.state.step - self._first_step)
+        if self.dist.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+        return summary

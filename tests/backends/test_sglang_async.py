@@ -74,16 +74,17 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
 
     from srpo_graph.train import trainer as trainer_mod
     from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.learn.step import Learner
 
     require_sglang()
     torch.set_num_threads(1)
-    learn = trainer_mod.learn_step
+    learn = Learner.learn
 
-    def slow_learn_step(*args, **kwargs):
+    def slow_learn(self, *args, **kwargs):
         time.sleep(1.5)
-        return learn(*args, **kwargs)
+        return learn(self, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_mod, "learn_step", slow_learn_step)
+    monkeypatch.setattr(Learner, "learn", slow_learn)
     run = tmp_path / "run"
     cfg = load_config(None, ["steps=5", f"run_dir={json.dumps(str(run))}", "rollout.max_staleness=2",
                              "debug.stop_after_step=3", *COMMON])

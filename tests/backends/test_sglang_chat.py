@@ -1,7 +1,7 @@
 """Chat agents on the real SGLang CPU server (issue 21): a qwen3-test chat agent runs token in and
 token out against it -- each turn's ``input_ids`` extend the last turn's prompt and the ids the
 server sampled (under ``think: strip`` without the think block) -- and the trainer's fp32
-log-probs of every turn match the server's per agent (``train/sglang_rollout.agent_mismatch``;
+log-probs of every turn match the server's per agent (``train/observe/mismatch.agent_mismatch``;
 bf16 server, ATOL as in test_sglang_local_models.py).
 
 Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one module-scoped server.
@@ -45,7 +45,7 @@ def test_a_chat_agent_runs_token_in_token_out_on_sglang(qwen3_server):
     from srpo_graph.runtime.chat import chat_plan
     from srpo_graph.runtime.executor import run
     from srpo_graph.srpo.logprobs import packed_logprobs
-    from srpo_graph.train.rollout.servers import agent_mismatch
+    from srpo_graph.train.observe.mismatch import agent_mismatch
 
     path, server = qwen3_server
     backend = load_backend("sglang", str(path), url=server.url, backoff=0.05)

@@ -192,7 +192,7 @@ def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_serv
     the checkpoints are sharded (DCP) and verify."""
     import subprocess
 
-    from srpo_graph.train.checkpoint.layout import verify_checkpoint
+    from srpo_graph.train.checkpoint import verify_checkpoint
 
     require_sglang()
     run = tmp_path / "fsdp"

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from srpo_graph.models.tiny import ensure_tiny_model
-from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.config.loading import load_toml, validate
 from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
 from srpo_graph.train.trainer import train

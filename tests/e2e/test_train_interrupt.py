@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.config.loading import load_toml, validate
 from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
 from srpo_graph.train.trainer import train

@@ -3,7 +3,7 @@
 Usage: python fsdp_sync_worker.py MODEL_DIR OUT_DIR URL|- disk|distributed [SEED]
 Every rank loads MODEL_DIR, perturbs it the same way (``torch.manual_seed(SEED)``, ``randn_like``
 per parameter, scale 0.05: the recipe of test_weight_sync._perturbed), shards it with
-``fsdp.shard_model`` and calls ``fsdp.sync_backend`` with no replica (the streaming path). Rank 0
+``fsdp.shard_model`` and calls the sync stage's ``stream_to_backend`` (no replica: the streaming path). Rank 0
 holds an SGLang backend on URL (``-``: none, the sync saves a folder with the gathered model's
 ``save_pretrained`` instead). Each rank writes OUT_DIR/rank<r>.json: its error (if any), the
 backend's stream statistics, and the largest tensor it held during the sync.
@@ -20,6 +20,7 @@ from srpo_graph.errors import BackendError
 from srpo_graph.train.parallel import fsdp
 from srpo_graph.train.parallel.collectives import init_distributed, shutdown
 from srpo_graph.train.parallel.gather import GatheredModel
+from srpo_graph.train.sync import stream_to_backend
 
 
 def main(model_dir: str, out: Path, url: str, route: str, seed: int = 1) -> None:
@@ -48,7 +49,7 @@ def main(model_dir: str, out: Path, url: str, route: str, seed: int = 1) -> None
             result["files"] = sorted(p.name for p in (out / "saved").iterdir()) if dist.is_main else []
             result["peak_bucket_bytes"] = g.peak_bucket_bytes
         else:
-            fsdp.sync_backend(m, None, backend, 31, stream=True)
+            stream_to_backend(m, backend, 31)
             if backend is not None and backend._streamer is not None:
                 result["stats"] = backend._streamer.stats
     except BackendError as exc:

@@ -209,14 +209,11 @@ def test_the_dispatch_rule_with_a_plugged_in_sampler():
     pushed: list[int] = []
     stage = AsyncRollouts(None, tasks, [], cfg, DistInfo(), sampler=sampler, on_weights=pushed.append)
 
-    class State:
-        cursor = 4  # a resumed run's cursor
-
-    state = State()
+    stage.load_state_dict({"cursor": 4})  # a resumed run's cursor
     try:
         for s in range(1, steps + 1):
-            got = stage.get(s, state)
-            assert got.episodes == [s] and state.cursor == 4 + s
+            got = stage.get(s)
+            assert got.episodes == [s] and stage.state_dict()["cursor"] == 4 + s
             assert got.metrics["async/started_at_version"] >= s - 1 - k  # the rule, at dispatch time
             time.sleep(0.2)  # the update
             stage.weights_updated(s)

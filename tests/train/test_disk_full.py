@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.observe.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

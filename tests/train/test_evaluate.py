@@ -1,4 +1,4 @@
-"""Evaluation (``srpo_graph/eval/score.py``, ``eval_run.py``, ``srpo-graph eval``).
+"""Evaluation (``srpo_graph/eval/score.py``, ``train/eval_command.py``, ``srpo-graph eval``).
 
 Numerics against independent references: Pass@k against brute-force enumeration of k-subsets,
 the bootstrap intervals against a plain-loop percentile bootstrap on the same generator (and

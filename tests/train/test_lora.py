@@ -20,7 +20,7 @@ from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.srpo.loss import LossConfig
-from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.config.loading import validate
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics

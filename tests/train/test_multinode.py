@@ -105,7 +105,7 @@ def test_nodes_that_disagree_stop_together_naming_the_ranks(tmp_path):
 
 def test_torchrun_command_lines():
     from srpo_graph.errors import ConfigError
-    from srpo_graph.train.parallel.multinode import torchrun_command
+    from srpo_graph.train.parallel.launch import torchrun_command
 
     cmd = torchrun_command(4, ["x.wf"], nnodes=3, node_rank=2, endpoint="node0:29400")
     assert "--nnodes=3" in cmd and "--node_rank=2" in cmd and "--master_addr=node0" in cmd
@@ -208,7 +208,7 @@ def test_the_launcher_kills_the_ranks_it_gives_up_on_with_torchrun():
     import signal
     import time
 
-    from srpo_graph.train.parallel.collectives import _descendants, _kill_tree
+    from srpo_graph.train.parallel.launch import _descendants, _kill_tree
 
     parent = subprocess.Popen(["bash", "-c", "setsid sleep 300 & sleep 300 & wait"])
     deadline = time.monotonic() + 30
@@ -235,7 +235,7 @@ def test_fsdp_checkpoints_on_two_nodes_without_a_shared_run_folder(tmp_path):
     its own DCP shards on its own disk, rank 0 receives node 1's over the group, so node 0's
     checkpoint is whole (it verifies: every shard the metadata names, checksummed) and node 1
     keeps nothing; ``--resume`` then ships it to node 1 and the job goes on."""
-    from srpo_graph.train.checkpoint.layout import verify_checkpoint
+    from srpo_graph.train.checkpoint import verify_checkpoint
     from srpo_graph.train.checkpoint.sharded import dcp_path
 
     (tmp_path / "home").mkdir()

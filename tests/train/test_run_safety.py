@@ -20,8 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from srpo_graph.errors import ConfigError, SrpoGraphError
-from srpo_graph.train.checkpoint import layout as ck
-from srpo_graph.train.commands import build_config
+from srpo_graph.train import checkpoint as ck
+from srpo_graph.train.checkpoint import layout
+from srpo_graph.train.config.build import build_config
 from srpo_graph.train.config.loading import load_toml, validate
 from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.run_folder import lock_run_dir
@@ -64,7 +65,7 @@ def _nan_weights_with_a_consistent_manifest(step: Path) -> None:
     tensors[name] = torch.full_like(tensors[name], float("nan"))
     save_file(tensors, wpath, metadata={"format": "pt"})
     marker = json.loads((step / ck.COMPLETE).read_text())
-    marker["files"] = ck._manifest(step)
+    marker["files"] = layout.manifest(step)
     (step / ck.COMPLETE).write_text(json.dumps(marker))
 
 

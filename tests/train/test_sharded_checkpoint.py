@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
-from srpo_graph.train.checkpoint import layout as ckpt
+from srpo_graph.train import checkpoint as ckpt
 from srpo_graph.train.checkpoint import sharded as sc
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
-from srpo_graph.train.checkpoint import layout as ck
+from srpo_graph.train import checkpoint as ck
 
 
 def _policy(lr=1e-2):
@@ -32,7 +32,7 @@ def _train_one(model, opt, sched, seed):
 
 
 def _save(run_dir, step, model, tok, opt, sched, keep=2):
-    return ck.save_checkpoint(run_dir, ck.LoopState(step=step, cursor=step * 3, skipped_updates=1, extra={"a": [1]}),
+    return ck.save_checkpoint(run_dir, ck.LoopState(step=step, cursor=step * 3, skipped_updates=1, rewards=[1.0]),
                               models={"p": model}, tokenizers={"p": tok}, optimizers={"p": opt},
                               schedulers={"p": sched}, keep_last=keep)
 
@@ -51,7 +51,7 @@ def test_round_trip_continues_exactly(tmp_path):
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
     sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda n: 1.0 / (1 + n))
     state = ck.load_checkpoint(path, optimizers={"p": opt2}, schedulers={"p": sched2})
-    assert (state.step, state.cursor, state.skipped_updates, state.extra) == (1, 3, 1, {"a": [1]})
+    assert (state.step, state.cursor, state.skipped_updates, state.rewards) == (1, 3, 1, [1.0])
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expect_rng
     assert sched2.last_epoch == sched.last_epoch - 1
     _train_one(model2, opt2, sched2, 1)

@@ -79,7 +79,7 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
     # the single-process run's model and Adam state
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.train.checkpoint.layout import verify_checkpoint
+    from srpo_graph.train.checkpoint import verify_checkpoint
 
     ck = tmp_path / "fsdp" / "checkpoints" / "step_2"
     assert sorted(p.name for p in (ck / "dcp" / "tiny").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]

@@ -1,7 +1,7 @@
-"""Trainer stage: sharded checkpoints under ``strategy = "fsdp"`` (``torch.distributed.checkpoint``).
+"""Trainer stage, checkpoints: the ``dcp`` format -- sharded, under ``strategy = "fsdp"`` (``torch.distributed.checkpoint``).
 
 Consumes the sharded policy models and optimizers of every rank; produces a checkpoint folder in
-the layout of ``checkpoint.py`` where each policy's weights and optimizer state are a DCP
+the layout of ``layout.py`` where each policy's weights and optimizer state are a DCP
 checkpoint, written by every rank for its own shards (no rank gathers a full model)::
 
     step_N/
@@ -11,7 +11,7 @@ checkpoint, written by every rank for its own shards (no rank gathers a full mod
       rng.safetensors, state.json ("sharded": true), config.toml, COMPLETE (manifest, checksums)
 
 The folder is written into ``checkpoints/.tmp-step_N-<rank 0's pid>`` and renamed by rank 0 once
-every rank's shards are written, as ``checkpoint.save_checkpoint`` does; the manifest covers the
+every rank's shards are written, as ``full.save_checkpoint`` does; the manifest covers the
 shards. ``--resume`` builds each model from its ``config.json`` (weights uninitialized, then
 sharded) and loads model and optimizer shards with ``dcp.load`` -- any number of ranks (DCP
 reshards), also one process (``srpo-graph eval`` of a run folder). :func:`consolidate` writes a
@@ -19,7 +19,7 @@ normal ``save_pretrained`` folder (``srpo-graph consolidate``), one shard at a t
 
 Note [DCP metadata]: DCP's ``.metadata`` file is a pickle written by torch (the only pickle a
 run folder holds, and only under fsdp). It is read only after the manifest check has matched
-its sha256 (``verify_checkpoint``), so a damaged or swapped file is refused before it is read.
+its sha256 (``layout.verify_files``), so a damaged or swapped file is refused before it is read.
 
 Note [No shared run folder]: each rank writes its own shard files under the same (relative or
 absolute) path. On one machine, or a file system every rank sees, rank 0 then sees them all.
@@ -28,7 +28,7 @@ docs/gpu.md), rank 0 lists the shard files DCP's metadata names that it does not
 is sent to it over the process group by the lowest rank that has it (point to point, in chunks,
 under the group's deadline); the other nodes' leftover copies are removed once rank 0 has
 renamed the checkpoint. ``--resume`` then ships the whole checkpoint to the ranks that cannot
-read it (``multinode.ship_checkpoint``), as for any checkpoint.
+read it (``parallel/multinode.ship_checkpoint``), as for any checkpoint.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from srpo_graph.errors import ConfigError
+from srpo_graph.train.checkpoint.layout import begin, finish_checkpoint, policy_path
+from srpo_graph.train.parallel.collectives import all_reduce, broadcast_bytes, current
 
 DCP_DIR = "dcp"
-FORMAT = "dcp"
+NAME = FORMAT = "dcp"
 
 
 def is_sharded_checkpoint(checkpoint: str | Path) -> bool:
@@ -58,26 +60,18 @@ def is_sharded_checkpoint(checkpoint: str | Path) -> bool:
     return (Path(checkpoint) / DCP_DIR).is_dir()
 
 
+def holds(checkpoint: str | Path, policy: str) -> bool:
+    """Whether ``policy`` of ``checkpoint`` is in this format (``checkpointer.format_of``)."""
+    return dcp_path(checkpoint, policy).is_dir()
+
+
 def dcp_path(checkpoint: str | Path, policy: str) -> Path:
     return Path(checkpoint) / DCP_DIR / policy
 
 
-def _dist() -> tuple[int, int]:
-    import torch.distributed as tdist
-
-    if tdist.is_available() and tdist.is_initialized():
-        return tdist.get_rank(), tdist.get_world_size()
-    return 0, 1
-
-
 def _all_max(value: int) -> int:
-    import torch.distributed as tdist
-
-    if _dist()[1] == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
-    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)  # under the default group's deadline (dist_timeout)
-    return int(t.item())
+    """The largest ``value`` over the job's ranks (a collective under the group's deadline)."""
+    return int(all_reduce(value, "max", current()))
 
 
 def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenizers: Mapping[str, Any],
@@ -95,7 +89,7 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
 
-    rank, world = _dist()
+    rank = current().rank
     bad = ""
     for name, model in models.items():
         for pname, p in model.named_parameters():
@@ -105,12 +99,8 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
     if _all_max(int(bool(bad))):
         raise ValueError(bad or "refusing to checkpoint: another rank holds a non-finite parameter")
     root = Path(run_dir) / "checkpoints"
-    tmp = root / f".tmp-step_{state.step}-{_all_max(os.getpid() if rank == 0 else 0)}"
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        (tmp / "optim").mkdir(parents=True)
+    tag = _all_max(os.getpid() if rank == 0 else 0)  # rank 0's pid names the folder on every rank
+    tmp = begin(run_dir, state.step, tag) if rank == 0 else root / f".tmp-step_{state.step}-{tag}"
     _all_max(0)  # a barrier with a deadline: the folder exists before any rank writes into it
     failed = 0
     try:
@@ -154,7 +144,7 @@ def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
     that has it (Note [No shared run folder]). A collective: every rank calls it after ``dcp.save``."""
     import torch.distributed as tdist
 
-    rank, world = _dist()
+    rank, world = current().rank, current().world_size
     if world == 1:
         return
     missing: list[str] = []
@@ -162,17 +152,9 @@ def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
         for name in policies:
             d = dcp_path(tmp, name)
             missing += [str((d / f).relative_to(tmp)) for f in _shard_files(d) if not (d / f).is_file()]
-    size = torch.tensor([len(json.dumps(missing).encode()) if rank == 0 else 0], dtype=torch.int64)
-    tdist.broadcast(size, src=0)
-    buf = torch.frombuffer(bytearray(json.dumps(missing).encode()), dtype=torch.uint8) if rank == 0 \
-        else torch.empty(int(size.item()), dtype=torch.uint8)
-    if buf.numel():
-        tdist.broadcast(buf, src=0)
-    missing = json.loads(bytes(buf.numpy().tobytes()).decode()) if rank != 0 else missing
+    missing = json.loads(broadcast_bytes(json.dumps(missing).encode() if rank == 0 else None, current()).decode())
     for rel in missing:
-        has = torch.tensor([rank if (tmp / rel).is_file() else world], dtype=torch.int64)
-        tdist.all_reduce(has, op=tdist.ReduceOp.MIN)
-        src = int(has.item())
+        src = int(all_reduce(rank if (tmp / rel).is_file() else world, "min", current()))
         if src == world:  # nobody has it: _finish names it
             continue
         if rank == src:
@@ -195,14 +177,13 @@ def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
 def _finish(run_dir: str | Path, tmp: Path, state: Any, models: Mapping[str, Any], tokenizers: Mapping[str, Any],
             schedulers: Mapping[str, Any], keep_last: int) -> Path:
     """Rank 0: configs, tokenizers, scheduler states, then the manifest and the rename."""
-    from srpo_graph.train.checkpoint import layout as ckpt
     for name in models:
         missing = [f for f in _shard_files(dcp_path(tmp, name)) if not (dcp_path(tmp, name) / f).is_file()]
         if missing:
             raise ConfigError.at(str(run_dir), f"the checkpoint shards {missing} were written by no rank of the job",
                                  why="DCP's metadata names them, but no rank has them after the save",
                                  fix="check the disk of every node (a full or read-only disk on one of them)")
-        out = ckpt.policy_path(tmp, name)
+        out = policy_path(tmp, name)
         model = models[name]
         model.config.save_pretrained(out)
         gen = getattr(model, "generation_config", None)
@@ -211,7 +192,7 @@ def _finish(run_dir: str | Path, tmp: Path, state: Any, models: Mapping[str, Any
         tokenizers[name].save_pretrained(out)
         sched = schedulers[name].state_dict() if name in schedulers else None
         (tmp / "optim" / f"{name}.json").write_text(json.dumps({"format": FORMAT, "scheduler": sched}))
-    return ckpt.finish_checkpoint(run_dir, tmp, state, sorted(models), keep_last=keep_last, sharded=True)
+    return finish_checkpoint(run_dir, tmp, state, sorted(models), keep_last=keep_last, sharded=True)
 
 
 def _shard_files(path: Path) -> list[str]:
@@ -249,7 +230,7 @@ def load_policy(checkpoint: str | Path, policy: str, model: Any, optimizer: torc
         set_state_dict,
     )
 
-    no_dist = _dist()[1] == 1
+    no_dist = current().world_size == 1
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
     try:
         if optimizer is None:
@@ -307,7 +288,7 @@ def iter_tensors(path: str | Path, batch_bytes: int = 256 << 20) -> Iterator[tup
         yield from read_tensors(path, batch).items()
 
 
-def check_finite(checkpoint: str | Path, policy: str) -> str | None:
+def check_weights(checkpoint: str | Path, policy: str) -> str | None:
     """Why ``policy``'s sharded weights cannot be trusted (a tensor that does not read or is not
     finite), or None."""
     path = dcp_path(checkpoint, policy)
@@ -332,8 +313,8 @@ def consolidate(checkpoint: str | Path, policy: str, out: str | Path, *, shard_b
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from srpo_graph.train.checkpoint import layout as ckpt
-    src, out = ckpt.policy_path(checkpoint, policy), Path(out)
+
+    src, out = policy_path(checkpoint, policy), Path(out)
     if not src.is_dir():
         have = sorted(p.name for p in (Path(checkpoint) / "policies").iterdir()) if (Path(checkpoint) / "policies").is_dir() else []
         raise ConfigError.at(str(checkpoint), f"no policy {policy!r} in this checkpoint (it has {have})",

@@ -1,1 +1,9 @@
-"""(package docstring: filled in below)"""
+"""Trainer stage, config: the run's :class:`~srpo_graph.train.config.schema.TrainConfig`.
+
+Modules: ``schema.py`` (``TrainConfig`` and its sections: every field's unit and range; the
+rollout section's backend sections generated from ``backends.BACKENDS``, the strategy's choices
+from ``parallel.strategies.STRATEGIES``, the objective's row filling ``loss`` and ``compile``),
+``loading.py`` (TOML, ``key=value`` overrides, errors naming the field, the combinations that cannot
+train, writing ``config.toml``, the reference table), ``build.py`` (the config from the command
+line's pieces, a resumed run's saved config first).
+"""

@@ -6,7 +6,7 @@ validated :class:`TrainConfig`. Every field says its unit and valid range. Inval
 ``ValidationError``. The resolved config is written to ``RUN_DIR/config.toml`` so a run can be
 read back and resumed.
 
-The schema (the sections, their fields and validators) is ``config_schema.py``'s; this module
+The schema (the sections, their fields and validators) is ``schema.py``'s; this module
 loads, checks, overrides and writes it. It knows nothing about models or rollouts.
 
 >>> cfg = TrainConfig()
@@ -108,7 +108,7 @@ def validate(data: dict[str, Any], source: str = "<config>") -> TrainConfig:
     return config
 
 
-def _without_objective_defaults(data: dict[str, Any]) -> dict[str, Any]:
+def without_objective_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with the loss/compile values that only restate its objective's row (or the defaults)
     removed, so a new ``objective=...`` override takes effect instead of being outvoted by them."""
     name = (data.get("objective") or {}).get("name", "srpo")
@@ -221,7 +221,7 @@ def apply_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfi
     >>> apply_overrides(TrainConfig(), ["objective=gspo"]).loss.eps_high
     0.0004
     """
-    return validate(merge_overrides(_without_objective_defaults(to_data(config)), overrides), "override")
+    return validate(merge_overrides(without_objective_defaults(to_data(config)), overrides), "override")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -1,6 +1,6 @@
 """Trainer stage: the schema of the training configuration (``TrainConfig`` and its sections).
 
-Every field says its unit and valid range; ``config.py`` loads it from TOML and overrides, turns
+Every field says its unit and valid range; ``loading.py`` loads it from TOML and overrides, turns
 validation errors into :class:`~srpo_graph.errors.ConfigError` naming the field, and writes it
 to a run folder. The objective's :class:`LossConfig` and the compiler's :class:`CompileConfig`
 are embedded as the ``loss`` and ``compile`` sections; ``objective`` (a row of ``OBJECTIVES``)
@@ -19,7 +19,7 @@ from srpo_graph.compiler.compile import CompileConfig
 from srpo_graph.runtime.usercode import Deadlines
 from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.srpo.objectives import OBJECTIVES
-from srpo_graph.train.learn.strategies import STRATEGIES
+from srpo_graph.train.parallel.strategies import STRATEGIES
 
 
 class _Section(BaseModel):
@@ -288,7 +288,7 @@ class TrainConfig(_Section):
     dist_timeout: float = Field(600.0, gt=0.0, description="Seconds a collective (gradient all-reduce, episode "
                                 "gather or broadcast, ...) may wait for a rank under torchrun: a rank that died or stalls "
                                 "ends the job with an error, never a hang.")
-    strategy: str = Field(  # a key of train/learn/strategies.py's STRATEGIES (checked below)
+    strategy: str = Field(  # a key of train/parallel/strategies.py's STRATEGIES (checked below)
         "ddp", description="Data-parallel strategy with nproc > 1. `ddp`: every rank holds whole models, "
         "gradients are all-reduced (fastest while a policy, its gradients and Adam state fit one device). "
         "`fsdp`: FSDP2 `fully_shard` per decoder layer, each rank holds 1/N of weights, gradients and Adam "

@@ -1,1 +1,7 @@
-"""(package docstring: filled in below)"""
+"""Trainer stage, learning (stage 2 of the loop): compile the step's episodes and update the policies.
+
+Modules: ``step.py`` (``Learner``: compile -> old log-probs -> update, a ``LearnResult``),
+``update.py`` (epochs x mini-batches x micro-batches; non-finite steps skipped or rolled back).
+How the work is split over processes is ``parallel/strategies.py``; the sync of the new weights
+is ``train/sync.py``.
+"""

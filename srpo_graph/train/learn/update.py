@@ -13,9 +13,9 @@ The order of work, as in CleanRL's PPO loop:
    whole events (``select_sets``). Each mini-batch gets ONE loss denominator
    (``loss_denominator``), passed to every micro-batch call, so the gradient does not depend on
    the micro-batch split or on the number of processes (Note [Global denominator] in
-   ``distributed.py``).
+   ``parallel/collectives.py``).
 3. Micro-batches accumulate gradients; then per policy: all-reduce (``ddp``; with ``fsdp`` the
-   reduce-scatter runs in the last micro-batch's backward, see ``fsdp.py``), non-finite
+   reduce-scatter runs in the last micro-batch's backward, see ``parallel/fsdp.py``), non-finite
    check, clip, optimizer and scheduler step. A non-finite loss or gradient skips the whole
    mini-batch update (for every policy) and is counted; the weights stay as they were. Weights
    made non-finite by the optimizer step itself (an overflow with finite gradients) are checked
@@ -37,9 +37,9 @@ from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import LossDiagnostics
 from srpo_graph.srpo.logprobs import Layout, packed_logprobs
 from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
-from srpo_graph.train.learn.strategies import make_strategy
 from srpo_graph.train.parallel import fsdp as fsdp_mod
-from srpo_graph.train.parallel.collectives import DistInfo, all_reduce_sum
+from srpo_graph.train.parallel.collectives import DistInfo, all_reduce
+from srpo_graph.train.parallel.strategies import make_strategy
 from srpo_graph.train.policies.precision import update_forward
 
 
@@ -178,7 +178,7 @@ def _weights_finite(models, active, dist: DistInfo) -> bool:
                 local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor shard under fsdp
                 if local.numel() and not bool(torch.isfinite(local).all()):
                     bad += 1.0
-    return all_reduce_sum(bad, dist) == 0.0
+    return all_reduce(bad, "sum", dist) == 0.0
 
 
 @dataclass
@@ -228,7 +228,7 @@ def update_policies(
         inject_nonfinite: debug hook, the first micro-batch loss becomes NaN.
         strategy: a key of ``strategies.STRATEGIES``: ``ddp`` (replicated models, gradients all-reduced) or ``fsdp`` (models
             wrapped by ``fsdp.shard_model``; every rank runs matching forwards, Note
-            [Matching forwards] in ``fsdp.py``).
+            [Matching forwards] in ``parallel/fsdp.py``).
         layout: the log-prob forward's micro-batch layout (``packed_logprobs``: Note
             [Layouts]); the same loss and gradients either way, only speed differs.
         rollback_nonfinite: keep a copy of the stepped policies' weights and Adam state during each
@@ -282,7 +282,7 @@ def update_policies(
                 result.tokens += micro.num_tokens
                 if diag is not None:  # always (diagnostics=True)
                     micro_diags.append(diag)
-            mb_loss = all_reduce_sum(mb_loss, dist)
+            mb_loss = all_reduce(mb_loss, "sum", dist)
             if micro_diags:
                 mini_diags.append(LossDiagnostics.combine(micro_diags, "micro"))
             finite = math.isfinite(mb_loss)

@@ -1,4 +1,4 @@
-"""Trainer stage: data-parallel plumbing (torch.distributed; gloo on CPU, nccl on GPU).
+"""Trainer stage, parallel: the process group and its collectives (torch.distributed; gloo on CPU, nccl on GPU).
 
 Consumes the environment ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``/``MASTER_PORT``); produces a :class:`DistInfo` and the collective helpers the
@@ -26,7 +26,6 @@ not equal (sets differ in size), so we normalize by the global denominator and s
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -169,15 +168,42 @@ def all_gather_bytes(data: bytes, info: DistInfo) -> list[bytes]:
     return [bytes(b[: int(s.item())].numpy().tobytes()) for b, s in zip(bufs, sizes)]
 
 
-def all_reduce_sum(value: float, info: DistInfo) -> float:
-    """The sum of ``value`` over ranks."""
-    if not info.enabled:
+_OPS = ("sum", "max", "min")
+
+
+def all_reduce(value: float, op: str, dist: DistInfo) -> float:
+    """``value`` reduced over the ranks of the job with ``op`` (``sum``, ``max`` or ``min``), as a
+    float64 (exact for integers below 2**53). One process: ``value``. Its deadline is the group's
+    (``dist_timeout``): a rank that died or stalls ends the call with an error
+    (:func:`collective_failed`), never a hang.
+
+    >>> all_reduce(3, "max", DistInfo())
+    3
+    """
+    if op not in _OPS:
+        raise ValueError(f"unknown reduction {op!r}; known: {', '.join(_OPS)}")
+    if not dist.enabled:
         return value
-    import torch.distributed as dist
+    import torch.distributed as tdist
 
     t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    tdist.all_reduce(t, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}[op])
     return float(t.item())
+
+
+def current() -> DistInfo:
+    """This process's place in the process group that is initialized now (one process: ``DistInfo()``),
+    for code that runs inside a collective without being handed a :class:`DistInfo`.
+
+    >>> current()
+    DistInfo(rank=0, world_size=1, local_rank=0)
+    """
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        return DistInfo(rank=tdist.get_rank(), world_size=tdist.get_world_size(),
+                        local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo()
 
 
 GRAD_BUCKET_ELEMS = 1 << 24  # 16M elements (64 MB in fp32) per all-reduce
@@ -240,73 +266,3 @@ def shard_sets(set_tokens: Sequence[int], rank: int, world_size: int) -> list[in
             out.append(i)
         used += n
     return out
-
-
-# Seconds the ranks get to stop on their own after the launcher is interrupted (they stop at once, like
-# one process: the step in flight is dropped, the last checkpoint stays): then they are killed.
-STOP_GRACE_S = 60.0
-
-
-def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None,
-           timeout: float = 600.0, grace: float = STOP_GRACE_S) -> int:
-    """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes on this
-    node (of ``nnodes``, meeting at ``endpoint``: :func:`multinode.torchrun_command`).
-
-    Ctrl-C or SIGTERM here (``KeyboardInterrupt``) is passed on: torchrun gets SIGTERM and sends it to
-    the ranks, which stop as one process does (rank 0 prints where the run stands and the command
-    that resumes it); after ``grace`` seconds, or a second interrupt, torchrun is killed. Then the
-    ``KeyboardInterrupt`` is raised again. (``subprocess.call`` would SIGKILL torchrun at once, and
-    the ranks would die without a word.)
-
-    Returns:
-        torchrun's exit code.
-    """
-    import signal
-
-    from srpo_graph.train.parallel.multinode import torchrun_command
-
-    proc = subprocess.Popen(torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
-                                             timeout=timeout))
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        try:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):  # asked twice, or the ranks did not stop
-            _kill_tree(proc)
-        raise
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (Linux ``/proc``; elsewhere none): torchrun starts each rank in a
-    session of its own, so killing torchrun alone would leave them running."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the command may hold spaces and ')'
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc`` and every process below it, the ranks first."""
-    import signal
-
-    for pid in reversed(_descendants(proc.pid)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:  # already gone
-            pass
-    proc.kill()
-    proc.wait()

@@ -1,11 +1,12 @@
-"""Trainer stage: the ``fsdp`` data-parallel strategy (FSDP2, ``torch.distributed.fsdp.fully_shard``).
+"""Trainer stage, parallel: the ``fsdp`` strategy's plumbing (FSDP2, ``torch.distributed.fsdp.fully_shard``).
 
 Consumes the policy models (transformers causal LMs) and :class:`DistInfo`; produces sharded
-models (each rank holds 1/N of every parameter, gradient and Adam moment), the collective
-helpers the update needs, and full (unsharded) state dicts for ``save_pretrained``.
+models (each rank holds 1/N of every parameter, gradient and Adam moment), the ordering and
+resharding helpers the update needs (``strategies.FullySharded``), and full (unsharded) state
+dicts (the sync stage, ``train/sync.py``, refreshes rank 0's replica from them).
 
 How it keeps the single-process result (the same contract as the ``ddp`` strategy, Note
-[Global denominator] in ``distributed.py``):
+[Global denominator] in ``collectives.py``):
 
 * each rank back-propagates its shard of whole events with the loss divided by the mini-batch's
   global denominator; FSDP's reduce-scatter AVERAGES gradients over ranks, so the local loss is
@@ -24,12 +25,12 @@ order; a policy without local members gets a one-token forward whose output ente
 with weight 0 (:func:`ordered_models`). Its gradient is exactly 0, so results do not change.
 
 Rank 0 samples. With an in-process backend (transformers) it samples from an unsharded replica
-that is refreshed from the gathered full state dict after every step (exact, no drift; memory:
-one full copy of each policy on rank 0 -- sampling in process needs the whole model somewhere).
-With a server backend (SGLang) there is no replica: the sync streams the weights one gathered
-bucket at a time (``fsdp_stream.py``), and checkpoints are written sharded
-(``sharded_checkpoint.py``), so no rank ever holds a full model. Frozen reference models (KL)
-are not sharded.
+(built with the policies, ``policies/slots.py``) that the sync stage refreshes from the gathered
+full state dict after every step (exact, no drift; memory: one full copy of each policy on rank 0
+-- sampling in process needs the whole model somewhere). With a server backend (SGLang) there is
+no replica: the sync streams the weights one gathered bucket at a time (``gather.py``,
+``train/sync.py``), and checkpoints are written sharded (``checkpoint/sharded.py``), so no rank
+ever holds a full model. Frozen reference models (KL) are not sharded.
 """
 
 from __future__ import annotations
@@ -55,22 +56,6 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
         fully_shard(layer)
     fully_shard(model)
     return model
-
-
-def shard_with_replica(model: torch.nn.Module, path: str, dtype: torch.dtype, replica_device: str,
-                       dist: DistInfo) -> torch.nn.Module | None:
-    """:func:`shard_model` ``model``; on rank 0 also load an unsharded replica of ``path``.
-
-    Returns:
-        The replica (rank 0) or None.
-    """
-    replica = None
-    if dist.is_main:  # a sharded checkpoint's folder: built from its config, filled by the first sync
-        from srpo_graph.train.checkpoint.sharded import load_model
-
-        replica = load_model(path, dtype).eval().to(replica_device)
-    shard_model(model)
-    return replica
 
 
 def is_sharded(model: Any) -> bool:
@@ -111,17 +96,6 @@ def set_gradient_sync(models: Sequence[Any], on: bool) -> None:
     for m in models:
         if is_sharded(m):
             m.set_requires_gradient_sync(on)
-
-
-def all_reduce_max(value: int, dist: DistInfo) -> int:
-    """The largest ``value`` over ranks."""
-    if not dist.enabled:
-        return value
-    import torch.distributed as tdist
-
-    t = torch.tensor([value], dtype=torch.int64)
-    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    return int(t.item())
 
 
 def _dummy_forward(model: torch.nn.Module) -> torch.Tensor:
@@ -183,24 +157,3 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return cast(dict[str, torch.Tensor], full)  # full_state_dict=True: every value is a plain tensor
-
-
-def sync_backend(model: torch.nn.Module, replica: Any, backend: Any, version: int, *, stream: bool = False) -> None:
-    """Hand ``model``'s weights to ``backend`` (if any), tagged ``version``.
-
-    Sharded: every rank must call it, with the same ``stream``. ``stream`` (server backends, no
-    replica): the weights are streamed, one gathered bucket at a time
-    (``fsdp_stream.stream_to_backend``); otherwise (in-process backends) the full state dict is
-    gathered and rank 0 loads it into its ``replica``, which the backend samples from.
-    """
-    if is_sharded(model) and stream:
-        from srpo_graph.train.parallel.gather import stream_to_backend
-
-        stream_to_backend(model, backend, version)
-        return
-    if is_sharded(model):
-        full = full_state_dict(model)
-        if replica is not None:
-            replica.load_state_dict(full)
-    if backend is not None:
-        backend.sync_weights(replica if replica is not None else model, version)

@@ -1,4 +1,4 @@
-"""Trainer stage: an FSDP model's full weights, gathered one tensor at a time, never all at once.
+"""Trainer stage, parallel: an FSDP model's full weights, gathered one tensor at a time, never all at once.
 
 Consumes a model sharded by ``fsdp.shard_model`` (FSDP2: every parameter a DTensor, 1/N on each
 rank); produces :class:`GatheredModel`, which a weight sync consumes in place of a model:
@@ -18,7 +18,7 @@ and ``lm_head``) is one parameter: it is gathered and sent once, under its first
 ``save_pretrained`` and SGLang's loaders expect.
 
 Note [Every rank gathers]: the gathers are collectives. Only rank 0 talks to servers, yet every
-rank must run the same gathers in the same order. :func:`stream_to_backend` is called on every
+rank must run the same gathers in the same order. ``train/sync.py``'s ``stream_to_backend`` runs on every
 rank: rank 0 hands the :class:`GatheredModel` to its backend, the others (and rank 0, after the
 backend returned or failed) :meth:`~GatheredModel.drain` what is left, so the gathers always
 match even when the server refused the update halfway. Then one all-reduce tells every rank
@@ -169,30 +169,3 @@ class GatheredModel:
         gen = getattr(self.model, "generation_config", None)
         if gen is not None and hasattr(gen, "save_pretrained"):
             gen.save_pretrained(path)
-
-
-def stream_to_backend(model: torch.nn.Module, backend: Any, version: int) -> None:
-    """Hand ``model``'s weights to ``backend`` (rank 0; None elsewhere) as a :class:`GatheredModel`.
-    A collective: every rank calls it (Note [Every rank gathers]).
-
-    Raises:
-        BackendError: rank 0's sync failed (on rank 0: its own error; elsewhere: one naming rank 0).
-    """
-    from srpo_graph.train.parallel.collectives import DistInfo
-    from srpo_graph.train.parallel.fsdp import all_reduce_max
-
-    weights = GatheredModel(model)
-    error: BaseException | None = None
-    if backend is not None:
-        try:
-            backend.sync_weights(weights, version)
-        except Exception as exc:  # the other ranks are in (or about to be in) the gathers: match them first
-            error = exc
-    weights.drain()
-    dist = DistInfo(rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size()) \
-        if torch.distributed.is_initialized() else DistInfo()
-    failed = all_reduce_max(int(error is not None), dist)
-    if error is not None:
-        raise error
-    if failed:
-        raise BackendError(f"fsdp: rank 0's weight sync (version {version}) failed; see rank 0's output")

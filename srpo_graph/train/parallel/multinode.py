@@ -1,8 +1,8 @@
 """Trainer stage: a job over several nodes (torchrun, static rendezvous) with no shared file system.
 
 Consumes :class:`~srpo_graph.train.parallel.collectives.DistInfo`, the resolved config and the workflow
-source of each rank; produces the torchrun command line of one node, one config every rank
-agrees on, and the checkpoint a resumed run starts from on every node.
+source of each rank; produces one config every rank agrees on, and the checkpoint a resumed run
+starts from on every node. (The torchrun command line of one node is ``launch.py``'s.)
 
 What a multi-node job assumes (docs/gpu.md): the code, the ``.wf`` file and its task files are
 on every node (like the program itself); the **run folder lives on the node of rank 0 only**.
@@ -25,44 +25,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
-from srpo_graph import exiting
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.parallel.collectives import DistInfo, broadcast_bytes
+from srpo_graph.train.parallel.collectives import DistInfo, all_reduce, broadcast_bytes
 
 CHUNK = 64 << 20  # bytes of a checkpoint file broadcast at once
-
-
-def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0,
-                     endpoint: str | None = None, timeout: float = 600.0) -> list[str]:
-    """The torchrun command line of one node: ``--standalone`` on one node; several nodes meet at
-    ``endpoint`` (``HOST:PORT`` of node 0, static rendezvous: node K's ranks are K*nproc..), each
-    waiting at most ``timeout`` seconds for the others (a node that never comes ends the job).
-
-    torchrun runs through :func:`main` below, which exits with the failed rank's own exit code
-    and without torchrun's traceback (the rank has printed its error already).
-
-    >>> torchrun_command(2, ["a.wf"])[-5:]
-    ['--standalone', '--nproc_per_node=2', '-m', 'srpo_graph.train', 'a.wf']
-    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-3]
-    ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600', '--nproc_per_node=1']
-    """
-    cmd = [sys.executable, "-m", "srpo_graph.train.parallel.multinode"]
-    if nnodes <= 1:
-        cmd += ["--standalone"]
-    else:
-        if not endpoint or ":" not in endpoint:
-            raise ConfigError(f"--rdzv-endpoint: {endpoint!r} is not HOST:PORT (node 0's address and a free port); "
-                              f"every one of the {nnodes} nodes passes the same value")
-        if not 0 <= node_rank < nnodes:
-            raise ConfigError(f"--node-rank: {node_rank} is not in 0..{nnodes - 1}")
-        host, port = endpoint.rsplit(":", 1)
-        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={host}", f"--master_port={port}",
-                f"--rdzv_conf=timeout={int(timeout)}"]
-    return cmd + [f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
 
 
 def _digest(text: str) -> torch.Tensor:
@@ -116,7 +85,6 @@ def ship_checkpoint(chosen: Path | None, dist: DistInfo, cache: Path | None = No
     """
     if not dist.enabled:
         return chosen
-    import torch.distributed as dist_
 
     head = json.dumps({"path": str(chosen), "files": _listing(chosen)} if dist.is_main and chosen is not None else {})
     info = json.loads(broadcast_bytes(head.encode() if dist.is_main else None, dist).decode())
@@ -124,9 +92,7 @@ def ship_checkpoint(chosen: Path | None, dist: DistInfo, cache: Path | None = No
         return None
     where, files = Path(info["path"]), [(str(n), int(s)) for n, s in info["files"]]
     have = where.is_dir() and _listing(where) == files
-    missing = torch.tensor([0 if have else 1], dtype=torch.int64)
-    dist_.all_reduce(missing, op=dist_.ReduceOp.SUM)
-    if int(missing.item()) == 0:
+    if all_reduce(0 if have else 1, "sum", dist) == 0:
         return where
     home = Path(os.environ["SRPO_GRAPH_HOME"]) if os.environ.get("SRPO_GRAPH_HOME") else Path.home() / ".cache" / "srpo-graph"
     tag = hashlib.sha256(str(where).encode()).hexdigest()[:10]
@@ -151,35 +117,3 @@ def ship_checkpoint(chosen: Path | None, dist: DistInfo, cache: Path | None = No
             if out is not None:
                 out.close()
     return where if have else local
-
-
-def main(argv: Sequence[str]) -> int:
-    """torchrun with ``argv``; a failed rank's exit code, without torchrun's own traceback."""
-    import signal
-
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    try:
-        run(parse_args(list(argv)))
-    except SignalException as exc:  # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
-        exiting.decided()  # torchrun's handler raises SignalException: not into the exit (exiting.py)
-        return 128 + int(exc.sigval)
-    except ChildFailedError as exc:
-        exiting.decided()
-        rank, failure = exc.get_first_failure()
-        code = int(failure.exitcode)
-        if code < 0:  # killed by a signal: say which rank, the ranks that saw it have said the rest
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else "?"
-            print(f"srpo-graph train: rank {rank} (pid {failure.pid}) was killed by signal {-code} ({name})",
-                  file=sys.stderr)
-            return 128 - code
-        return code or 1
-    exiting.decided()
-    return 0
-
-
-if __name__ == "__main__":
-    exiting.as_entry_point()
-    sys.exit(main(sys.argv[1:]))

@@ -30,11 +30,13 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from srpo_graph.errors import ConfigError
+from srpo_graph.train import checkpoint as ckpt
+from srpo_graph.train.policies.slot import PolicySlot, make_optimizer
 from srpo_graph.workflow import Policy, Workflow
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file names
@@ -211,15 +213,12 @@ def _forward_params(model) -> set[str]:
     return set(inspect.signature(type(model).forward).parameters)
 
 
-def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dist, *,
-                make_slot: Callable[..., Any], lr_lambda: Callable[[int], float]) -> list[Any]:
+def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dist) -> list[PolicySlot]:
     """The trainer's slots for a workflow with adapters (full policies are loaded as usual);
-    their backends are left to the trainer (``BackendSpec.for_training``).
+    their backends are attached by the rollout stage (``rollout/backends.py``).
 
     Args:
-        wf, config, device, resume_from, dist: as ``trainer._build_slots`` gets them.
-        make_slot: builds one slot from keyword fields (``trainer.PolicySlot``).
-        lr_lambda: the learning-rate factor per optimizer step.
+        wf, config, device, resume_from, dist: as ``build.build_policies`` gets them.
     Raises:
         ConfigError: ``strategy = "fsdp"`` (adapters are replicated, not sharded).
     """
@@ -227,21 +226,20 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
 
     from srpo_graph.backends import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
-    from srpo_graph.train.checkpoint import layout as ckpt
+
     if config.strategy == "fsdp" and dist.enabled:
         raise ConfigError.at("field `strategy`", "LoRA adapter policies do not run under fsdp",
                              why="the adapters are small and replicated; the frozen base is shared",
                              fix="use strategy = \"ddp\" (the default)")
     dtype = getattr(torch, config.rollout.dtype)
     kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
-    o = config.optim
     by_name = wf.policy_by_name
     bases: dict[str, SharedBase] = {}
     for base_name in sorted(wf.frozen_bases, key=[p.name for p in wf.policies].index):
         adapters = [p for p in wf.policies if p.adapter is not None and p.adapter.base == base_name]
         bases[base_name] = SharedBase(resolve_model(by_name[base_name].model), adapters, dtype=dtype, device=device,
                                       resume_from=resume_from)
-    slots = []
+    slots: list[PolicySlot] = []
     for pol in wf.policies:
         if pol.name in wf.untrained_policies and pol.name not in wf.frozen_bases:
             continue  # declared frozen or external: train/policies/frozen.py
@@ -266,10 +264,9 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
                 ref.requires_grad_(False)
             params = list(model.parameters())
         # a frozen base has no trainable parameter: its AdamW never holds state (no grads)
-        opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
-        slots.append(make_slot(name=pol.name, base=base, model=model, tokenizer=tok, optimizer=opt, scheduler=sched,
-                               backend=None, ref_model=ref))
+        opt, sched = make_optimizer(params, config)
+        slots.append(PolicySlot(name=pol.name, base=base, model=model, tokenizer=tok, optimizer=opt, scheduler=sched,
+                                backend=None, ref_model=ref))
     return slots
 
 
@@ -294,7 +291,6 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
     from transformers.utils import logging as hf_logging
 
     from srpo_graph.models.tiny import load_tokenizer
-    from srpo_graph.train.checkpoint import layout as ckpt
     hf_logging.disable_progress_bar()
     source, out = Path(source), Path(out)
     checkpoint: Path | None = source

@@ -1,6 +1,6 @@
 """Trainer stage: the gate between weight syncs and requests in flight (overlapped rollouts).
 
-With rollouts overlapping the update (``async_rollout.py``) a producer thread sends requests while
+With rollouts overlapping the update (``overlapped.py``) a producer thread sends requests while
 the main thread syncs new weights. A sync must not race a request:
 
 * :class:`WeightGate` is a readers-writer lock with writer preference and deadlines: every

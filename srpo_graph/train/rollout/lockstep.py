@@ -1,17 +1,18 @@
-"""Trainer stage, rollouts: the episodes each training step learns from.
+"""Trainer stage, rollouts: the episodes each training step learns from (the synchronous stage).
 
 The loop asks :class:`Rollouts` for step ``s``'s episodes; it chooses the step's tasks (a seeded
-cursor), runs the workflow on the policies' backends (``runtime.run``: G episodes per task, each
+cursor it owns and checkpoints, like a torchtitan dataloader), runs the workflow on the policies' backends (``runtime.run``: G episodes per task, each
 output tagged with the weight version it was sampled at) and hands back the episodes and the
 rollout's statistics. Under torchrun every rank samples its share of the tasks and the shares are
-gathered on every rank (in-process backends, ``rank_rollout.py``), or rank 0 samples alone and
+gathered on every rank (in-process backends, ``ranks.py``), or rank 0 samples alone and
 broadcasts the episodes (servers, fsdp, a rollout worker); either way as JSON lines (never
 pickle), so every rank compiles the same batch. With ``rollout.worker``, rank 0's rollout worker
-process (``rollout_worker.py``) samples on its own copies of the policies.
+process (``worker/``) samples on its own copies of the policies.
 
 This is the seam where the rollout stage changes shape (every rank sampling its share, rollouts
-overlapping the update: ``async_rollout.py``, chosen by ``rollout.max_staleness``): the loop only
-calls ``Rollouts.get(step, state)`` and, after each update, ``Rollouts.weights_updated(version)``.
+overlapping the update: ``overlapped.py``, chosen by ``rollout.max_staleness``): the loop only
+calls ``Rollouts.get(step)`` and, after each update's sync, ``Rollouts.weights_updated(version)``;
+the checkpointer saves ``state_dict()`` and a resumed run puts it back with ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from typing import Any
 
 from srpo_graph.backends import backend_spec
 from srpo_graph.runtime.executor import run as run_episodes
+from srpo_graph.runtime.seeds import rollout_seed
 from srpo_graph.runtime.trace import Episode
-from srpo_graph.train.config.loading import TrainConfig
+from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.parallel.collectives import DistInfo, broadcast_bytes
+from srpo_graph.train.rollout.failures import FailureBudgetExceeded, check_failure_budget
 from srpo_graph.train.rollout.ranks import gather_rollout, rank_share, samples_on_every_rank
 from srpo_graph.train.rollout.tasks import task_indices
 from srpo_graph.train.rollout.worker.client import close_worker, worker_of
-from srpo_graph.train.stops import FailureBudgetExceeded, check_failure_budget
 
 _STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
 
@@ -36,7 +38,7 @@ _STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (e
 def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
             frozen: dict[str, Any] | None = None):
     """Sample ``samples`` episodes of each of ``tasks``: on every rank, each its share of the tasks
-    (``rank_rollout.py``), or on rank 0 alone, which broadcasts them. A collective under torchrun.
+    (``ranks.py``), or on rank 0 alone, which broadcasts them. A collective under torchrun.
 
     Returns:
         The episodes in (task, sample) order (every rank has them) and the executor's statistics
@@ -110,22 +112,35 @@ class StepRollout:
 
 class Rollouts:
     """The synchronous rollout stage: step ``s`` samples its tasks with the weights of version ``s - 1``
-    (every policy synced after each update), so no output is stale."""
+    (every policy synced after each update), so no output is stale.
+
+    Attributes:
+        cursor: batches of tasks consumed from the seeded training order (``tasks.task_indices``).
+    """
 
     def __init__(self, wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
                  frozen: dict[str, Any] | None = None) -> None:
         self.wf, self.train_tasks, self.slots, self.config, self.dist, self.frozen = \
             wf, train_tasks, slots, config, dist, frozen
+        self.cursor = 0
         self._t0 = time.perf_counter()
 
-    def get(self, step: int, state) -> StepRollout:
-        """Step ``step``'s episodes; advances ``state.cursor`` (batches of tasks consumed) by one."""
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps of the stage: its cursor."""
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a checkpoint's :meth:`state_dict`."""
+        self.cursor = int(state["cursor"])
+
+    def get(self, step: int) -> StepRollout:
+        """Step ``step``'s episodes; advances the cursor by one batch of tasks."""
         r = self.config.rollout
         t0 = time.perf_counter()
-        idx = task_indices(len(self.train_tasks), state.cursor, r.tasks_per_step, self.config.seed)
-        state.cursor += 1
+        idx = task_indices(len(self.train_tasks), self.cursor, r.tasks_per_step, self.config.seed)
+        self.cursor += 1
         episodes, stats = rollout(self.wf, [self.train_tasks[i] for i in idx], self.slots, self.config,
-                                  self.config.seed * 1_000_003 + step, self.dist, r.samples, frozen=self.frozen)
+                                  rollout_seed(self.config.seed, step), self.dist, r.samples, frozen=self.frozen)
         seconds = time.perf_counter() - t0
         return StepRollout(episodes, stats, seconds, {"time/rollout_wait": seconds,
                                                       "time/clock": time.perf_counter() - self._t0})

@@ -1,9 +1,10 @@
 """Trainer stage, overlapped rollouts with bounded staleness (``rollout.max_staleness = k``).
 
-Same interface as the synchronous stage (``rollout_stage.Rollouts``): the loop calls
-``get(step, state)``, then ``weights_updated(version)`` after each update's sync, and ``close()``.
+Same interface as the synchronous stage (``lockstep.Rollouts``): the loop calls ``get(step)``,
+then ``weights_updated(version)`` after each update's sync, and ``close()``; the cursor is
+``state_dict()`` / ``load_state_dict()``.
 Here a dispatcher thread starts sampling the batches of the next steps while the main thread
-updates; each batch runs on its own thread (``rollout_stage.rollout``: the streaming scheduler on
+updates; each batch runs on its own thread (``lockstep.rollout``: the streaming scheduler on
 servers), and batches are handed to the loop in step order.
 
 Note [The staleness bound]
@@ -15,12 +16,12 @@ Note [The staleness bound]
     the whole batch. At most ``k + 1`` batches are sampled or waiting at once. ``k = 0`` is the
     synchronous loop exactly (batch ``s`` starts after the sync of ``s - 1``, with the same tasks
     and seed; tested). Per output, the version of record is the one its request was sent at
-    (``weight_gate.py``: a sync waits for the requests in flight, new ones wait for the sync).
+    (``gate.py``: a sync waits for the requests in flight, new ones wait for the sync).
 
 Note [Determinism]
     Batch ``s``'s tasks and seed depend on ``s`` alone (the cursor at the first ``get`` plus the
-    steps since, the seed ``config.seed * 1_000_003 + s``), as in ``Rollouts.get``; ``get`` leaves
-    ``state.cursor`` where the synchronous stage would. What differs from the synchronous loop
+    steps since, the seed ``runtime.seeds.rollout_seed(config.seed, s)``), as in ``Rollouts.get``;
+    ``get`` leaves the cursor where the synchronous stage would. What differs from the synchronous loop
     (k >= 1) is only which weights sampled each output, recorded per output.
 
 Note [Checkpoints and resume]
@@ -56,7 +57,8 @@ from typing import Any, Callable
 
 from srpo_graph.backends import backend_spec
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.config.loading import TrainConfig
+from srpo_graph.runtime.seeds import rollout_seed
+from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.parallel.collectives import DistInfo
 from srpo_graph.train.rollout.gate import GatedBackend, WeightGate
 from srpo_graph.train.rollout.lockstep import Rollouts, StepRollout, rollout
@@ -102,7 +104,7 @@ def make_rollouts(wf, train_tasks: list, slots: list, config: TrainConfig, dist:
 class AsyncRollouts:
     """Overlapped rollouts: batches of later steps sampled while the loop updates, each output at most
     ``config.rollout.max_staleness`` versions older than the weights its update starts from (Note
-    [The staleness bound]). The slots' backends are wrapped in gates (``weight_gate.py``) until
+    [The staleness bound]). The slots' backends are wrapped in gates (``gate.py``) until
     :meth:`close`."""
 
     def __init__(self, wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
@@ -112,7 +114,7 @@ class AsyncRollouts:
         self.wf, self.train_tasks, self.slots, self.config, self.dist = wf, train_tasks, slots, config, dist
         self.k = config.rollout.max_staleness
         self.close_seconds = close_seconds
-        self.sampler = sampler  # None: rollout_stage.rollout through the gated backends (Note [In-process backends: the rollout worker])
+        self.sampler = sampler  # None: lockstep.rollout through the gated backends (Note [In-process backends: the rollout worker])
         self.on_weights = on_weights  # e.g. lambda v: worker.push_weights(slots, v), before batches of v may start
         gates: dict[int, WeightGate] = {}
 
@@ -136,6 +138,7 @@ class AsyncRollouts:
         self._threads: list[threading.Thread] = []
         self._dispatcher: threading.Thread | None = None
         self._stop = self._failed = False
+        self.cursor = 0
         self._first = self._cursor0 = 0
         self._expect: int | None = None
         self._t0 = time.perf_counter()
@@ -143,11 +146,22 @@ class AsyncRollouts:
 
     # -- the loop's side -------------------------------------------------------------------------
 
-    def get(self, step: int, state) -> StepRollout:
-        """Step ``step``'s episodes (waiting for them if needed); ``state.cursor`` as the synchronous
-        stage leaves it. Raises whatever sampling that batch raised."""
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps of the stage: its cursor (batches sampled ahead are not kept,
+        Note [Checkpoints and resume])."""
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a checkpoint's :meth:`state_dict` (before the first :meth:`get`)."""
+        if self._dispatcher is not None:
+            raise RuntimeError("the overlapped rollout stage's cursor is set before its first batch")
+        self.cursor = int(state["cursor"])
+
+    def get(self, step: int) -> StepRollout:
+        """Step ``step``'s episodes (waiting for them if needed); the cursor as the synchronous stage
+        leaves it. Raises whatever sampling that batch raised."""
         if self._dispatcher is None:
-            self._first, self._cursor0, self._expect = step, state.cursor, step
+            self._first, self._cursor0, self._expect = step, self.cursor, step
             self._dispatcher = threading.Thread(target=self._dispatch, name="srpo-rollout-dispatch", daemon=True)
             self._dispatcher.start()
         if step != self._expect:
@@ -162,7 +176,7 @@ class AsyncRollouts:
             res = self._results.pop(step)
             ahead = len(self._running) + len(self._results)
         self._expect = step + 1
-        state.cursor = self._cursor0 + (step - self._first) + 1
+        self.cursor = self._cursor0 + (step - self._first) + 1
         if isinstance(res, BaseException):
             raise res
         res.metrics.update({"time/rollout_wait": time.perf_counter() - t0, "async/ahead": ahead,
@@ -228,7 +242,7 @@ class AsyncRollouts:
         try:
             idx = task_indices(len(self.train_tasks), self._cursor0 + (step - self._first), r.tasks_per_step,
                                self.config.seed)
-            tasks, seed = [self.train_tasks[i] for i in idx], self.config.seed * 1_000_003 + step
+            tasks, seed = [self.train_tasks[i] for i in idx], rollout_seed(self.config.seed, step)
             if self.sampler is not None:
                 episodes, stats = self.sampler(tasks, seed)
             else:

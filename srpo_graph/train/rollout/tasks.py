@@ -1,4 +1,4 @@
-"""Trainer stage: which tasks a step trains on, and the workflow as the run uses it.
+"""Trainer stage, rollouts: which tasks a step trains on, and the workflow as the run uses it.
 
 Consumes the workflow, the rollout config and task files; produces the training and held-out
 task lists, a deterministic task order (a seeded permutation per pass over the tasks, indexed
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from srpo_graph.errors import ConfigError
+from srpo_graph.runtime.seeds import task_order_seed
+from srpo_graph.runtime.tasks import Task, load_tasks
 from srpo_graph.workflow import Workflow
 
 
@@ -111,7 +113,7 @@ def task_indices(num_tasks: int, cursor: int, count: int, seed: int) -> list[int
     per_pass = num_tasks // count
     p, k = divmod(cursor, per_pass)
     perm = list(range(num_tasks))
-    random.Random(seed * 1_000_003 + p).shuffle(perm)
+    random.Random(task_order_seed(seed, p)).shuffle(perm)
     return perm[k * count : (k + 1) * count]
 
 
@@ -151,3 +153,24 @@ def override_workflow(
         if logprobs is not None:
             s["logprobs"] = logprobs
     return Workflow.model_validate(data)
+
+
+def resolve_tasks(workflow_path: Path, wf: Workflow, config: Any) -> tuple[Path, list[Task], list[Task]]:
+    """The run's task file and its training and held-out tasks: ``rollout.tasks`` (default: the
+    workflow's, :func:`default_task_file`), ``rollout.eval_tasks`` (default: ``<stem>_eval.jsonl``
+    next to it when there is one, else the last ``eval.num_tasks`` tasks).
+
+    Raises:
+        ConfigError: no training task left, or a task file that does not load.
+    """
+    r = config.rollout
+    path = Path(r.tasks) if r.tasks is not None else default_task_file(workflow_path, wf)
+    tasks = load_tasks(path, wf)
+    eval_path = r.eval_tasks
+    if eval_path is None and path.with_name(f"{path.stem}_eval.jsonl").is_file():
+        eval_path = path.with_name(f"{path.stem}_eval.jsonl")  # make_data.py's held-out split
+    eval_list = load_tasks(eval_path, wf) if eval_path is not None else None
+    train_tasks, eval_tasks = split_tasks(tasks, eval_list, config.eval.num_tasks)
+    if not train_tasks:
+        raise ConfigError.at(str(path), "no training tasks", fix="give a task file with at least 2 tasks")
+    return path, train_tasks, eval_tasks[: config.eval.num_tasks]

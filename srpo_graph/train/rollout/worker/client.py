@@ -2,17 +2,17 @@
 
 With ``rollout.worker = true`` the trainer's policies are not sampled in the trainer's process
 (where a rollout cannot overlap an update that mutates the very same model objects) but by a
-:class:`RolloutWorker`: a child process (``worker_main.py``) holding its own copy of every policy,
-which runs whole rollout batches with the executor on request. What crosses (``worker_wire.py``):
+:class:`RolloutWorker`: a child process (``main.py``) holding its own copy of every policy,
+which runs whole rollout batches with the executor on request. What crosses (``wire.py``):
 
 * requests, episodes (JSON lines) and statistics (JSON) over a local TCP connection -- no pickle;
 * weights over a two-rank gloo group, the trainer rank 0, in ``backends/weight_sync.py``'s
   flattened buckets (the same code that streams to SGLang servers). A full policy sends every
   weight; a LoRA adapter policy sends its adapter matrices only (its frozen base never changes).
 
-The trainer's slots hold a :class:`WorkerPolicy` as their backend, so ``PolicySlot.sync`` -- after
+The trainer's slots hold a :class:`WorkerPolicy` as their backend, so the sync stage (``train/sync.py``) -- after
 each update and at resume, from the checkpoint's weights -- pushes weights through the same sync
-interface as every other backend; ``rollout_stage.rollout`` sends the batch to the worker.
+interface as every other backend; ``lockstep.rollout`` sends the batch to the worker.
 
 Deadlines: starting, each rollout batch and each weight push wait at most
 ``rollout.worker_timeout`` seconds, and every wait notices a worker that died (named, with its

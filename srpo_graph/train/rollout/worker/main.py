@@ -4,7 +4,7 @@ Started by :class:`~srpo_graph.train.rollout.worker.client.RolloutWorker`, never
 own copy of every policy of the workflow (full models from their model paths, LoRA adapters on
 their own shared frozen base, frozen and external policies as the trainer would build them), each
 sampled by a :class:`~srpo_graph.backends.transformers.TransformersBackend`, and serves, one at a
-time, the requests of the control connection (``worker_wire.py``):
+time, the requests of the control connection (``wire.py``):
 
 * ``run``: a whole rollout batch through ``runtime.executor.run``; episodes back as JSON lines;
 * ``weights``: a policy's tensors, received bucket by bucket over the gloo group and copied into
@@ -113,7 +113,7 @@ class Worker:
 
 
 def load_policies(wf: Any, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
-    """A backend per policy of ``wf``, built as the trainer builds its own (``trainer._build_slots``,
+    """A backend per policy of ``wf``, built as the trainer builds its own (``policies/build.py``,
     ``lora.build_slots``, ``frozen.load_frozen``), and per trained policy the tensors a weight push
     writes into, by the names the trainer sends (a full model's state dict; an adapter's parameters)."""
     from transformers import AutoModelForCausalLM

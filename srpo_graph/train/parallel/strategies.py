@@ -1,6 +1,6 @@
-"""``STRATEGIES``: how the update runs on one or many processes (trainer stage), one table.
+"""Trainer stage, parallel: ``STRATEGIES``, how the update runs on one or many processes, one table.
 
-A strategy answers the few questions the update loop (``update.py``) asks that depend on the
+A strategy answers the few questions the update loop (``learn/update.py``) asks that depend on the
 distribution of the work; the loop itself has no ``if sharded`` left:
 
 * ``shard(mb)``: this rank's whole events of a mini-batch;
@@ -25,7 +25,7 @@ import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.train.parallel import fsdp as fsdp_mod
-from srpo_graph.train.parallel.collectives import DistInfo, all_reduce_grads, all_reduce_sum, shard_sets
+from srpo_graph.train.parallel.collectives import DistInfo, all_reduce, all_reduce_grads, shard_sets
 
 
 class Single:
@@ -64,7 +64,7 @@ class Single:
 
 class DataParallel(Single):
     """DDP's arithmetic: each rank back-propagates its shard of whole events (balanced by tokens);
-    gradients are all-reduced in buckets before clipping (``distributed.py``; the loss
+    gradients are all-reduced in buckets before clipping (``collectives.py``; the loss
     denominator is global, so the sum over ranks is the one-process gradient)."""
 
     name = "ddp"
@@ -86,7 +86,7 @@ class FullySharded(DataParallel):
 
     def micro_batches(self, local: SetBatch) -> list[SetBatch | None]:
         micros: list[SetBatch | None] = list(local.micro_batches())
-        return micros + [None] * (fsdp_mod.all_reduce_max(len(micros), self.dist) - len(micros))
+        return micros + [None] * (int(all_reduce(len(micros), "max", self.dist)) - len(micros))
 
     def begin(self, models, active, i, n):
         fsdp_mod.set_gradient_sync(models, i == n - 1)
@@ -110,7 +110,7 @@ class FullySharded(DataParallel):
         fsdp_mod.reshard_all(models)  # the optimizer steps the sharded parameters
 
     def finish(self, padding_forwards: int) -> int:
-        return int(all_reduce_sum(float(padding_forwards), self.dist))
+        return int(all_reduce(padding_forwards, "sum", self.dist))
 
 
 STRATEGIES: dict[str, type[Single]] = {"ddp": DataParallel, "fsdp": FullySharded}

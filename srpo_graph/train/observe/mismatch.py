@@ -1,50 +1,15 @@
-"""Trainer stage: rollouts on remote backends -- who stops the servers training started, the
-failure budget, the backend's loss defaults, and the sampler/trainer mismatch per agent.
+"""Trainer stage, observing: the sampler/trainer log-prob gap and the rollout backend's health.
 
-Which server samples for which policy is the backend's row in ``backends.BACKENDS``
-(``for_training``; for SGLang ``backends/sglang_server.py::serve_policies``). Here:
-
-* :func:`server_scope` stops every server started inside it when training ends, fails or is
-  interrupted (``sglang_server``'s exit hook and parent-death signal cover a trainer that dies);
-* :func:`with_backend_defaults`: the backend's ``loss_defaults``; the set-level mismatch correction
-  defaults to ``tis`` on SGLang (Note [Mismatch on SGLang] in docs/sglang.md): the server samples in
-  bf16 with its own kernels while the trainer recomputes in fp32, so ``old_logprobs`` != sampler
-  log-probs; an explicit ``loss.mismatch`` is kept;
-* the failure budget (every failure class, not only the backend's) is ``train/stops.py``.
+Consumes one step's compiled batch (``old_logprobs`` recomputed by the learner) and the weight
+version each policy has now, and the executor's statistics; produces the ``mismatch/...`` and
+``rollout/...`` entries of the step's record. On SGLang the server samples in bf16 with its own
+kernels while the trainer recomputes in fp32, so the gap is not 0 (docs/sglang.md, "Mismatch on
+SGLang"); an output sampled some versions ago also differs by the updates since (``stale_mean_abs``).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
-
-from srpo_graph.backends import backend_spec, sglang_server
-from srpo_graph.errors import BackendError
-from srpo_graph.train.stops import check_failure_budget
-
-
-@contextlib.contextmanager
-def server_scope() -> Iterator[None]:
-    """Stop every SGLang server started inside the block when it exits (normally or not)."""
-    before = {id(s) for s in sglang_server.live_servers()}
-    try:
-        yield
-    finally:
-        for s in sglang_server.live_servers():
-            if id(s) not in before:
-                s.stop()
-
-
-def with_backend_defaults(config: Any) -> Any:
-    """``config`` with its backend's ``loss_defaults`` (``BACKENDS[...]``) for the loss options not set
-    explicitly: ``loss.mismatch = tis`` on SGLang (Note [Mismatch on SGLang] in docs/sglang.md)."""
-    defaults = {k: v for k, v in backend_spec(config.rollout.backend).loss_defaults.items()
-                if k not in config.loss.model_fields_set}
-    if not defaults:
-        return config
-    coerced = type(config.loss).model_validate(defaults)  # e.g. "tis" -> Mismatch.TIS
-    update = {k: getattr(coerced, k) for k in defaults}
-    return config.model_copy(update={"loss": config.loss.model_copy(update=update)})
+from typing import Any
 
 
 def rollout_metrics(stats: Any) -> dict[str, float]:
@@ -104,4 +69,4 @@ def agent_mismatch(batch: Any, versions: dict[str, int] | None = None) -> dict[s
     return out
 
 
-__all__ = ["agent_mismatch", "fresh_tokens", "check_failure_budget", "rollout_metrics", "server_scope", "with_backend_defaults", "BackendError"]
+__all__ = ["agent_mismatch", "fresh_tokens", "rollout_metrics"]

@@ -1,0 +1,205 @@
+"""Trainer stage, checkpoints: the formats' table and the one :class:`Checkpointer` the loop calls.
+
+Consumes the trained policies (each with ``name``, ``model``, ``tokenizer``, ``optimizer``,
+``scheduler``: the policies stage's ``PolicySlot``) and the loop state; produces checkpoint
+folders (``layout.py``) and, on resume, the loop state and optimizer states back. A policy's
+files are in one format of :data:`FORMATS`: ``dcp`` (``sharded.py``, every rank its shards,
+under fsdp) or ``full`` (``full.py``, rank 0 writes each policy whole). Every reader goes
+through :func:`verify_checkpoint` first: the manifest (every file's size and sha256, before any
+file is opened), then the format's weight check (every weight finite).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+from srpo_graph.errors import ConfigError
+from srpo_graph.train.checkpoint import full, sharded
+from srpo_graph.train.checkpoint.layout import (
+    COMPLETE,
+    LoopState,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_rng,
+    read_state,
+    step_dirs,
+    verify_files,
+)
+from srpo_graph.train.parallel.fsdp import is_sharded
+
+# name -> the format's module: NAME, holds(ck, policy), check_weights(ck, policy), save_checkpoint / save.
+# The first whose ``holds`` is true is a policy's format; ``full`` holds whatever no other format does.
+FORMATS: dict[str, ModuleType] = {sharded.NAME: sharded, full.NAME: full}
+
+
+def format_of(checkpoint: str | Path, policy: str) -> ModuleType:
+    """The format ``policy``'s files in ``checkpoint`` are in.
+
+    >>> format_of("/nonexistent", "p").NAME
+    'full'
+    """
+    return next(f for f in FORMATS.values() if f.holds(checkpoint, policy))
+
+
+def verify_checkpoint(checkpoint: str | Path) -> str | None:
+    """Why ``checkpoint`` cannot be trusted, or None when it is good: its files against the manifest
+    (``layout.verify_files``), then every policy's weights in its format (every weight finite).
+
+    >>> verify_checkpoint("/nonexistent")
+    'no COMPLETE marker (a half-written checkpoint)'
+    """
+    problem, policies = verify_files(checkpoint)
+    if problem is not None:
+        return problem
+    for name in policies:
+        problem = format_of(checkpoint, name).check_weights(checkpoint, name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that :func:`verify_checkpoint` accepts, and the newer ones it skipped.
+
+    Returns:
+        (checkpoint or None, [(damaged checkpoint, why), ...] newest first).
+    """
+    skipped: list[tuple[Path, str]] = []
+    for _, path in reversed(step_dirs(run_dir)):  # a step_N without COMPLETE is damage: renames are atomic
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def load_checkpoint(checkpoint: str | Path, *, optimizers: dict[str, Any], schedulers: dict[str, Any],
+                    restore_rng: bool = True) -> LoopState:
+    """Restore optimizer/scheduler/RNG state from a complete checkpoint; the loop state it saved.
+
+    The models themselves are loaded by the policies stage (``full``: from ``layout.policy_path``;
+    ``dcp``: ``sharded.load_policy``, which also loads the optimizer's shards).
+
+    Raises:
+        ConfigError: the folder is not a complete checkpoint, lacks a policy, or a file of it
+            does not read (call :func:`verify_checkpoint` first to choose a good one).
+    """
+    import json
+
+    ck = Path(checkpoint)
+    if not (ck / COMPLETE).is_file():
+        raise ConfigError.at(str(ck), f"not a complete checkpoint (no {COMPLETE} marker)",
+                             fix="resume from a run folder; the newest complete checkpoint is used")
+    try:
+        payload = read_state(ck)
+        for name, opt in optimizers.items():
+            if name not in payload["policies"]:
+                raise ConfigError.at(str(ck), f"checkpoint has no policy {name!r} (has {payload['policies']})",
+                                     fix="resume with the workflow the run was started with")
+            meta = json.loads((ck / "optim" / f"{name}.json").read_text())
+            if meta.get("format") != sharded.FORMAT:  # a dcp optimizer is loaded with its weights' shards
+                full.load_optimizer(ck, name, opt, meta)
+            if meta.get("scheduler") is not None and name in schedulers:
+                schedulers[name].load_state_dict(meta["scheduler"])
+        if restore_rng:
+            load_rng(ck, payload)
+        return LoopState.from_json(payload)
+    except ConfigError:
+        raise
+    except Exception as exc:  # json, safetensors, torch: a damaged file of any kind, never a traceback
+        raise ConfigError.at(str(ck), f"damaged checkpoint ({type(exc).__name__}: {exc})",
+                             fix="resume from the run folder: --resume falls back to the previous good "
+                             "checkpoint") from None
+
+
+@dataclass
+class Checkpointer:
+    """Saves the run every ``every`` steps (and at the last) in the policies' format, keeping the
+    newest ``keep_last``; chooses and restores the checkpoint a resumed run starts from.
+
+    Under fsdp every rank calls :meth:`save` (each writes its shards); otherwise only the process
+    that owns the run folder (``is_main``) writes.
+
+    Attributes:
+        run_dir: the run folder.
+        every: steps between saves (0: only the last step).
+        keep_last: complete checkpoints kept.
+        last_step: the run's last step (always saved).
+        is_main: this process writes the run folder (rank 0).
+        latest: the newest complete checkpoint this run wrote or resumed from.
+    """
+
+    run_dir: Path
+    every: int
+    keep_last: int
+    last_step: int
+    is_main: bool = True
+    latest: Path | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether step ``step`` is saved.
+
+        >>> [s for s in range(1, 8) if Checkpointer(Path("r"), every=3, keep_last=1, last_step=7).due(s)]
+        [3, 6, 7]
+        """
+        return step == self.last_step or (self.every > 0 and step % self.every == 0)
+
+    def save(self, state: LoopState, policies: Sequence[Any]) -> Path | None:
+        """Write step ``state.step``'s checkpoint of ``policies``: ``dcp`` when their models are
+        sharded (a collective: every rank), else ``full`` (the main process; None elsewhere).
+
+        Raises:
+            OSError: the disk filled up (``ENOSPC``: complete checkpoints stay intact).
+            ValueError: a weight is not finite (nothing is saved).
+        """
+        parts = {"models": {p.name: p.model for p in policies}, "tokenizers": {p.name: p.tokenizer for p in policies},
+                 "optimizers": {p.name: p.optimizer for p in policies},
+                 "schedulers": {p.name: p.scheduler for p in policies}}
+        if any(is_sharded(p.model) for p in policies):
+            self.latest = sharded.save(self.run_dir, state, keep_last=self.keep_last, **parts)
+        elif self.is_main:
+            self.latest = full.save_checkpoint(self.run_dir, state, keep_last=self.keep_last, **parts)
+        return self.latest
+
+    def choose(self, *, announce: bool = True) -> Path | None:
+        """The newest checkpoint that verifies; damaged newer ones are named (stderr). None: the run
+        has no checkpoint yet (it stopped before the first), so it starts again at step 0.
+
+        Raises:
+            ConfigError: every checkpoint is damaged (each named with why).
+        """
+        good, damaged = latest_good_checkpoint(self.run_dir)
+        if good is None:
+            if not damaged:
+                if announce:
+                    print(f"srpo-graph train: {self.run_dir} has no checkpoint yet; starting the run again from step 0 "
+                          "with its saved configuration", file=sys.stderr)
+                return None
+            listed = "\n".join(f"  {p}: {why}" for p, why in damaged)
+            raise ConfigError.at(str(self.run_dir), f"every checkpoint is damaged, nothing to resume from\n{listed}",
+                                 fix="restore the run folder from a backup, or start a new run with --overwrite")
+        if announce:
+            for path, why in damaged:
+                print(f"srpo-graph train: checkpoint {path} is damaged ({why}); skipping it", file=sys.stderr)
+            if damaged:
+                print(f"srpo-graph train: resuming from the previous good checkpoint {good}", file=sys.stderr)
+        return good
+
+    def restore(self, checkpoint: Path, policies: Sequence[Any]) -> LoopState:
+        """The loop state of ``checkpoint``, with every policy's optimizer and scheduler state (and the
+        RNG states) put back; the weights were loaded when the policies were built."""
+        self.latest = checkpoint
+        return load_checkpoint(checkpoint, optimizers={p.name: p.optimizer for p in policies},
+                               schedulers={p.name: p.scheduler for p in policies})
+
+    def newest(self) -> Path | None:
+        """The newest complete checkpoint in the run folder (what a stop message names)."""
+        return latest_checkpoint(self.run_dir)
+
+
+__all__ = ["FORMATS", "Checkpointer", "checkpoint_dirs", "format_of", "latest_good_checkpoint", "load_checkpoint",
+           "verify_checkpoint"]

@@ -1,0 +1,150 @@
+"""Trainer stage, parallel: starting a job under torchrun, and the wrapper torchrun runs as.
+
+Consumes the number of processes per node, the node's place in a multi-node job and the
+``srpo-graph train`` arguments; produces torchrun's command line (:func:`torchrun_command`), runs
+it (:func:`launch`: a signal to the launcher is passed on, the ranks stop like one process, a
+second signal or a rank that does not stop in time is killed with its whole process tree), and is
+the module torchrun itself runs through (:func:`main`, ``python -m
+srpo_graph.train.parallel.launch``): a failed rank's own exit code, no torchrun traceback.
+
+It knows nothing about workflows, configs or models.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Sequence
+
+from srpo_graph import exiting
+from srpo_graph.errors import ConfigError
+
+
+def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0,
+                     endpoint: str | None = None, timeout: float = 600.0) -> list[str]:
+    """The torchrun command line of one node: ``--standalone`` on one node; several nodes meet at
+    ``endpoint`` (``HOST:PORT`` of node 0, static rendezvous: node K's ranks are K*nproc..), each
+    waiting at most ``timeout`` seconds for the others (a node that never comes ends the job).
+
+    torchrun runs through :func:`main` below, which exits with the failed rank's own exit code
+    and without torchrun's traceback (the rank has printed its error already).
+
+    >>> torchrun_command(2, ["a.wf"])[-5:]
+    ['--standalone', '--nproc_per_node=2', '-m', 'srpo_graph.train', 'a.wf']
+    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-3]
+    ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600', '--nproc_per_node=1']
+    """
+    cmd = [sys.executable, "-m", "srpo_graph.train.parallel.launch"]
+    if nnodes <= 1:
+        cmd += ["--standalone"]
+    else:
+        if not endpoint or ":" not in endpoint:
+            raise ConfigError(f"--rdzv-endpoint: {endpoint!r} is not HOST:PORT (node 0's address and a free port); "
+                              f"every one of the {nnodes} nodes passes the same value")
+        if not 0 <= node_rank < nnodes:
+            raise ConfigError(f"--node-rank: {node_rank} is not in 0..{nnodes - 1}")
+        host, port = endpoint.rsplit(":", 1)
+        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={host}", f"--master_port={port}",
+                f"--rdzv_conf=timeout={int(timeout)}"]
+    return cmd + [f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
+
+
+# Seconds the ranks get to stop on their own after the launcher is interrupted (they stop at once, like
+# one process: the step in flight is dropped, the last checkpoint stays): then they are killed.
+STOP_GRACE_S = 60.0
+
+
+def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None,
+           timeout: float = 600.0, grace: float = STOP_GRACE_S) -> int:
+    """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes on this
+    node (of ``nnodes``, meeting at ``endpoint``: :func:`multinode.torchrun_command`).
+
+    Ctrl-C or SIGTERM here (``KeyboardInterrupt``) is passed on: torchrun gets SIGTERM and sends it to
+    the ranks, which stop as one process does (rank 0 prints where the run stands and the command
+    that resumes it); after ``grace`` seconds, or a second interrupt, torchrun is killed. Then the
+    ``KeyboardInterrupt`` is raised again. (``subprocess.call`` would SIGKILL torchrun at once, and
+    the ranks would die without a word.)
+
+    Returns:
+        torchrun's exit code.
+    """
+    import signal
+
+    proc = subprocess.Popen(torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
+                                             timeout=timeout))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):  # asked twice, or the ranks did not stop
+            _kill_tree(proc)
+        raise
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; elsewhere none): torchrun starts each rank in a
+    session of its own, so killing torchrun alone would leave them running."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the command may hold spaces and ')'
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process below it, the ranks first."""
+    import signal
+
+    for pid in reversed(_descendants(proc.pid)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # already gone
+            pass
+    proc.kill()
+    proc.wait()
+
+
+def main(argv: Sequence[str]) -> int:
+    """torchrun with ``argv``; a failed rank's exit code, without torchrun's own traceback."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(list(argv)))
+    except SignalException as exc:  # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
+        exiting.decided()  # torchrun's handler raises SignalException: not into the exit (exiting.py)
+        return 128 + int(exc.sigval)
+    except ChildFailedError as exc:
+        exiting.decided()
+        rank, failure = exc.get_first_failure()
+        code = int(failure.exitcode)
+        if code < 0:  # killed by a signal: say which rank, the ranks that saw it have said the rest
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else "?"
+            print(f"srpo-graph train: rank {rank} (pid {failure.pid}) was killed by signal {-code} ({name})",
+                  file=sys.stderr)
+            return 128 - code
+        return code or 1
+    exiting.decided()
+    return 0
+
+
+if __name__ == "__main__":
+    exiting.as_entry_point()
+    sys.exit(main(sys.argv[1:]))
