@@ -85,7 +85,8 @@ def update_step(model, batch, layout: str, overhead: int | None):
     """A callable: the objective's micro-batch loop (log-probs, SRPO loss, backward) in ``layout``."""
     from srpo_graph.srpo.forwards import BUCKET_OVERHEAD_TOKENS
     from srpo_graph.srpo.logprobs import packed_logprobs
-    from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+    from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+    from srpo_graph.srpo.options import LossConfig
 
     cfg = LossConfig()
     denom = loss_denominator(batch, cfg)

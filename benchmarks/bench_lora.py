@@ -67,7 +67,7 @@ def large_model() -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
 
     tiny = resolve_model("tiny")

@@ -23,7 +23,9 @@ from _perfdoc import machine, write_result, write_section
 
 from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.objectives import loss_preset
+from srpo_graph.srpo.options import LossConfig
 
 
 def naive_srpo(new: torch.Tensor, b, alpha=0.5, eps=0.2) -> torch.Tensor:
@@ -106,8 +108,8 @@ def main() -> None:
     assert abs(a - n) < 1e-6, (a, n)
     t_srpo = timed(run_srpo(LossConfig()), args.repeat)
     t_lean = timed(run_srpo(LossConfig(), diagnostics=False), args.repeat)
-    t_grpo = timed(run_srpo(LossConfig.preset("grpo")), args.repeat)
-    t_grpo_lean = timed(run_srpo(LossConfig.preset("grpo"), diagnostics=False), args.repeat)
+    t_grpo = timed(run_srpo(loss_preset("grpo")), args.repeat)
+    t_grpo_lean = timed(run_srpo(loss_preset("grpo"), diagnostics=False), args.repeat)
     t_pad = timed(run_padded, args.repeat)
     t_naive = timed(run_naive, max(1, args.repeat // 2))
     rows = [

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.objectives import loss_preset
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.config import validate
 from srpo_graph.train.metrics import read_metrics
 from srpo_graph.train.trainer import train
@@ -32,8 +33,8 @@ SMOOTH = 5  # steps in the trailing mean used for "steps to reach"
 
 OBJECTIVES: dict[str, tuple[str, LossConfig]] = {
     "srpo": ("SRPO (set ratio, alpha=0.5; default)", LossConfig()),
-    "grpo": ("GRPO preset (token ratio, member mean)", LossConfig.preset("grpo")),
-    "independent": ("independent members preset (member ratio)", LossConfig.preset("independent")),
+    "grpo": ("GRPO preset (token ratio, member mean)", loss_preset("grpo")),
+    "independent": ("independent members preset (member ratio)", loss_preset("independent")),
     "srpo_a0": ("SRPO alpha=0 (sum of member log-ratios)", LossConfig(alpha=0.0)),
     "srpo_a1": ("SRPO alpha=1 (mean of member log-ratios)", LossConfig(alpha=1.0)),
 }
@@ -152,7 +153,7 @@ def write_doc(curves, seconds, args: dict, total: float, img: Path, out: Path) -
         f"`python benchmarks/bench_objectives.py` ({total / 60:.1f} min on",
         f"{platform.machine()}, torch {torch.__version__}, 1 thread, a 2-core machine shared with other jobs).",
         "",
-        "Objectives (`srpo_graph.srpo.loss.LossConfig`):",
+        "Objectives (`srpo_graph.srpo.options.LossConfig`):",
         "",
     ]
     lines += [f"- `{name}`: {label}" for name, (label, _) in OBJECTIVES.items()]

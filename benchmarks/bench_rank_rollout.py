@@ -37,8 +37,9 @@ WORKLOADS = [("coord_mixed", "coord", 40, 8), ("search", "search", 16, 8)]
 def worker(out: Path, repeats: int) -> None:
     import torch
 
-    from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
+    from srpo_graph.backends import TrainedPolicy, backend_spec
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.train.config import validate

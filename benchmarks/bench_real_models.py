@@ -51,7 +51,8 @@ def one(spec: dict) -> dict:
     from srpo_graph.compiler.synthetic import synthetic_episodes
     from srpo_graph.models.architectures import build_config
     from srpo_graph.srpo.logprobs import packed_logprobs
-    from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+    from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+    from srpo_graph.srpo.options import LossConfig
     from srpo_graph.train.precision import enable_gradient_checkpointing, update_forward
 
     torch.set_num_threads(1)

@@ -422,8 +422,9 @@ def _tasks_of(workflow: str, root: Path = ROOT) -> tuple[Path, Path]:
 
 def held_out_accuracy(workflow: str, plan: Plan, seed: int) -> dict[str, float]:
     """Held-out accuracy of the workflow's untrained policies (sampled, as declared): overall and per family."""
-    from srpo_graph.backends import load_backend, resolve_model
+    from srpo_graph.backends import load_backend
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.train.evaluate import score

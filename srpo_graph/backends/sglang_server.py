@@ -2,8 +2,9 @@
 
 Backends stage. Consumes a model directory, a port and a launch recipe (``"cpu"``, ``"gpu"`` or
 a command template); produces a running :class:`SGLangServer` whose ``url`` answers
-``/health``. It knows nothing about training: the trainer starts one server per policy and
-stops them all in a ``finally``.
+``/health``. It knows nothing about training, policies or LoRA: which servers a run starts, and
+for which policies, is ``sglang_fleet.py``'s plan (extra flags, such as a LoRA base's, are
+appended to :func:`launch_command`'s argv there); the trainer stops them all in a ``finally``.
 
 How no server is ever left behind:
 
@@ -33,7 +34,8 @@ The launched server is the one answering (issue 23, item 1): a port left unset i
 a per-launch token (``--served-model-name srpo-graph-<token>``) that :meth:`SGLangServer.wait_healthy`
 finds in the answering server's ``/server_info`` -- another process answering on the port (its
 own server failed to bind) stops the run before anything is sent to it. Servers a run did not
-launch (``url``/``urls``) get no weight updates unless ``rollout.sglang.update_connected`` says so.
+launch (``url``/``urls``) get no weight updates unless ``rollout.sglang.update_connected`` says so
+(``sglang_fleet.refuse_connected``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from srpo_graph.errors import BackendError
 
@@ -367,23 +369,6 @@ def launch_ports(first: int | None, count: int, host: str = "127.0.0.1") -> list
     return ports
 
 
-def refuse_connected(options: Any, urls: Sequence[str]) -> None:
-    """A run writes weights only into servers it launched, unless ``update_connected`` says so.
-
-    Raises:
-        ConfigError: naming the servers, before anything is written.
-    """
-    from srpo_graph.errors import ConfigError
-
-    if urls and not getattr(options, "update_connected", False):
-        raise ConfigError.at("field `rollout.sglang.update_connected`",
-                             f"training would push weight updates into {', '.join(sorted(set(urls)))}, a server "
-                             "this run did not launch",
-                             why="its weights would be replaced, for everyone else using it too",
-                             fix="let training start its own (`rollout.sglang.launch=cpu`), or, if the server is "
-                             "this run's to change, pass rollout.sglang.update_connected=true")
-
-
 def stop_all() -> None:
     """Stop every server this process started and has not stopped (the exit hook)."""
     with _LIVE_LOCK:
@@ -395,67 +380,6 @@ def stop_all() -> None:
 def live_servers() -> list[SGLangServer]:
     with _LIVE_LOCK:
         return list(_LIVE.values())
-
-
-def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict[str, Any]:
-    """One connected SGLang backend per trained policy: ``BACKENDS["sglang"].for_training``.
-
-    Servers are launched first (all at once, then each waited for, on ports ``options.port + i``)
-    when ``options.launch`` is set; otherwise each policy connects to ``options.urls[name]`` or
-    ``options.url``. Every policy gets its own server: policies' weights diverge as they train.
-
-    Args:
-        policies: the trained policies (``backends.TrainedPolicy``), in declaration order.
-        options: the ``rollout.sglang`` section (``backends.options.SGLangOptions``).
-        run_dir: the run folder (server logs in ``run_dir/sglang/``, weights in ``run_dir/weights``).
-    Raises:
-        ConfigError: a URL for an unknown policy, two policies on one server, router workers
-            with several policies.
-        BackendError: a server that cannot start or does not answer ``/health``.
-    """
-    from srpo_graph.backends import load_backend
-    from srpo_graph.backends.sglang_lora import is_adapter_policy, serve_adapters
-    from srpo_graph.errors import ConfigError
-
-    if any(is_adapter_policy(p) for p in policies):  # LoRA adapters: one server per shared base
-        return serve_adapters(policies, options, run_dir)
-    names = [p.name for p in policies]
-    unknown = sorted(set(options.urls) - set(names))
-    if unknown:
-        raise ConfigError.at("field `rollout.sglang.urls`", f"no policy named {unknown} in the workflow "
-                             f"(policies: {names})", fix="key the URLs by policy name")
-    if options.workers and len(names) > 1:
-        raise ConfigError.at("field `rollout.sglang.workers`", "router workers are for a one-policy workflow; "
-                             f"this one has {len(names)} policies",
-                             fix="give each policy its own server in `rollout.sglang.urls`")
-    models = {p.name: p.model_path for p in policies}
-    if options.launch is not None:
-        ports = launch_ports(options.port, len(names))
-        servers = [SGLangServer(
-            launch_command(options.launch, models[n], port), port,
-            log_path=run_dir / "sglang" / f"{n}.log",
-            env=recipe_env(options.launch))
-            for n, port in zip(names, ports)]
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_healthy(options.health_timeout)
-        urls = {n: s.url for n, s in zip(names, servers)}
-    else:
-        urls = {n: options.urls.get(n, options.url) for n in names}
-        shared = [n for n in names if list(urls.values()).count(urls[n]) > 1]
-        if shared:
-            raise ConfigError.at("field `rollout.sglang.urls`", f"policies {shared} would share the server "
-                                 f"{urls[shared[0]]}, which holds one set of weights",
-                                 fix="one server per policy (`rollout.sglang.urls={name=URL,...}`), "
-                                 "or let training start them (`rollout.sglang.launch=cpu`)")
-        refuse_connected(options, [*urls.values(), *options.workers])
-    weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
-    from srpo_graph.backends.weight_dir import run_owner
-
-    owner = run_owner(run_dir)  # the one ownership rule of the weight folders (weight_dir.py)
-    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n, weight_owner=owner)
-            for n in names}
 
 
 atexit.register(stop_all)

@@ -87,7 +87,7 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
-        from srpo_graph.backends import resolve_model
+        from srpo_graph.models import resolve_model
         from srpo_graph.models.tiny import load_tokenizer
 
         path = resolve_model(name_or_path)

@@ -187,7 +187,7 @@ class EpisodeRun:
         req = sampled.request
         oid = f"o{len(self.outputs)}"
         # no re-validation here (it costs O(tokens) per output): every field is typed by
-        # construction and the executor checked the backend's part (``checked_completion``);
+        # construction and the scheduler checked the backend's part (``requests.checked_completion``);
         # the trace reader validates everything
         self.outputs.append(_record_output(
             id=oid, agent=agent.name, policy=agent.policy, policy_version=int(sampled.policy_version),

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from srpo_graph.backends import resolve_model
 from srpo_graph.errors import Diagnostic
+from srpo_graph.models import resolve_model
 from srpo_graph.runtime.prompts import single_token_id
 from srpo_graph.workflow import TextPart, Workflow
 

@@ -227,8 +227,8 @@ def _after_a_lost_rank(workflow: Path, run_dir: Path) -> None:
 
 def _print_plan(workflow: Path, gpus: int, overrides: tuple[str, ...]) -> None:
     """``--plan GPUS``: the placement of servers and trainer ranks, and the commands (placement.py)."""
-    from srpo_graph.backends import resolve_model
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.train.placement import plan
 
     wf = load_workflow(workflow)

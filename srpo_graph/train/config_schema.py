@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from srpo_graph.backends import BACKENDS
 from srpo_graph.compiler.compile import CompileConfig
 from srpo_graph.runtime.usercode import Deadlines
-from srpo_graph.srpo.loss import LossConfig
 from srpo_graph.srpo.objectives import OBJECTIVES
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.strategies import STRATEGIES
 
 

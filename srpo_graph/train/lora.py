@@ -225,7 +225,7 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
     """
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.train import checkpoint as ckpt
 

@@ -35,9 +35,10 @@ from typing import Any, Sequence
 import torch
 
 from srpo_graph import exiting
-from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
+from srpo_graph.backends import TrainedPolicy, backend_spec
 from srpo_graph.errors import BackendError, ConfigError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import write_traces

@@ -36,7 +36,8 @@ import torch
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import LossDiagnostics
 from srpo_graph.srpo.logprobs import Layout, packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train import fsdp as fsdp_mod
 from srpo_graph.train.distributed import DistInfo, all_reduce_sum
 from srpo_graph.train.precision import update_forward

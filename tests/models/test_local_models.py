@@ -129,8 +129,8 @@ def test_sizes_have_the_shapes_they_claim():
 def test_names_resolve_and_the_cli_builds_them(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from srpo_graph.backends import resolve_model
     from srpo_graph.cli import app as cli
+    from srpo_graph.models import resolve_model
 
     monkeypatch.setenv("SRPO_GRAPH_HOME", str(tmp_path))
     res = CliRunner().invoke(cli, ["init-model", "--model", "llama3-test"])

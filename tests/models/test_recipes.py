@@ -149,8 +149,8 @@ def test_unknown_recipe_is_a_clear_error():
 def test_init_model_recipe_cli_and_resolve_model(tmp_path, small_recipe, monkeypatch):
     from click.testing import CliRunner
 
-    from srpo_graph.backends import resolve_model
     from srpo_graph.cli import app
+    from srpo_graph.models import resolve_model
 
     res = CliRunner().invoke(app, ["init-model", str(tmp_path / "m"), "--recipe", "tiny-reason"])
     assert res.exit_code == 0, res.output

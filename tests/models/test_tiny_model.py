@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from srpo_graph.backends import resolve_model
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import VOCAB, ensure_tiny_model, is_tiny_dir, load_tokenizer
 
 

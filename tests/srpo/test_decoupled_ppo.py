@@ -18,8 +18,8 @@ import torch
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.diagnostics import staleness_histogram
-from srpo_graph.srpo.loss import LossConfig, MemberLogRatio, RatioUnit, Reduction, srpo_loss
-from srpo_graph.srpo.mismatch import DecoupledCap
+from srpo_graph.srpo.loss import srpo_loss
+from srpo_graph.srpo.options import DecoupledCap, LossConfig, MemberLogRatio, RatioUnit, Reduction
 
 
 def _items(b, cfg: LossConfig):

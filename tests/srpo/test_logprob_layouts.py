@@ -19,7 +19,8 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.forwards import length_buckets
 from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 # the layouts under test: (layout, bucket_overhead); overhead 0 = a bucket per distinct
 # length, a huge overhead = one padded bucket per policy

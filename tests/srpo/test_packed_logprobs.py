@@ -16,7 +16,8 @@ import torch
 from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.logprobs import packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

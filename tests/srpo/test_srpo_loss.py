@@ -13,17 +13,9 @@ import torch
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.loss import (
-    LossConfig,
-    MemberLogRatio,
-    Mismatch,
-    RatioUnit,
-    Reduction,
-    Surrogate,
-    loss_denominator,
-    srpo_loss,
-)
-from srpo_graph.srpo.objectives import OBJECTIVES
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.objectives import OBJECTIVES, loss_preset
+from srpo_graph.srpo.options import LossConfig, MemberLogRatio, Mismatch, RatioUnit, Reduction, Surrogate
 
 
 def naive_loss(new: torch.Tensor, b, cfg: LossConfig, ref: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,7 +189,7 @@ def test_matches_naive_with_k3_kl(batch, unit):
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_presets_match_naive(batch, name):
-    cfg = LossConfig.preset(name)
+    cfg = loss_preset(name)
     _check(batch, cfg, ref=batch.old_logprobs.double() + 0.1 if cfg.kl_coef > 0 else None, seed=2)
 
 

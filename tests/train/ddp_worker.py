@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.models.tiny import ensure_tiny_model
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train import distributed, fsdp
 from srpo_graph.train.distributed import init_distributed, shutdown
 from srpo_graph.train.update import UpdatePolicy, recompute_old_logprobs, update_policies

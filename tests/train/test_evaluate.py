@@ -112,8 +112,9 @@ def test_sign_flip_p_against_enumeration():
 @pytest.fixture(scope="module")
 def routed():
     """coord_routed on the tiny model: routes, transition rewards, answering agents vary."""
-    from srpo_graph.backends import load_backend, resolve_model
+    from srpo_graph.backends import load_backend
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
 
@@ -216,7 +217,7 @@ def test_train_logs_the_eval_code_and_the_command_reproduces_it(run_dir, tmp_pat
 
 
 def test_sources_a_run_a_checkpoint_a_model_directory_and_base(run_dir, tmp_path):
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
 
     latest = _eval(run_dir, tmp_path)
     assert _numbers(latest) == _numbers(_eval(run_dir / "checkpoints" / "step_2", tmp_path))

@@ -19,7 +19,7 @@ from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.config import validate
 from srpo_graph.train.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdapterModel, SharedBase, export_adapter
@@ -48,7 +48,7 @@ reward: std.digits_sum_to(task.target, a, b)
 
 def _shared(wf, seed: int = 0):
     torch.manual_seed(seed)
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
 
     adapters = [p for p in wf.policies if p.adapter is not None]
     shared = SharedBase(resolve_model("tiny"), adapters, dtype=torch.float32, device="cpu")
@@ -165,7 +165,7 @@ def test_checkpoints_hold_adapters_only_and_resume_exactly(tmp_path):
     out = export_adapter(tmp_path / "whole", "role_a", tmp_path / "exported")
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
 
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     wf = load_workflow(WF)

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from srpo_graph.backends import resolve_model
 from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.errors import BackendError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
