@@ -37,7 +37,11 @@ def write_section(name: str, body: str, *, first: bool = False) -> None:
     """Replace section NAME of docs/performance.md (new sections go last, or right after the
     title and intro with ``first``)."""
     DOC.parent.mkdir(parents=True, exist_ok=True)
-    text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Performance\n\nMeasured by the scripts in `benchmarks/`; ratios are within one run.\n"
+    text = (
+        DOC.read_text(encoding="utf-8")
+        if DOC.exists()
+        else "# Performance\n\nMeasured by the scripts in `benchmarks/`; ratios are within one run.\n"
+    )
     block = f"<!-- bench:{name} -->\n{body.rstrip()}\n<!-- /bench:{name} -->"
     pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S)
     old = pattern.search(text)
@@ -56,10 +60,11 @@ def _keep_rows(old: str, new: str, keep: str = r"sglang") -> str:
     """``new`` with the table rows of ``old`` that match ``keep`` (and are not in ``new``) put back
     after ``new``'s last table row: rows other engineers add by hand (the SGLang backend's row)
     survive a rerun of the benchmark that owns the section."""
-    rows = [line for line in old.splitlines()
-            if line.startswith("|") and re.search(keep, line, re.I) and line not in new]
+    rows = [
+        line for line in old.splitlines() if line.startswith("|") and re.search(keep, line, re.I) and line not in new
+    ]
     if not rows:
         return new
     lines = new.splitlines()
     last = max((i for i, line in enumerate(lines) if line.startswith("|")), default=len(lines) - 2)
-    return "\n".join(lines[: last + 1] + rows + lines[last + 1:])
+    return "\n".join(lines[: last + 1] + rows + lines[last + 1 :])

@@ -66,7 +66,9 @@ def client(url: str, model: str):
     from srpo_graph.backends.sglang import SGLangBackend
     from srpo_graph.models.tiny import load_tokenizer
 
-    return SGLangBackend(url, load_tokenizer(model), sync="disk", vocab_size=AutoConfig.from_pretrained(model).vocab_size)
+    return SGLangBackend(
+        url, load_tokenizer(model), sync="disk", vocab_size=AutoConfig.from_pretrained(model).vocab_size
+    )
 
 
 def reset(url: str, model: str) -> None:
@@ -85,15 +87,32 @@ def train_once(wf: Path, url: str, model: str, k: int, seed: int, steps: int, ar
 
     reset(url, model)
     run = root / f"{wf.stem}-k{k}-s{seed}"
-    cfg = load_config(None, [f"steps={steps}", f"seed={seed}", f"run_dir={json.dumps(str(run))}",
-                             "rollout.backend=sglang", f"rollout.sglang.url={json.dumps(url)}",
-                             "rollout.sglang.sync=disk", "rollout.sglang.update_connected=true",
-                             f"rollout.sglang.weight_dir={json.dumps(str(root / 'w'))}",
-                             f"rollout.tasks={json.dumps(str(TASKS))}", f"rollout.max_staleness={k}",
-                             f"rollout.tasks_per_step={args.tasks}", f"rollout.samples={args.samples}",
-                             f"optim.lr={args.lr}", "eval.every=0", "checkpoint.every=0", "checkpoint.keep_last=1",
-                             "logging.tensorboard=false", "logging.progress=false", "logging.plots=false",
-                             "logging.traces_every=0", "overwrite=true"])
+    cfg = load_config(
+        None,
+        [
+            f"steps={steps}",
+            f"seed={seed}",
+            f"run_dir={json.dumps(str(run))}",
+            "rollout.backend=sglang",
+            f"rollout.sglang.url={json.dumps(url)}",
+            "rollout.sglang.sync=disk",
+            "rollout.sglang.update_connected=true",
+            f"rollout.sglang.weight_dir={json.dumps(str(root / 'w'))}",
+            f"rollout.tasks={json.dumps(str(TASKS))}",
+            f"rollout.max_staleness={k}",
+            f"rollout.tasks_per_step={args.tasks}",
+            f"rollout.samples={args.samples}",
+            f"optim.lr={args.lr}",
+            "eval.every=0",
+            "checkpoint.every=0",
+            "checkpoint.keep_last=1",
+            "logging.tensorboard=false",
+            "logging.progress=false",
+            "logging.plots=false",
+            "logging.traces_every=0",
+            "overwrite=true",
+        ],
+    )
     train(wf, cfg)
     return read_metrics(run / "metrics.jsonl")
 
@@ -114,16 +133,36 @@ def learn_once(url: str, model: str, k: int, seed: int, args, root: Path) -> dic
 
     reset(url, model)
     run = root / f"learn-k{k}-s{seed}"
-    cfg = load_config(None, [f"steps={args.learn_steps}", f"seed={seed}", f"run_dir={json.dumps(str(run))}",
-                             "rollout.backend=sglang", f"rollout.sglang.url={json.dumps(url)}",
-                             "rollout.sglang.sync=disk", "rollout.sglang.update_connected=true",
-                             f"rollout.sglang.weight_dir={json.dumps(str(root / 'w-learn'))}",
-                             f"rollout.max_staleness={k}", "rollout.tasks_per_step=8", "rollout.samples=8",
-                             f"rollout.eval_tasks={json.dumps(str(_tasks_of(LEARN_WF)[1]))}",
-                             "optim.epochs=2", "optim.lr=1e-4", "eval.every=10", "eval.mode=sampled",
-                             "eval.samples=2", "eval.num_tasks=64", "checkpoint.every=0", "checkpoint.keep_last=1",
-                             "logging.tensorboard=false", "logging.progress=false", "logging.plots=false",
-                             "logging.traces_every=0", "overwrite=true"])
+    cfg = load_config(
+        None,
+        [
+            f"steps={args.learn_steps}",
+            f"seed={seed}",
+            f"run_dir={json.dumps(str(run))}",
+            "rollout.backend=sglang",
+            f"rollout.sglang.url={json.dumps(url)}",
+            "rollout.sglang.sync=disk",
+            "rollout.sglang.update_connected=true",
+            f"rollout.sglang.weight_dir={json.dumps(str(root / 'w-learn'))}",
+            f"rollout.max_staleness={k}",
+            "rollout.tasks_per_step=8",
+            "rollout.samples=8",
+            f"rollout.eval_tasks={json.dumps(str(_tasks_of(LEARN_WF)[1]))}",
+            "optim.epochs=2",
+            "optim.lr=1e-4",
+            "eval.every=10",
+            "eval.mode=sampled",
+            "eval.samples=2",
+            "eval.num_tasks=64",
+            "checkpoint.every=0",
+            "checkpoint.keep_last=1",
+            "logging.tensorboard=false",
+            "logging.progress=false",
+            "logging.plots=false",
+            "logging.traces_every=0",
+            "overwrite=true",
+        ],
+    )
     summary = train(ROOT / "workflows" / f"{LEARN_WF}.wf", cfg)
     return {"rows": read_metrics(run / "metrics.jsonl"), "eval": [[int(s), float(v)] for s, v in summary.eval_rewards]}
 
@@ -146,8 +185,10 @@ def learning_section(learn: dict[int, list[dict]], minutes: float, args) -> tupl
     def at(r: dict, step: int) -> float:
         return dict((s, v) for s, v in r["eval"])[step]
 
-    head = ("| mode | held-out, step 0 | held-out, step " + str(last) + " | gain | vs synchronous at step "
-            f"{last} (paired) | step time (s) | wall time to step {last} (min) |\n|---|---|---|---|---|---|---|\n")
+    head = (
+        "| mode | held-out, step 0 | held-out, step " + str(last) + " | gain | vs synchronous at step "
+        f"{last} (paired) | step time (s) | wall time to step {last} (min) |\n|---|---|---|---|---|---|---|\n"
+    )
     lines, rec = [], {}
     for k in modes:
         runs = learn[k]
@@ -157,20 +198,34 @@ def learning_section(learn: dict[int, list[dict]], minutes: float, args) -> tupl
         st = [statistics.median(step_times(r["rows"])) for r in runs]
         wall = [r["rows"][-1]["time/clock"] / 60 for r in runs]
         mode = "synchronous" if k == 0 else f"k = {k}"
-        lines.append(f"| {mode} | {fmt(first, 3)} | {fmt(final, 3)} | {fmt(gain, 3)} | "
-                     f"{'-' if k == modes[0] else fmt(diff, 3)} | {fmt(st)} | {fmt(wall)} |")
-        rec[f"k{k}"] = {"first": first, "final": final, "gain": gain, "diff_vs_sync": diff, "step_s": st,
-                        "wall_min": wall, "eval": [r["eval"] for r in runs],
-                        "reward": [[x["reward"] for x in r["rows"]] for r in runs]}
-    body = (f"\n\n### Learning per step: {LEARN_WF} on {LEARN_MODEL}\n\nThe tiny model above learns nothing in "
-            f"{args.steps} steps (its reward stays at chance in every mode), so learning is compared where it is "
-            f"measured: `workflows/{LEARN_WF}.wf` on the pre-trained `{LEARN_MODEL}` served by a second real "
-            f"SGLang CPU server, with the objectives study's budget (8 tasks x G = 8 per step, 2 epochs, lr 1e-4, "
-            f"{args.learn_steps} steps), held-out accuracy = mean reward of 64 held-out problems x 2 sampled "
-            f"episodes every 10 steps (step 0: the pre-trained model, measured once per seed in process, as the study does), {len(learn[modes[0]])} seeds per mode (interleaved), mean ± 95% t interval; "
-            f"\"vs synchronous\" is the per-seed difference of the final held-out accuracy (same seed: same tasks "
-            f"and the same first rollout). {minutes:.0f} min in all.\n\n" + head + "\n".join(lines) +
-            "\n\nHeld-out accuracy by step and by wall-clock: `docs/img/async_learning.png`.")
+        lines.append(
+            f"| {mode} | {fmt(first, 3)} | {fmt(final, 3)} | {fmt(gain, 3)} | "
+            f"{'-' if k == modes[0] else fmt(diff, 3)} | {fmt(st)} | {fmt(wall)} |"
+        )
+        rec[f"k{k}"] = {
+            "first": first,
+            "final": final,
+            "gain": gain,
+            "diff_vs_sync": diff,
+            "step_s": st,
+            "wall_min": wall,
+            "eval": [r["eval"] for r in runs],
+            "reward": [[x["reward"] for x in r["rows"]] for r in runs],
+        }
+    body = (
+        f"\n\n### Learning per step: {LEARN_WF} on {LEARN_MODEL}\n\nThe tiny model above learns nothing in "
+        f"{args.steps} steps (its reward stays at chance in every mode), so learning is compared where it is "
+        f"measured: `workflows/{LEARN_WF}.wf` on the pre-trained `{LEARN_MODEL}` served by a second real "
+        f"SGLang CPU server, with the objectives study's budget (8 tasks x G = 8 per step, 2 epochs, lr 1e-4, "
+        f"{args.learn_steps} steps), held-out accuracy = mean reward of 64 held-out problems x 2 sampled "
+        f"episodes every 10 steps (step 0: the pre-trained model, measured once per seed in process, as the study "
+        f"does), {len(learn[modes[0]])} seeds per mode (interleaved), mean ± 95% t interval; "
+        f'"vs synchronous" is the per-seed difference of the final held-out accuracy (same seed: same tasks '
+        f"and the same first rollout). {minutes:.0f} min in all.\n\n"
+        + head
+        + "\n".join(lines)
+        + "\n\nHeld-out accuracy by step and by wall-clock: `docs/img/async_learning.png`."
+    )
     return body, rec
 
 
@@ -185,9 +240,16 @@ def plot_learning(learn: dict[int, list[dict]], path: Path) -> None:
         half = [interval(a)[1] for a in acc]
         label = "synchronous" if k == 0 else f"k = {k}"
         axes[0].errorbar(steps, mean, yerr=half, label=label, capsize=3)
-        clock = [statistics.fmean(next((x["time/clock"] for x in r["rows"] if x.get("step") == s),
-                                       r["rows"][max(0, min(s, len(r["rows"])) - 1)]["time/clock"] if s else 0.0)
-                                  for r in runs) for s in steps]
+        clock = [
+            statistics.fmean(
+                next(
+                    (x["time/clock"] for x in r["rows"] if x.get("step") == s),
+                    r["rows"][max(0, min(s, len(r["rows"])) - 1)]["time/clock"] if s else 0.0,
+                )
+                for r in runs
+            )
+            for s in steps
+        ]
         axes[1].plot(clock, mean, marker="o", label=label)
     axes[0].set(title=f"{LEARN_WF}: held-out accuracy by step", xlabel="step", ylabel="held-out accuracy")
     axes[1].set(title="by wall-clock", xlabel="seconds", ylabel="held-out accuracy")
@@ -281,8 +343,10 @@ def main() -> None:
                 runs[name] = {k: [] for k in modes}
                 for seed in range(args.seeds):
                     for k in modes:  # interleaved, so a change of load hits every mode alike
-                        print(f"train: {name} seed {seed} k={k} ({(time.perf_counter() - t_start) / 60:.1f} min)",
-                              flush=True)
+                        print(
+                            f"train: {name} seed {seed} k={k} ({(time.perf_counter() - t_start) / 60:.1f} min)",
+                            flush=True,
+                        )
                         runs[name][k].append(train_once(wf, server.url, model, k, seed, args.steps, args, root))
         finally:
             server.stop()
@@ -306,45 +370,69 @@ def main() -> None:
         learn_min = (time.perf_counter() - t_learn) / 60
     total = time.perf_counter() - t_start
     plot(runs, ROOT / "docs" / "img" / "async_reward.png")
-    head = ("| workflow | mode | step time (s) | speed-up vs sync | trainer waits for rollout (s/step) | "
-            "update + sync (s/step) | staleness mean | reward, last half of steps |\n|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| workflow | mode | step time (s) | speed-up vs sync | trainer waits for rollout (s/step) | "
+        "update + sync (s/step) | staleness mean | reward, last half of steps |\n|---|---|---|---|---|---|---|---|\n"
+    )
     lines, result = [], {}
     for name, modes_runs in runs.items():
         base = statistics.fmean(statistics.median(step_times(r)) for r in modes_runs[modes[0]])
         for k, rs in modes_runs.items():
             st = [statistics.median(step_times(r)) for r in rs]
             wait = [statistics.fmean(x["time/rollout_wait"] for x in r[1:]) for r in rs]
-            upd = [statistics.fmean(x.get("time/update", 0) + x.get("time/sync", 0) + x.get("time/old_logprobs", 0)
-                                    + x.get("time/compile", 0) for x in r[1:]) for r in rs]
+            upd = [
+                statistics.fmean(
+                    x.get("time/update", 0)
+                    + x.get("time/sync", 0)
+                    + x.get("time/old_logprobs", 0)
+                    + x.get("time/compile", 0)
+                    for x in r[1:]
+                )
+                for r in rs
+            ]
             stale = [statistics.fmean(x.get("staleness/mean", 0) for x in r) for r in rs]
-            late = [statistics.fmean(x["reward"] for x in r[len(r) // 2:]) for r in rs]
+            late = [statistics.fmean(x["reward"] for x in r[len(r) // 2 :]) for r in rs]
             mode = "synchronous" if k == 0 else f"k = {k}"
-            lines.append(f"| {name} | {mode} | {fmt(st)} | {base / statistics.fmean(st):.2f}x | {fmt(wait)} | "
-                         f"{fmt(upd, 3)} | {fmt(stale)} | {fmt(late)} |")
-            result[f"{name}/k{k}"] = {"step_s": st, "wait_s": wait, "update_s": upd, "staleness": stale,
-                                      "reward_late": late}
+            lines.append(
+                f"| {name} | {mode} | {fmt(st)} | {base / statistics.fmean(st):.2f}x | {fmt(wait)} | "
+                f"{fmt(upd, 3)} | {fmt(stale)} | {fmt(late)} |"
+            )
+            result[f"{name}/k{k}"] = {
+                "step_s": st,
+                "wait_s": wait,
+                "update_s": upd,
+                "staleness": stale,
+                "reward_late": late,
+            }
     sched_lines = []
     for name, d in sched.items():
         lo, st = d["lockstep"], d["streaming"]
         sched_lines.append(f"| {name} | {fmt(lo)} | {fmt(st)} | {statistics.fmean(lo) / statistics.fmean(st):.2f}x |")
         result[f"{name}/rollout"] = d
-    body = (f"One real SGLang CPU server (tiny model), every run connected to it (weights reset to the base "
-            f"model before each). {args.seeds} seed(s) x {args.steps} steps per mode, {args.tasks} tasks x G = "
-            f"{args.samples} per step; step time = median seconds between consecutive steps (the loop's "
-            f"`time/clock`, first step left out), then mean over seeds"
-            f"{' ± a 95% t interval' if args.seeds > 1 else ''}. Machine: {machine()}; the whole run took "
-            f"{total / 60:.1f} min. {args.note}\n\n" + head + "\n".join(lines) +
-            f"\n\nRollout wall time of one batch ({args.tasks} tasks x G = {args.samples}, base weights), "
-            f"{args.repeats} repeat(s) each, alternating:\n\n| workflow | lockstep (s) | streaming (s) | speed-up |\n"
-            "|---|---|---|---|\n" + "\n".join(sched_lines) +
-            "\n\nReward by step and by wall-clock: `docs/img/async_reward.png`. Command: `python "
-            f"benchmarks/bench_async.py --seeds {args.seeds} --steps {args.steps} --repeats {args.repeats} "
-            f"--learn-seeds {args.learn_seeds} --learn-steps {args.learn_steps}`.\n")
+    body = (
+        f"One real SGLang CPU server (tiny model), every run connected to it (weights reset to the base "
+        f"model before each). {args.seeds} seed(s) x {args.steps} steps per mode, {args.tasks} tasks x G = "
+        f"{args.samples} per step; step time = median seconds between consecutive steps (the loop's "
+        f"`time/clock`, first step left out), then mean over seeds"
+        f"{' ± a 95% t interval' if args.seeds > 1 else ''}. Machine: {machine()}; the whole run took "
+        f"{total / 60:.1f} min. {args.note}\n\n"
+        + head
+        + "\n".join(lines)
+        + f"\n\nRollout wall time of one batch ({args.tasks} tasks x G = {args.samples}, base weights), "
+        f"{args.repeats} repeat(s) each, alternating:\n\n| workflow | lockstep (s) | streaming (s) | speed-up |\n"
+        "|---|---|---|---|\n"
+        + "\n".join(sched_lines)
+        + "\n\nReward by step and by wall-clock: `docs/img/async_reward.png`. Command: `python "
+        f"benchmarks/bench_async.py --seeds {args.seeds} --steps {args.steps} --repeats {args.repeats} "
+        f"--learn-seeds {args.learn_seeds} --learn-steps {args.learn_steps}`.\n"
+    )
     if args.learn_seeds:
         plot_learning(learn, ROOT / "docs" / "img" / "async_learning.png")
         learn_body, result["learning"] = learning_section(learn, learn_min, args)
         body = body.rstrip("\n") + learn_body + "\n"
-    write_section("async", "## Overlapped rollouts: synchronous vs k = 1 vs k = 2 (benchmarks/bench_async.py)\n\n" + body)
+    write_section(
+        "async", "## Overlapped rollouts: synchronous vs k = 1 vs k = 2 (benchmarks/bench_async.py)\n\n" + body
+    )
     write_result("async", {"seeds": args.seeds, "steps": args.steps, "minutes": total / 60, **result})
     print(body)
 

@@ -71,26 +71,34 @@ def main(argv: list[str] | None = None) -> None:
     from srpo_graph.srpo.prefix_tree import MIN_SHARED_TOKENS
 
     write_result("chat_prefix", r)
-    body = "\n".join([
-        "## Chat turns in the prefix layout", "",
-        f"`benchmarks/bench_chat_prefix.py` ({machine()}): one rollout of `workflows/chat_search_qwen3.wf` "
-        f"(qwen3-test, 8 tasks x G = 4, {r['members']} turns, {r['turns_per_episode']:.1f} per episode). Tokens "
-        "the update's forward runs: `padded`/`packed` run every turn's prompt + completion; `prefix` runs each "
-        "segment of the prefix tree of the members' inputs once (a task's prompt, then each sample's first turn, "
-        "then its second ...: a later turn's prompt extends the earlier turn's prompt and completion, token for "
-        "token, and an earlier turn's completion is scored from the rows its later turn runs); the trie of the "
-        "inputs (each member's tokens but the last, which scores nothing) is the least any layout could run.", "",
-        "| layout | tokens run | vs padded |", "|---|---|---|",
-        f"| padded / packed | {r['padded']:,} | 1.00x |",
-        f"| prefix ({r['segments']} segments, {r['nodes']} shared nodes; a node where it saves >= "
-        f"{MIN_SHARED_TOKENS} tokens) | {r['prefix']:,} | {r['prefix'] / r['padded']:.2f}x |",
-        f"| prefix, a node at every branch (no minimum) | {r['prefix_min0']:,} | {r['prefix_min0'] / r['padded']:.2f}x |",
-        f"| trie of the sequences (every distinct prefix once) | {r['trie']:,} | {r['trie'] / r['padded']:.2f}x |",
-        f"| trie of the inputs (the least any layout runs) | {r['trie_inputs']:,} | {r['trie_inputs'] / r['padded']:.2f}x |",
-        "",
-        "Before the tree (one shared prompt prefix per group of members): 5,783 tokens, 0.47x.", "",
-        f"Completion tokens (scored): {r['completion']:,}.",
-    ])
+    body = "\n".join(
+        [
+            "## Chat turns in the prefix layout",
+            "",
+            f"`benchmarks/bench_chat_prefix.py` ({machine()}): one rollout of `workflows/chat_search_qwen3.wf` "
+            f"(qwen3-test, 8 tasks x G = 4, {r['members']} turns, {r['turns_per_episode']:.1f} per episode). Tokens "
+            "the update's forward runs: `padded`/`packed` run every turn's prompt + completion; `prefix` runs each "
+            "segment of the prefix tree of the members' inputs once (a task's prompt, then each sample's first turn, "
+            "then its second ...: a later turn's prompt extends the earlier turn's prompt and completion, token for "
+            "token, and an earlier turn's completion is scored from the rows its later turn runs); the trie of the "
+            "inputs (each member's tokens but the last, which scores nothing) is the least any layout could run.",
+            "",
+            "| layout | tokens run | vs padded |",
+            "|---|---|---|",
+            f"| padded / packed | {r['padded']:,} | 1.00x |",
+            f"| prefix ({r['segments']} segments, {r['nodes']} shared nodes; a node where it saves >= "
+            f"{MIN_SHARED_TOKENS} tokens) | {r['prefix']:,} | {r['prefix'] / r['padded']:.2f}x |",
+            f"| prefix, a node at every branch (no minimum) | {r['prefix_min0']:,} | "
+            f"{r['prefix_min0'] / r['padded']:.2f}x |",
+            f"| trie of the sequences (every distinct prefix once) | {r['trie']:,} | {r['trie'] / r['padded']:.2f}x |",
+            f"| trie of the inputs (the least any layout runs) | {r['trie_inputs']:,} | "
+            f"{r['trie_inputs'] / r['padded']:.2f}x |",
+            "",
+            "Before the tree (one shared prompt prefix per group of members): 5,783 tokens, 0.47x.",
+            "",
+            f"Completion tokens (scored): {r['completion']:,}.",
+        ]
+    )
     write_section("chat_prefix", body)
 
 

@@ -149,33 +149,72 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="bench-fsdp-out-"))
     # a fixed mmap threshold: every large tensor is its own mapping, returned to the OS when freed,
     # so one variant's freed memory does not hide the next one's peak (glibc's default threshold grows)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "MALLOC_TRIM_THRESHOLD_": "131072",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-                    "--bucket-mb", str(args.bucket_mb), "--shard-mb", str(args.shard_mb),
-                    "--worker", str(model_dir), str(out)], check=True, env=env, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            __file__,
+            "--bucket-mb",
+            str(args.bucket_mb),
+            "--shard-mb",
+            str(args.shard_mb),
+            "--worker",
+            str(model_dir),
+            str(out),
+        ],
+        check=True,
+        env=env,
+        timeout=600,
+    )
     wall = time.perf_counter() - t0
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in range(2))
     full = r0["full_bytes"]
     base = r0["rows"]["replica, process group"]["peak_bytes"]
-    lines = ["## FSDP weight sync: rank 0's peak memory, replica vs streaming", "",
-             f"`python benchmarks/bench_fsdp_memory.py` ({args.model}: {full / MB:.0f} MiB of fp32 weights, "
-             f"2 gloo processes, CPU; {wall:.0f} s in all). Peak = resident high-water mark during the sync "
-             "minus the resident size before it (`VmHWM` reset per variant); ratio against the replica "
-             "route to a server (what rank 0 did before), same run. No server is launched: the process-group "
-             "rows hold what `DistributedSync.push` holds before each broadcast.", "",
-             "| variant | what rank 0 holds | rank 0 peak (MiB) | × model | vs replica | rank 1 peak (MiB) | seconds |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## FSDP weight sync: rank 0's peak memory, replica vs streaming",
+        "",
+        f"`python benchmarks/bench_fsdp_memory.py` ({args.model}: {full / MB:.0f} MiB of fp32 weights, "
+        f"2 gloo processes, CPU; {wall:.0f} s in all). Peak = resident high-water mark during the sync "
+        "minus the resident size before it (`VmHWM` reset per variant); ratio against the replica "
+        "route to a server (what rank 0 did before), same run. No server is launched: the process-group "
+        "rows hold what `DistributedSync.push` holds before each broadcast.",
+        "",
+        "| variant | what rank 0 holds | rank 0 peak (MiB) | × model | vs replica | rank 1 peak (MiB) | seconds |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for name, row in r0["rows"].items():
         p1 = r1["rows"][name]["peak_bytes"]
-        lines.append(f"| {name} | {row['detail']} | {row['peak_bytes'] / MB:.1f} | {row['peak_bytes'] / full:.2f} | "
-                     f"{row['peak_bytes'] / base:.2f} | {p1 / MB:.1f} | {row['seconds']:.2f} |")
-    lines += ["", "With buckets smaller than the model, rank 0 holds one bf16 bucket and its flat copy (a one-tensor bucket is sent as a view) instead of a replica plus a gathered state dict; with 16 MiB buckets: 16 + 16 MiB + the tensor being gathered (the largest tensor is always gathered whole; at most 6 MiB in bf16 for qwen3-mid). At the default 256 MiB a model this small is one bucket: its bf16 copy plus the flat copy (= the fp32 size), held during the sync only, where the replica stays for the whole run. Rank 1 gathers each tensor too, one at a time."]
+        lines.append(
+            f"| {name} | {row['detail']} | {row['peak_bytes'] / MB:.1f} | {row['peak_bytes'] / full:.2f} | "
+            f"{row['peak_bytes'] / base:.2f} | {p1 / MB:.1f} | {row['seconds']:.2f} |"
+        )
+    lines += [
+        "",
+        "With buckets smaller than the model, rank 0 holds one bf16 bucket and its flat copy (a one-tensor bucket is "
+        "sent as a view) instead of a replica plus a gathered state dict; with 16 MiB buckets: 16 + 16 MiB + the "
+        "tensor being gathered (the largest tensor is always gathered whole; at most 6 MiB in bf16 for qwen3-mid). At"
+        " the default 256 MiB a model this small is one bucket: its bf16 copy plus the flat copy (= the fp32 size), "
+        "held during the sync only, where the replica stays for the whole run. Rank 1 gathers each tensor too, one at"
+        " a time.",
+    ]
     sys.path.insert(0, str(Path(__file__).parent))
     from _perfdoc import write_result, write_section
 
     write_section("fsdp_memory", "\n".join(lines))
-    write_result("fsdp_memory", {"model": args.model, "full_bytes": full, **{k: v["peak_bytes"] for k, v in r0["rows"].items()}})
+    write_result(
+        "fsdp_memory", {"model": args.model, "full_bytes": full, **{k: v["peak_bytes"] for k, v in r0["rows"].items()}}
+    )
     print("\n".join(lines))
 
 

@@ -85,7 +85,8 @@ def update_step(model, batch, layout: str, overhead: int | None):
     """A callable: the objective's micro-batch loop (log-probs, SRPO loss, backward) in ``layout``."""
     from srpo_graph.srpo.forwards import BUCKET_OVERHEAD_TOKENS
     from srpo_graph.srpo.logprobs import packed_logprobs
-    from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+    from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+    from srpo_graph.srpo.options import LossConfig
 
     cfg = LossConfig()
     denom = loss_denominator(batch, cfg)
@@ -160,46 +161,65 @@ def study_workloads(rounds: int, workflows: tuple[str, ...] = STUDY_WORKFLOWS) -
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.srpo.prefix_tree import prefix_tree
 
-    lines = ["", "The study's workflows (docs/results.md): one step of 8 tasks x G = 8 samples of each, sampled at "
-             "temperature 1 by its pre-trained model. *Rollout*: the executor's whole step, each distinct prompt "
-             "prefilled once (the default) vs one prefill row per request. *Update*: the objective's micro-batch "
-             "loop (as above) in the `padded` and `prefix` layouts; *prompt share* is the part of the step's "
-             "tokens in prompts, *shared* the part the prefix layout does not run (its prefix tree of each policy's "
-             "members runs what their inputs share once, and no member's last token). Best CPU time of "
-             f"{max(1, rounds // 3)} alternated rounds.", "",
-             "| workflow | tokens | prompt share | shared | rollout: shared / per-row prefill | update: prefix / padded | "
-             "update: prefix, padded |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "The study's workflows (docs/results.md): one step of 8 tasks x G = 8 samples of each, sampled at "
+        "temperature 1 by its pre-trained model. *Rollout*: the executor's whole step, each distinct prompt "
+        "prefilled once (the default) vs one prefill row per request. *Update*: the objective's micro-batch "
+        "loop (as above) in the `padded` and `prefix` layouts; *prompt share* is the part of the step's "
+        "tokens in prompts, *shared* the part the prefix layout does not run (its prefix tree of each policy's "
+        "members runs what their inputs share once, and no member's last token). Best CPU time of "
+        f"{max(1, rounds // 3)} alternated rounds.",
+        "",
+        "| workflow | tokens | prompt share | shared | rollout: shared / per-row prefill | update: prefix / padded | "
+        "update: prefix, padded |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in workflows:
         wf = load_workflow(ROOT / "workflows" / f"{name}.wf")
         path = ensure_recipe_model(wf.policies[0].model)
         model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
         tok = AutoTokenizer.from_pretrained(str(path))
         tasks = load_tasks(ROOT / "workflows" / "tasks" / f"{name.split('_')[0]}.jsonl", wf)[:8]
-        backends = {share: {p.name: TransformersBackend(model, tok, share_prefill=share) for p in wf.policies}
-                    for share in (True, False)}
+        backends = {
+            share: {p.name: TransformersBackend(model, tok, share_prefill=share) for p in wf.policies}
+            for share in (True, False)
+        }
         batch = compile(run(wf, tasks, backends[True], samples=8, seed=3).episodes, CompileConfig())
-        run_tokens = sum(prefix_tree(batch, (batch.member_policy == p).nonzero().squeeze(1)).num_tokens
-                         for p in range(len(batch.policies)))
-        lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
+        run_tokens = sum(
+            prefix_tree(batch, (batch.member_policy == p).nonzero().squeeze(1)).num_tokens
+            for p in range(len(batch.policies))
+        )
+        lengths = batch.member_offsets[1:] - batch.member_offsets[:-1]
         prompt = int(lengths.sum()) - int(batch.loss_mask.sum())
         saved = batch.num_tokens - run_tokens
-        fns = {"rollout_shared": lambda b=backends[True]: run(wf, tasks, b, samples=8, seed=3),
-               "rollout_rows": lambda b=backends[False]: run(wf, tasks, b, samples=8, seed=3),
-               "padded": update_step(model, batch, "padded", None), "prefix": update_step(model, batch, "prefix", None)}
+        fns = {
+            "rollout_shared": lambda b=backends[True]: run(wf, tasks, b, samples=8, seed=3),
+            "rollout_rows": lambda b=backends[False]: run(wf, tasks, b, samples=8, seed=3),
+            "padded": update_step(model, batch, "padded", None),
+            "prefix": update_step(model, batch, "prefix", None),
+        }
         best = {k: min(v) for k, v in _alternated(fns, max(1, rounds // 3)).items()}
         print(name, {k: round(v, 3) for k, v in best.items()})
-        lines.append(f"| {name} | {batch.num_tokens:,} | {prompt / batch.num_tokens:.0%} | {saved / batch.num_tokens:.0%} | "
-                     f"{best['rollout_shared'] / best['rollout_rows']:.2f}x ({1000 * best['rollout_shared']:.0f} vs "
-                     f"{1000 * best['rollout_rows']:.0f} ms) | **{best['prefix'] / best['padded']:.2f}x** | "
-                     f"{1000 * best['prefix']:.0f}, {1000 * best['padded']:.0f} ms |")
+        lines.append(
+            f"| {name} | {batch.num_tokens:,} | {prompt / batch.num_tokens:.0%} | {saved / batch.num_tokens:.0%} | "
+            f"{best['rollout_shared'] / best['rollout_rows']:.2f}x ({1000 * best['rollout_shared']:.0f} vs "
+            f"{1000 * best['rollout_rows']:.0f} ms) | **{best['prefix'] / best['padded']:.2f}x** | "
+            f"{1000 * best['prefix']:.0f}, {1000 * best['padded']:.0f} ms |"
+        )
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--workflows", nargs="+", choices=STUDY_WORKFLOWS, default=list(STUDY_WORKFLOWS),
-                    help="the study workflows of the third table (default: all)")
+    ap.add_argument(
+        "--workflows",
+        nargs="+",
+        choices=STUDY_WORKFLOWS,
+        default=list(STUDY_WORKFLOWS),
+        help="the study workflows of the third table (default: all)",
+    )
     ap.add_argument("--note", default="", help="a line for the doc section (e.g. how loaded the machine was)")
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args(argv)
@@ -213,17 +233,25 @@ def main(argv: list[str] | None = None) -> None:
     path = ensure_tiny_model()
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     batch = step_batch(model, load_tokenizer(path))
-    lengths = (batch.member_offsets[1:] - batch.member_offsets[:-1])
+    lengths = batch.member_offsets[1:] - batch.member_offsets[:-1]
     auto = choose_layout(model)
     variants = {
         "raw": ("raw padded [B, L] forward+backward, full logits (baseline)", raw_step(model, batch)),
-        "padded": (f"padded, length buckets (overhead {BUCKET_OVERHEAD_TOKENS})", update_step(model, batch, "padded", None)),
+        "padded": (
+            f"padded, length buckets (overhead {BUCKET_OVERHEAD_TOKENS})",
+            update_step(model, batch, "padded", None),
+        ),
         "padded_each": ("padded, a bucket per distinct length", update_step(model, batch, "padded", 0)),
         "padded_one": ("padded, one bucket", update_step(model, batch, "padded", 10**9)),
-        "prefix": (f"prefix: the prefix tree of the inputs, each segment once (overhead {BUCKET_OVERHEAD_TOKENS})",
-                   update_step(model, batch, "prefix", None)),
+        "prefix": (
+            f"prefix: the prefix tree of the inputs, each segment once (overhead {BUCKET_OVERHEAD_TOKENS})",
+            update_step(model, batch, "prefix", None),
+        ),
         "packed": (f"packed, micro_batch_tokens {batch.micro_batch_tokens}", update_step(model, batch, "packed", None)),
-        "packed_256": ("packed, micro_batch_tokens 256", update_step(model, batch.with_micro_batch_tokens(256), "packed", None)),
+        "packed_256": (
+            "packed, micro_batch_tokens 256",
+            update_step(model, batch.with_micro_batch_tokens(256), "packed", None),
+        ),
     }
     times = _alternated({k: fn for k, (_, fn) in variants.items()}, args.rounds)
     best = {k: min(v) for k, v in times.items()}
@@ -235,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
         f"One step's SetBatch of `benchmarks/workloads/single16.wf` (16 tasks x 8 samples, 16-token completions, "
         f"sampled by the tiny model): {batch.num_sets} events, {batch.num_tokens:,} tokens, member lengths "
         f"{int(lengths.min())}-{int(lengths.max())}. Each layout runs the objective's whole micro-batch loop "
-        "(`packed_logprobs` + `srpo_loss` with diagnostics + `backward`); *raw* is one right-padded [B, L] forward+backward "
+        "(`packed_logprobs` + `srpo_loss` with diagnostics + `backward`); *raw* is one right-padded [B, L] "
+        "forward+backward "
         "with full logits and a plain log-softmax. Best CPU time of "
         f"{args.rounds} alternated rounds; ratio min-max over the rounds; {machine()}; the 2 cores were shared with "
         f"other engineers' jobs. `auto` picks **{auto}** here (attention: `{model.config._attn_implementation}`).",
@@ -245,10 +274,15 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for key, (label, _) in variants.items():
         per_round = [r / t for r, t in zip(times["raw"], times[key])]
-        lines.append(f"| {label} | {1000 * best[key]:.1f} ms | {batch.num_tokens / best[key]:,.0f} | "
-                     f"{best['raw'] / best[key]:.2f}x | {min(per_round):.2f}-{max(per_round):.2f}x |")
-    lines += ["", f"P5 (default layout `{auto}` vs raw): **{best['raw'] / best[auto]:.2f}x** (target >= 0.85x); "
-              f"packed at the default budget is {best['packed'] / best[auto]:.1f}x the default layout's time."]
+        lines.append(
+            f"| {label} | {1000 * best[key]:.1f} ms | {batch.num_tokens / best[key]:,.0f} | "
+            f"{best['raw'] / best[key]:.2f}x | {min(per_round):.2f}-{max(per_round):.2f}x |"
+        )
+    lines += [
+        "",
+        f"P5 (default layout `{auto}` vs raw): **{best['raw'] / best[auto]:.2f}x** (target >= 0.85x); "
+        f"packed at the default budget is {best['packed'] / best[auto]:.1f}x the default layout's time.",
+    ]
     lines += varied_lengths(model, args.rounds)
     lines += study_workloads(args.rounds, tuple(args.workflows))
     if set(args.workflows) != set(STUDY_WORKFLOWS):
@@ -259,8 +293,17 @@ def main(argv: list[str] | None = None) -> None:
     p5 = [r / t for r, t in zip(times["raw"], times[auto])]
     if not args.no_doc:
         write_section("layouts", "\n".join(lines))
-        write_result("layouts", {"auto": auto, "p5": best["raw"] / best[auto], "p5_min": min(p5), "p5_max": max(p5),
-                                 "packed_over_auto": best["packed"] / best[auto], "best_s": best})
+        write_result(
+            "layouts",
+            {
+                "auto": auto,
+                "p5": best["raw"] / best[auto],
+                "p5_min": min(p5),
+                "p5_max": max(p5),
+                "packed_over_auto": best["packed"] / best[auto],
+                "best_s": best,
+            },
+        )
     return best
 
 

@@ -67,7 +67,7 @@ def large_model() -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
 
     tiny = resolve_model("tiny")
@@ -163,7 +163,8 @@ def render_memory() -> None:
                     f"{(r['param_bytes'] + r['optim_bytes']) / (full['param_bytes'] + full['optim_bytes']):.2f}x | "
                     f"{_mb(r['peak_rss'])} | {r['step_s'] * 1000:.0f} |")
     big = {k: by[("llama-h512 (4 layers)", 4, k)] for k in ("full", "lora")}
-    body = f"""## N roles: N LoRA adapters on one base vs N full copies (`benchmarks/bench_lora.py --part memory`)
+    body = (
+        f"""## N roles: N LoRA adapters on one base vs N full copies (`benchmarks/bench_lora.py --part memory`)
 
 A coord_parN-style workflow (N agents, one event of size N, one policy per agent; {steps} training
 steps of 2 tasks x 4 samples, fp32, CPU). Adapters: `{LORA}`.
@@ -172,9 +173,12 @@ two moments after a step; peak RSS includes torch itself (~300 MB); step time is
 `time/step` after the first step (rollout + update + sync). Machine: {saved["machine"]}; shared
 with other engineers' jobs, so step times are noisy (+-50% on the tiny model).
 
-| base model | N | policies | trainable params | params MB | AdamW state MB | params+state vs full | peak RSS MB | step ms |
+| base model | N | policies | trainable params | params MB | AdamW state MB | params+state vs full | peak RSS MB \
+| step ms |
 |---|---|---|---|---|---|---|---|---|
-""" + "\n".join(rows) + f"""
+"""
+        + "\n".join(rows)
+        + f"""
 
 **Reading.** N full copies cost N x (weights + 2 Adam moments); N adapters cost one base plus
 N small adapters, so the saving grows with N and with the model: on the hidden-512 Llama, 4 roles
@@ -185,6 +189,7 @@ A step is faster too there (each role trains 1% of a copy's parameters; the 4-co
 pays for 4 full forwards and optimizer steps). On the 87k-parameter tiny model every
 configuration is torch's ~450 MB and fixed per-call overhead.
 """
+    )
     write_section("lora", body)
 
 
@@ -194,24 +199,59 @@ def learn(steps: int, seeds: list[int], models: list[str]) -> None:
     src = (ROOT / "workflows" / "coord_par2.wf").read_text()
     text = src.replace('policy tiny = "tiny"', 'policy pa = "tiny"\npolicy pb = "tiny"')
     text = text.replace("workflow coord_par2 ", "workflow coord_full2 ")
-    text = text.replace("agent a {\n  policy: tiny", "agent a {\n  policy: pa").replace("agent b {\n  policy: tiny", "agent b {\n  policy: pb")
-    full_wf.write_text("# written by benchmarks/bench_lora.py: coord_par2 with each agent on its own full copy\n" + text)
-    variants = {"2 full copies (coord_full2)": full_wf, "2 adapters on 1 base (coord_lora2)": ROOT / "workflows" / "coord_lora2.wf"}
+    text = text.replace("agent a {\n  policy: tiny", "agent a {\n  policy: pa").replace(
+        "agent b {\n  policy: tiny", "agent b {\n  policy: pb"
+    )
+    full_wf.write_text(
+        "# written by benchmarks/bench_lora.py: coord_par2 with each agent on its own full copy\n" + text
+    )
+    variants = {
+        "2 full copies (coord_full2)": full_wf,
+        "2 adapters on 1 base (coord_lora2)": ROOT / "workflows" / "coord_lora2.wf",
+    }
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
     for model in models:
         for label, wf in variants.items():
             for seed in seeds:
                 run = Path(tempfile.mkdtemp(prefix="i13_learn_")) / "run"
-                subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(wf), "--steps", str(steps),
-                                "--seed", str(seed), "--run-dir", str(run),
-                                "--tasks", str(ROOT / "workflows/tasks/coord.jsonl"), f'rollout.models={{"*"="{model}"}}',
-                                "checkpoint.every=0", "eval.every=0", "logging.plots=false", "logging.tensorboard=false",
-                                "logging.progress=false"], check=True, env=env, capture_output=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "srpo_graph.cli",
+                        "train",
+                        str(wf),
+                        "--steps",
+                        str(steps),
+                        "--seed",
+                        str(seed),
+                        "--run-dir",
+                        str(run),
+                        "--tasks",
+                        str(ROOT / "workflows/tasks/coord.jsonl"),
+                        f'rollout.models={{"*"="{model}"}}',
+                        "checkpoint.every=0",
+                        "eval.every=0",
+                        "logging.plots=false",
+                        "logging.tensorboard=false",
+                        "logging.progress=false",
+                    ],
+                    check=True,
+                    env=env,
+                    capture_output=True,
+                )
                 rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
                 rw = [r["reward"] for r in rows]
-                results.append({"model": model, "variant": label, "seed": seed, "first5": statistics.mean(rw[:5]),
-                                "last5": statistics.mean(rw[-5:]),
-                                "step_s": statistics.median(r["time/step"] for r in rows)})
+                results.append(
+                    {
+                        "model": model,
+                        "variant": label,
+                        "seed": seed,
+                        "first5": statistics.mean(rw[:5]),
+                        "last5": statistics.mean(rw[-5:]),
+                        "step_s": statistics.median(r["time/step"] for r in rows),
+                    }
+                )
                 print(json.dumps(results[-1]), flush=True)
                 shutil.rmtree(run.parent, ignore_errors=True)
     lines = []
@@ -219,10 +259,13 @@ def learn(steps: int, seeds: list[int], models: list[str]) -> None:
         for label in variants:
             rs = [r for r in results if r["variant"] == label and r["model"] == model]
             per_seed = ", ".join(f"{r['first5']:.2f} -> {r['last5']:.2f}" for r in rs)
-            lines.append(f"| `{model}` | {label} | {statistics.mean(r['first5'] for r in rs):.2f} | "
-                         f"{statistics.mean(r['last5'] for r in rs):.2f} | {per_seed} | "
-                         f"{statistics.mean(r['step_s'] for r in rs) * 1000:.0f} |")
-    body = f"""<!-- lora -->
+            lines.append(
+                f"| `{model}` | {label} | {statistics.mean(r['first5'] for r in rs):.2f} | "
+                f"{statistics.mean(r['last5'] for r in rs):.2f} | {per_seed} | "
+                f"{statistics.mean(r['step_s'] for r in rs) * 1000:.0f} |"
+            )
+    body = (
+        f"""<!-- lora -->
 ## Role adapters vs full copies (`python benchmarks/bench_lora.py --part learn`)
 
 `coord_par2` (2 agents write a digit each; the reward is 1 when they sum to the target modulo 10) trained
@@ -235,7 +278,9 @@ Reward = mean training reward of the first and of the last 5 steps.
 
 | base | policies | reward, first 5 steps | reward, last 5 steps | per seed (first -> last) | step ms |
 |---|---|---|---|---|---|
-""" + "\n".join(lines) + """
+"""
+        + "\n".join(lines)
+        + """
 
 **Reading.** On the pre-trained `tiny-reason`, two adapters on one frozen base learn the
 coordination task like two full copies. On `tiny` (random weights from a seed, never trained)
@@ -245,6 +290,7 @@ MLP layers can make one token likely (supervising plain peft `get_peft_model` on
 emit one digit plateaus at p = 0.046; a full copy reaches 0.9999; on `tiny-reason` the same adapter
 reaches 0.998). LoRA needs a trained base; train adapters on a real (or `tiny-reason`) model.
 <!-- end lora -->"""
+    )
     doc = ROOT / "docs" / "results.md"
     text = doc.read_text(encoding="utf-8")
     pattern = re.compile(r"<!-- lora -->.*?<!-- end lora -->", re.S)
@@ -258,8 +304,12 @@ def main() -> None:
         print(json.dumps(_measure(int(n), kind, model, int(steps))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("memory", "learn", "render"), required=True,
-                    help="render: rewrite the memory section from benchmarks/results/lora.json")
+    ap.add_argument(
+        "--part",
+        choices=("memory", "learn", "render"),
+        required=True,
+        help="render: rewrite the memory section from benchmarks/results/lora.json",
+    )
     ap.add_argument("--steps", type=int, default=None, help="default: 4 (memory), 30 (learn)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--models", nargs="+", default=["tiny", "tiny-reason"], help="learn: base models")

@@ -23,7 +23,9 @@ from _perfdoc import machine, write_result, write_section
 
 from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.objectives import loss_preset
+from srpo_graph.srpo.options import LossConfig
 
 
 def naive_srpo(new: torch.Tensor, b, alpha=0.5, eps=0.2) -> torch.Tensor:
@@ -45,7 +47,9 @@ def naive_srpo(new: torch.Tensor, b, alpha=0.5, eps=0.2) -> torch.Tensor:
     return -total / b.num_sets
 
 
-def padded_grpo(new_pad: torch.Tensor, old_pad: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, eps=0.2) -> torch.Tensor:
+def padded_grpo(
+    new_pad: torch.Tensor, old_pad: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor, eps=0.2
+) -> torch.Tensor:
     """GRPO as TRL computes it on [B, C] padded completions: per-sequence token mean, then mean."""
     r = torch.exp(new_pad - old_pad)
     per_tok = -torch.minimum(r * adv[:, None], torch.clamp(r, 1 - eps, 1 + eps) * adv[:, None])
@@ -68,8 +72,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=9)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    eps = synthetic_episodes(args.tasks, args.samples, seed=0, max_set=5, max_events=4,
-                             prompt_len=(50, 300), completion_len=(10, 200), vocab=30000)
+    eps = synthetic_episodes(
+        args.tasks,
+        args.samples,
+        seed=0,
+        max_set=5,
+        max_events=4,
+        prompt_len=(50, 300),
+        completion_len=(10, 200),
+        vocab=30000,
+    )
     b = compile(eps)
     g = torch.Generator().manual_seed(0)
     new0 = b.old_logprobs + 0.1 * torch.randn(b.num_tokens, generator=g) * b.loss_mask
@@ -81,6 +93,7 @@ def main() -> None:
             new = new0.clone().requires_grad_()
             loss, _ = srpo_loss(new, b, cfg, denominator=D, diagnostics=diagnostics)
             loss.backward()
+
         return go
 
     # padded tensors for the usual GRPO implementation (built once, outside the timing)
@@ -106,8 +119,8 @@ def main() -> None:
     assert abs(a - n) < 1e-6, (a, n)
     t_srpo = timed(run_srpo(LossConfig()), args.repeat)
     t_lean = timed(run_srpo(LossConfig(), diagnostics=False), args.repeat)
-    t_grpo = timed(run_srpo(LossConfig.preset("grpo")), args.repeat)
-    t_grpo_lean = timed(run_srpo(LossConfig.preset("grpo"), diagnostics=False), args.repeat)
+    t_grpo = timed(run_srpo(loss_preset("grpo")), args.repeat)
+    t_grpo_lean = timed(run_srpo(loss_preset("grpo"), diagnostics=False), args.repeat)
     t_pad = timed(run_padded, args.repeat)
     t_naive = timed(run_naive, max(1, args.repeat // 2))
     rows = [
@@ -124,23 +137,27 @@ def main() -> None:
         ("diagnostics' share of the SRPO call", f"{max(t_srpo - t_lean, 0) / t_srpo:.0%}"),
         ("naive loop / SRPO (speed-up of the vectorized code)", f"{t_naive / t_srpo:.0f}x"),
     ]
-    body = "\n".join([
-        "## Objective: loss forward+backward (benchmarks/bench_loss.py)",
-        "",
-        f"One compiled batch ({args.tasks} tasks x {args.samples} samples, set sizes 1-5, completions 10-200 "
-        f"tokens); log-probs are a leaf tensor (no model); srpo_loss timings include its diagnostics unless "
-        f"marked, the padded GRPO baseline has none and its [B, C] tensors are built outside the timing; "
-        f"best of {args.repeat}; {machine()}. Round 1's loss (diagnostics gathered with advanced indexing, "
-        f"bincounts and a second mismatch pass) measured SRPO / padded GRPO = 2.83x on this batch.",
-        "",
-        "| quantity | value |",
-        "|---|---|",
-        *[f"| {k} | {v} |" for k, v in rows],
-    ])
+    body = "\n".join(
+        [
+            "## Objective: loss forward+backward (benchmarks/bench_loss.py)",
+            "",
+            f"One compiled batch ({args.tasks} tasks x {args.samples} samples, set sizes 1-5, completions 10-200 "
+            f"tokens); log-probs are a leaf tensor (no model); srpo_loss timings include its diagnostics unless "
+            f"marked, the padded GRPO baseline has none and its [B, C] tensors are built outside the timing; "
+            f"best of {args.repeat}; {machine()}. Round 1's loss (diagnostics gathered with advanced indexing, "
+            f"bincounts and a second mismatch pass) measured SRPO / padded GRPO = 2.83x on this batch.",
+            "",
+            "| quantity | value |",
+            "|---|---|",
+            *[f"| {k} | {v} |" for k, v in rows],
+        ]
+    )
     print(body)
     write_section("loss", body)
-    write_result("loss", {"srpo_s": t_srpo, "padded_grpo_s": t_pad, "ratio": t_srpo / t_pad,
-                          "ratio_no_diagnostics": t_lean / t_pad})
+    write_result(
+        "loss",
+        {"srpo_s": t_srpo, "padded_grpo_s": t_pad, "ratio": t_srpo / t_pad, "ratio_no_diagnostics": t_lean / t_pad},
+    )
 
 
 if __name__ == "__main__":

@@ -148,9 +148,16 @@ def main() -> None:
             "it parses and checks in a warm process, with the grammar built once.\n")
     print(body)
     write_section("lsp", body)
-    write_result("lsp", {"workflow": str(rel), "load_average": load, "server_median_ms": 1000 * statistics.median(all_served),
-                         "in_process_median_ms": 1000 * statistics.median([x for xs in local.values() for x in xs]),
-                         "check_process_median_ms": 1000 * statistics.median(cli)})
+    write_result(
+        "lsp",
+        {
+            "workflow": str(rel),
+            "load_average": load,
+            "server_median_ms": 1000 * statistics.median(all_served),
+            "in_process_median_ms": 1000 * statistics.median([x for xs in local.values() for x in xs]),
+            "check_process_median_ms": 1000 * statistics.median(cli),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -168,26 +168,30 @@ def main() -> None:
     rows = [f"| {LABELS[v]} | {mib(r['peak_delta'])}{'' if r['new_high_water'] else ' (<= setup peak)'} | "
             f"{r['peak_delta'] / base['peak_delta']:.2f}x | {mib(r['saved_bytes'])} | {mib(r['vocab_block_bytes'])} |"
             for v, r in res.items()]
-    body = "\n".join([
-        "## Objective: memory of log-probs + backward (benchmarks/bench_memory.py)",
-        "",
-        f"One micro-batch ({args.budget}-token budget): {base['members']} members, {base['tokens']:,} tokens of which "
-        f"{base['completion']:,} completion tokens; the padded layout of the same members has {res['padded_trl']['slots']:,} "
-        f"slots. Random Llama, hidden 128, 2 layers, vocabulary {args.vocab:,}, float32, CPU ({machine()}). "
-        "*Peak* is the real peak RSS of the step (forward + backward, one subprocess per variant) over the "
-        "resident size just before it; *saved for backward* sums the unique storages autograd kept; "
-        "*one [rows, V] block* counts rows x vocab x 4 bytes, the unit every vocabulary-sized tensor costs. "
-        "All five compute the same sum of log-probs (checked). The packed step's log-softmax is one fused "
-        "function (saves the [c, V] logits only; backward builds one [c, V] block). The packed rows also keep, per "
-        "layer, a [1, 1, n, n] float32 attention mask that sdpa on CPU builds from the restarting position_ids "
-        f"({base['tokens'] ** 2 * 4 / 2**20:,.0f} MiB at n = {base['tokens']:,}): it grows with the square of the "
-        "micro-batch length; the padded layout (the default where no varlen attention kernel is used) has no "
-        "mask at all (plain causal attention per row).",
-        "",
-        "| variant | peak memory of the step | vs packed | saved for backward | one [rows, V] block |",
-        "|---|---|---|---|---|",
-        *rows,
-    ])
+    body = "\n".join(
+        [
+            "## Objective: memory of log-probs + backward (benchmarks/bench_memory.py)",
+            "",
+            f"One micro-batch ({args.budget}-token budget): {base['members']} members, {base['tokens']:,} tokens of "
+            f"which "
+            f"{base['completion']:,} completion tokens; the padded layout of the same members has "
+            f"{res['padded_trl']['slots']:,} "
+            f"slots. Random Llama, hidden 128, 2 layers, vocabulary {args.vocab:,}, float32, CPU ({machine()}). "
+            "*Peak* is the real peak RSS of the step (forward + backward, one subprocess per variant) over the "
+            "resident size just before it; *saved for backward* sums the unique storages autograd kept; "
+            "*one [rows, V] block* counts rows x vocab x 4 bytes, the unit every vocabulary-sized tensor costs. "
+            "All five compute the same sum of log-probs (checked). The packed step's log-softmax is one fused "
+            "function (saves the [c, V] logits only; backward builds one [c, V] block). The packed rows also keep, per "
+            "layer, a [1, 1, n, n] float32 attention mask that sdpa on CPU builds from the restarting position_ids "
+            f"({base['tokens'] ** 2 * 4 / 2**20:,.0f} MiB at n = {base['tokens']:,}): it grows with the square of the "
+            "micro-batch length; the padded layout (the default where no varlen attention kernel is used) has no "
+            "mask at all (plain causal attention per row).",
+            "",
+            "| variant | peak memory of the step | vs packed | saved for backward | one [rows, V] block |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
     print(body)
     write_section("memory", body)
     write_result("memory", {v: r["peak_delta"] for v, r in res.items()})

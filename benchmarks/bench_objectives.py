@@ -6,7 +6,8 @@ coordination workflows ``coord_par2.wf`` and ``coord_par3.wf`` (2 or 3 agents wr
 parallel; reward 1 when they sum to the target mod 10, so one active set of size 2 or 3 per
 episode) with the same budget and seeds under each objective, then writes its own marked section
 of ``docs/results.md`` (``<!-- bench_objectives -->``, a table; the rest of the page is kept) and
-``docs/img/objectives.png`` (reward curves). Everything but ``loss`` is the same TrainConfig; runs are interleaved (seed outer, objective inner) so machine load hits all alike.
+``docs/img/objectives.png`` (reward curves). Everything but ``loss`` is the same TrainConfig; runs are interleaved
+(seed outer, objective inner) so machine load hits all alike.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.objectives import loss_preset
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.config.loading import validate
 from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.trainer import train
@@ -32,8 +34,8 @@ SMOOTH = 5  # steps in the trailing mean used for "steps to reach"
 
 OBJECTIVES: dict[str, tuple[str, LossConfig]] = {
     "srpo": ("SRPO (set ratio, alpha=0.5; default)", LossConfig()),
-    "grpo": ("GRPO preset (token ratio, member mean)", LossConfig.preset("grpo")),
-    "independent": ("independent members preset (member ratio)", LossConfig.preset("independent")),
+    "grpo": ("GRPO preset (token ratio, member mean)", loss_preset("grpo")),
+    "independent": ("independent members preset (member ratio)", loss_preset("independent")),
     "srpo_a0": ("SRPO alpha=0 (sum of member log-ratios)", LossConfig(alpha=0.0)),
     "srpo_a1": ("SRPO alpha=1 (mean of member log-ratios)", LossConfig(alpha=1.0)),
 }
@@ -41,7 +43,7 @@ OBJECTIVES: dict[str, tuple[str, LossConfig]] = {
 
 def trailing_mean(xs: list[float], k: int = SMOOTH) -> list[float]:
     """Mean of the last ``k`` values at each position (fewer at the start)."""
-    return [sum(xs[max(0, i - k + 1): i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(xs))]
+    return [sum(xs[max(0, i - k + 1) : i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(xs))]
 
 
 def first_reach(curve: list[float], threshold: float = THRESHOLD) -> int | None:
@@ -50,12 +52,18 @@ def first_reach(curve: list[float], threshold: float = THRESHOLD) -> int | None:
 
 
 def run_one(wf: str, loss: LossConfig, seed: int, args, root: Path) -> tuple[list[float], list[float]]:
-    cfg = validate({
-        "steps": args.steps, "seed": seed, "run_dir": str(root / f"{wf}-{id(loss)}-{seed}"), "overwrite": True,
-        "rollout": {"tasks_per_step": args.tasks_per_step, "samples": args.samples},
-        "eval": {"every": 0}, "checkpoint": {"every": 0},
-        "logging": {"progress": False, "tensorboard": False, "plots": False, "traces_every": 0},
-    })
+    cfg = validate(
+        {
+            "steps": args.steps,
+            "seed": seed,
+            "run_dir": str(root / f"{wf}-{id(loss)}-{seed}"),
+            "overwrite": True,
+            "rollout": {"tasks_per_step": args.tasks_per_step, "samples": args.samples},
+            "eval": {"every": 0},
+            "checkpoint": {"every": 0},
+            "logging": {"progress": False, "tensorboard": False, "plots": False, "traces_every": 0},
+        }
+    )
     cfg = cfg.model_copy(update={"loss": loss})
     summary = train(ROOT / "workflows" / f"{wf}.wf", cfg)
     rows = read_metrics(Path(summary.run_dir) / "metrics.jsonl")
@@ -84,9 +92,12 @@ def plot(curves: dict, args, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"train reward ({SMOOTH}-step mean)")
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"Tiny model, toy tasks (not the paper's results): {args['tasks_per_step']} tasks x "
-                 f"{args['samples']} samples per step, mean of {args['seeds']} seeds, band = seed min..max; "
-                 "GRPO and independent coincide here (one-token members)", fontsize=9)
+    fig.suptitle(
+        f"Tiny model, toy tasks (not the paper's results): {args['tasks_per_step']} tasks x "
+        f"{args['samples']} samples per step, mean of {args['seeds']} seeds, band = seed min..max; "
+        "GRPO and independent coincide here (one-token members)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -120,14 +131,18 @@ def main() -> None:
                     rewards, step_s = run_one(wf, loss, seed, args, Path(tmp))
                     curves[wf][name].append(rewards)
                     seconds[wf][name] += step_s
-                    print(f"seed {seed} {wf:10s} {name:12s} first {rewards[0]:.2f} last10 "
-                          f"{sum(rewards[-10:]) / len(rewards[-10:]):.2f} reach {first_reach(rewards)} ({time.perf_counter() - t0:.0f} s)",
-                          flush=True)
+                    print(
+                        f"seed {seed} {wf:10s} {name:12s} first {rewards[0]:.2f} last10 "
+                        f"{sum(rewards[-10:]) / len(rewards[-10:]):.2f} reach {first_reach(rewards)} "
+                        f"({time.perf_counter() - t0:.0f} s)",
+                        flush=True,
+                    )
     total = time.perf_counter() - t_all
     run_args = {k: v for k, v in vars(args).items() if k not in ("out", "from_json")}
     plot(curves, run_args, img)
-    (args.out.parent / "img" / "objectives.json").write_text(json.dumps(
-        {"args": run_args, "total": total, "curves": curves, "seconds": seconds}))
+    (args.out.parent / "img" / "objectives.json").write_text(
+        json.dumps({"args": run_args, "total": total, "curves": curves, "seconds": seconds})
+    )
     write_doc(curves, seconds, run_args, total, img, args.out)
     print(f"wrote {args.out} and {img} ({total:.0f} s)")
 
@@ -152,7 +167,7 @@ def write_doc(curves, seconds, args: dict, total: float, img: Path, out: Path) -
         f"`python benchmarks/bench_objectives.py` ({total / 60:.1f} min on",
         f"{platform.machine()}, torch {torch.__version__}, 1 thread, a 2-core machine shared with other jobs).",
         "",
-        "Objectives (`srpo_graph.srpo.loss.LossConfig`):",
+        "Objectives (`srpo_graph.srpo.options.LossConfig`):",
         "",
     ]
     lines += [f"- `{name}`: {label}" for name, (label, _) in OBJECTIVES.items()]
@@ -174,7 +189,9 @@ def write_doc(curves, seconds, args: dict, total: float, img: Path, out: Path) -
             reach = ", ".join(str(first_reach(r) or "-") for r in runs)
             finals = [sum(r[-10:]) / len(r[-10:]) for r in runs]
             final = f"{sum(finals) / len(finals):.2f} ({min(finals):.2f}..{max(finals):.2f})"
-            lines.append(f"| {wf} | `{name}` | {reach} | {final} | {statistics.median(seconds[wf][name]) / base:.2f}x |")
+            lines.append(
+                f"| {wf} | `{name}` | {reach} | {final} | {statistics.median(seconds[wf][name]) / base:.2f}x |"
+            )
     same = all(curves[wf]["grpo"] == curves[wf]["independent"] for wf in WORKFLOWS)
     lines += [
         "",
@@ -194,13 +211,21 @@ def write_doc(curves, seconds, args: dict, total: float, img: Path, out: Path) -
     ]
     for wf in WORKFLOWS:
         means = {n: sum(sum(r[-10:]) / len(r[-10:]) for r in curves[wf][n]) / len(curves[wf][n]) for n in OBJECTIVES}
-        spread = max(max(sum(r[-10:]) / len(r[-10:]) for r in curves[wf][n]) - min(sum(r[-10:]) / len(r[-10:])
-                     for r in curves[wf][n]) for n in OBJECTIVES)
+        spread = max(
+            max(sum(r[-10:]) / len(r[-10:]) for r in curves[wf][n])
+            - min(sum(r[-10:]) / len(r[-10:]) for r in curves[wf][n])
+            for n in OBJECTIVES
+        )
         best = max(means, key=means.get)
-        lines.append(f"- {wf}: mean final rewards span {min(means.values()):.2f}..{max(means.values()):.2f} "
-                     f"(highest: `{best}`); the seeds of one objective differ by up to {spread:.2f}"
-                     + (", so this budget does not separate the objectives." if max(means.values()) - min(means.values())
-                        <= spread else "."))
+        lines.append(
+            f"- {wf}: mean final rewards span {min(means.values()):.2f}..{max(means.values()):.2f} "
+            f"(highest: `{best}`); the seeds of one objective differ by up to {spread:.2f}"
+            + (
+                ", so this budget does not separate the objectives."
+                if max(means.values()) - min(means.values()) <= spread
+                else "."
+            )
+        )
     lines += [
         "- One different sample early on changes a whole trajectory here, so 2 seeds cannot resolve",
         "  differences of ~0.2 in final reward: float-level changes to the loss code (same loss, another",

@@ -37,8 +37,9 @@ WORKLOADS = [("coord_mixed", "coord", 40, 8), ("search", "search", 16, 8)]
 def worker(out: Path, repeats: int) -> None:
     import torch
 
-    from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
+    from srpo_graph.backends import TrainedPolicy, backend_spec
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.train.config.loading import validate
@@ -98,26 +99,36 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         __file__, "--worker", tmp, "--repeats", str(args.repeats)], env=env, check=True, timeout=900)
         rows = json.loads((Path(tmp) / "result.json").read_text())
-    lines = ["| workflow | episodes | tokens | 1 sampling rank tok/s | 2 sampling ranks tok/s | 2 / 1 |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| workflow | episodes | tokens | 1 sampling rank tok/s | 2 sampling ranks tok/s | 2 / 1 |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['workflow']} | {r['episodes']} | {r['tokens']} | {r['tokens'] / r['one']:,.0f} | "
-                     f"{r['tokens'] / r['two']:,.0f} | {r['one'] / r['two']:.2f}x |")
+        lines.append(
+            f"| {r['workflow']} | {r['episodes']} | {r['tokens']} | {r['tokens'] / r['one']:,.0f} | "
+            f"{r['tokens'] / r['two']:,.0f} | {r['one'] / r['two']:.2f}x |"
+        )
     table = "\n".join(lines)
     print(table)
     write_result("rank_rollout", {"rows": rows})
     if args.no_doc:
         return
-    write_section("rank_rollout", (
-        "## Rollouts on every rank: 1 vs 2 sampling ranks (benchmarks/bench_rank_rollout.py)\n\n"
-        "One 2-process torchrun job (gloo, one thread per rank), tiny model, transformers backend; the trainer's "
-        "rollout stage (`rollout_stage.rollout`: sampling, then the episodes on every rank as JSON) alternating "
-        "between `rollout.every_rank=false` (rank 0 samples every task and broadcasts) and `true` (each rank samples "
-        f"half of the tasks, whole groups, and the shares are all-gathered); best wall time of {args.repeats} "
-        "repeats each after a warm-up round, the same episodes in both modes (checked); "
-        f"{machine()}. **Measured once on a machine of 2 cores shared with other engineers' jobs**: the second "
-        "rank only helps as far as a second core was free, so the ratio is a lower bound of what two "
-        "dedicated cores or GPUs give; *coord_mixed* has 1-token outputs (Python-bound: the JSON gather is a "
-        "larger share), *search* outputs of up to 48 tokens and a tool.\n\n" + table + "\n"))
+    write_section(
+        "rank_rollout",
+        (
+            "## Rollouts on every rank: 1 vs 2 sampling ranks (benchmarks/bench_rank_rollout.py)\n\n"
+            "One 2-process torchrun job (gloo, one thread per rank), tiny model, transformers backend; the trainer's "
+            "rollout stage (`rollout_stage.rollout`: sampling, then the episodes on every rank as JSON) alternating "
+            "between `rollout.every_rank=false` (rank 0 samples every task and broadcasts) and `true` (each rank "
+            "samples "
+            f"half of the tasks, whole groups, and the shares are all-gathered); best wall time of {args.repeats} "
+            "repeats each after a warm-up round, the same episodes in both modes (checked); "
+            f"{machine()}. **Measured once on a machine of 2 cores shared with other engineers' jobs**: the second "
+            "rank only helps as far as a second core was free, so the ratio is a lower bound of what two "
+            "dedicated cores or GPUs give; *coord_mixed* has 1-token outputs (Python-bound: the JSON gather is a "
+            "larger share), *search* outputs of up to 48 tokens and a tool.\n\n" + table + "\n"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def one(spec: dict) -> dict:
     from srpo_graph.compiler.synthetic import synthetic_episodes
     from srpo_graph.models.architectures import build_config
     from srpo_graph.srpo.logprobs import packed_logprobs
-    from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+    from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+    from srpo_graph.srpo.options import LossConfig
     from srpo_graph.train.policies.precision import enable_gradient_checkpointing, update_forward
 
     torch.set_num_threads(1)
@@ -91,36 +92,88 @@ def one(spec: dict) -> dict:
     rss2 = _rss()
     adam_exact = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
                      if torch.is_tensor(t) and t.dim() > 0)
-    return {**spec, "adam_exact": adam_exact, "params": params, "completion_tokens": int(b.loss_mask.sum()), "stream_tokens": b.num_tokens,
-            "peak": high1 - rss0, "new_high_water": high1 > high0, "grads": grads, "adam": rss2 - rss1,
-            "weights": sum(p.numel() * p.element_size() for p in model.parameters()), "seconds": t1 - t0}
+    return {
+        **spec,
+        "adam_exact": adam_exact,
+        "params": params,
+        "completion_tokens": int(b.loss_mask.sum()),
+        "stream_tokens": b.num_tokens,
+        "peak": high1 - rss0,
+        "new_high_water": high1 > high0,
+        "grads": grads,
+        "adam": rss2 - rss1,
+        "weights": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "seconds": t1 - t0,
+    }
 
 
 def configs(tokens: int) -> list[dict]:
     out = []
     for vocab in (32_000, 128_256, 151_936):  # the vocabulary sweep at the mid shape (151,936 = the scale size)
         for head in ("whole", "chunked"):
-            out.append({"name": f"mid shape, V={vocab:,}, {head}", "size": "mid", "vocab": vocab, "head": head,
-                        "tokens": tokens})
+            out.append(
+                {
+                    "name": f"mid shape, V={vocab:,}, {head}",
+                    "size": "mid",
+                    "vocab": vocab,
+                    "head": head,
+                    "tokens": tokens,
+                }
+            )
     for size, vocab in (("test", 1_600), ("mid", 1_600)):  # the test and mid sizes at their tokenizer's vocabulary
         for head in ("whole", "chunked"):
-            out.append({"name": f"{size}, V={vocab:,}, {head}", "size": size, "vocab": vocab, "head": head, "tokens": tokens})
+            out.append(
+                {"name": f"{size}, V={vocab:,}, {head}", "size": size, "vocab": vocab, "head": head, "tokens": tokens}
+            )
     for extra in ({"bf16": True}, {"ckpt": True}):  # at the scale size
         tag = " + bf16" if extra.get("bf16") else " + ckpt"
-        out.append({"name": f"mid shape, V=151,936, chunked{tag}", "size": "mid", "vocab": 151_936, "head": "chunked",
-                    "tokens": tokens, **extra})
+        out.append(
+            {
+                "name": f"mid shape, V=151,936, chunked{tag}",
+                "size": "mid",
+                "vocab": 151_936,
+                "head": "chunked",
+                "tokens": tokens,
+                **extra,
+            }
+        )
     for extra in ({}, {"bf16": True}, {"ckpt": True}):  # per-token slopes (twice the tokens), mid size
         tag = " + bf16" if extra.get("bf16") else " + ckpt" if extra.get("ckpt") else ""
         for t in (tokens, 2 * tokens):
             if not extra and t == tokens:
                 continue  # measured above
-            out.append({"name": f"mid, V=1,600, chunked{tag}, {t} tokens", "size": "mid", "vocab": 1_600,
-                        "head": "chunked", "tokens": t, **extra})
+            out.append(
+                {
+                    "name": f"mid, V=1,600, chunked{tag}, {t} tokens",
+                    "size": "mid",
+                    "vocab": 1_600,
+                    "head": "chunked",
+                    "tokens": t,
+                    **extra,
+                }
+            )
     for tag, extra in (("", {}), (" + bf16", {"bf16": True}), (" + ckpt", {"ckpt": True})):  # per-layer costs
-        out.append({"name": f"mid 4 layers, V=1,600, chunked{tag}, {2 * tokens} tokens", "size": "mid", "vocab": 1_600,
-                    "head": "chunked", "tokens": 2 * tokens, "layers": 4, **extra})
-    out.append({"name": "mid, bf16 weights", "size": "mid", "vocab": 1_600, "head": "chunked", "tokens": tokens,
-                "dtype": "bfloat16"})
+        out.append(
+            {
+                "name": f"mid 4 layers, V=1,600, chunked{tag}, {2 * tokens} tokens",
+                "size": "mid",
+                "vocab": 1_600,
+                "head": "chunked",
+                "tokens": 2 * tokens,
+                "layers": 4,
+                **extra,
+            }
+        )
+    out.append(
+        {
+            "name": "mid, bf16 weights",
+            "size": "mid",
+            "vocab": 1_600,
+            "head": "chunked",
+            "tokens": tokens,
+            "dtype": "bfloat16",
+        }
+    )
     return out
 
 
@@ -147,12 +200,17 @@ def report(res: list[dict], tokens: int) -> str:
     for r in res:
         if r["tokens"] != tokens or r.get("dtype"):
             continue
-        twin = by.get(r["name"].replace("chunked", "whole").replace(" + ckpt", "").replace(" + bf16", "") if
-                      r["head"] == "chunked" else r["name"])
+        twin = by.get(
+            r["name"].replace("chunked", "whole").replace(" + ckpt", "").replace(" + bf16", "")
+            if r["head"] == "chunked"
+            else r["name"]
+        )
         ratio = f"{r['peak'] / twin['peak']:.2f}x" if twin and twin is not r else "1.00x"
         hw = "" if r["new_high_water"] else " (<= setup peak)"
-        lines.append(f"| {r['name']} | {r['params'] / 1e6:.1f}M | {_mib(r['peak'])}{hw} | {_mib(r['grads'])} | {ratio} | "
-                     f"{r['seconds']:.1f} s |")
+        lines.append(
+            f"| {r['name']} | {r['params'] / 1e6:.1f}M | {_mib(r['peak'])}{hw} | {_mib(r['grads'])} | {ratio} | "
+            f"{r['seconds']:.1f} s |"
+        )
     return "\n".join(lines)
 
 
@@ -165,19 +223,28 @@ def costs(res: list[dict], tokens: int) -> dict:
 
     out: dict = {}
     for tag in ("", " + bf16", " + ckpt"):  # two more layers at the same tokens: what one layer holds per token
-        two, four = by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"], by[f"mid 4 layers, V=1,600, chunked{tag}, {2 * tokens} tokens"]
-        out[f"activations, bytes per token per layer (mid shape{tag or ', float32'})"] = \
-            (four["peak"] - four["grads"] - two["peak"] + two["grads"]) / (2 * two["stream_tokens"])
+        two, four = (
+            by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"],
+            by[f"mid 4 layers, V=1,600, chunked{tag}, {2 * tokens} tokens"],
+        )
+        out[f"activations, bytes per token per layer (mid shape{tag or ', float32'})"] = (
+            four["peak"] - four["grads"] - two["peak"] + two["grads"]
+        ) / (2 * two["stream_tokens"])
     for tag in ("", " + bf16", " + ckpt"):
         lo = by[f"mid, V=1,600, chunked{tag}, {tokens} tokens"] if tag else by["mid, V=1,600, chunked"]
-        out[f"peak bytes per token, 2 layers (mid shape{tag or ', float32'})"] = \
-            slope(lo, by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"])
+        out[f"peak bytes per token, 2 layers (mid shape{tag or ', float32'})"] = slope(
+            lo, by[f"mid, V=1,600, chunked{tag}, {2 * tokens} tokens"]
+        )
     whole, chunked = by["mid shape, V=151,936, whole"], by["mid shape, V=151,936, chunked"]
-    out["whole minus chunked at V=151,936, bytes per completion token"] = \
-        (whole["peak"] - chunked["peak"]) / whole["completion_tokens"]
+    out["whole minus chunked at V=151,936, bytes per completion token"] = (whole["peak"] - chunked["peak"]) / whole[
+        "completion_tokens"
+    ]
     for label, r in (("bfloat16", by["mid, bf16 weights"]), ("float32", by["mid, V=1,600, chunked"])):
-        out[f"{label} weights: bytes per parameter (weights, gradients, Adam states)"] = \
-            [r["weights"] / r["params"], r["grads"] / r["params"], r.get("adam_exact", r["adam"]) / r["params"]]
+        out[f"{label} weights: bytes per parameter (weights, gradients, Adam states)"] = [
+            r["weights"] / r["params"],
+            r["grads"] / r["params"],
+            r.get("adam_exact", r["adam"]) / r["params"],
+        ]
     return out
 
 
@@ -198,14 +265,18 @@ def main() -> None:
     for spec in configs(args.tokens):
         if args.only not in spec["name"]:
             continue
-        out = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
-                             env=env, timeout=900)
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True, env=env, timeout=900
+        )
         if out.returncode:
             raise SystemExit(f"{spec['name']} failed:\n{out.stderr[-3000:]}")
         r = json.loads(out.stdout.strip().splitlines()[-1])
         r["machine"] = machine()
-        print(f"{r['name']}: peak {_mib(r['peak'])}, grads {_mib(r['grads'])}, adam {_mib(r['adam'])}, "
-              f"{r['seconds']:.1f} s", flush=True)
+        print(
+            f"{r['name']}: peak {_mib(r['peak'])}, grads {_mib(r['grads'])}, adam {_mib(r['adam'])}, "
+            f"{r['seconds']:.1f} s",
+            flush=True,
+        )
         res.append(r)
     if args.only:  # merged into the last full run's results (same names replaced)
         from _perfdoc import read_result
@@ -216,9 +287,14 @@ def main() -> None:
         order = [c["name"] for c in configs(args.tokens)]
         res.sort(key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
     c = costs(res, args.tokens)
-    body = report(res, args.tokens) + "\n\nDerived (docs/gpu.md's memory table uses these):\n\n" + "\n".join(
-        f"- {k}: " + (", ".join(f"{x:.2f}" for x in v) if isinstance(v, list) else f"{v / 1024:,.1f} KiB")
-        for k, v in c.items())
+    body = (
+        report(res, args.tokens)
+        + "\n\nDerived (docs/gpu.md's memory table uses these):\n\n"
+        + "\n".join(
+            f"- {k}: " + (", ".join(f"{x:.2f}" for x in v) if isinstance(v, list) else f"{v / 1024:,.1f} KiB")
+            for k, v in c.items()
+        )
+    )
     write_section("real_models", body)
     write_result("real_models", {"runs": res, "costs": c})
 

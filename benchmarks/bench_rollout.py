@@ -62,16 +62,32 @@ def bench(name: str, task_file: str, backend: TransformersBackend, n_tasks: int,
     rounds: dict[int, list[GenerationRequest]] = defaultdict(list)
     for e in episodes:
         for o in e.outputs:
-            rounds[o.step].append(GenerationRequest(
-                tuple(o.prompt_ids), max_new_tokens=len(o.completion_ids), temperature=o.temperature,
-                allowed_token_ids=tuple(o.allowed_token_ids) if o.allowed_token_ids else None, seed=len(rounds[o.step])))
-    best = interleaved({
-        "exec": lambda: run(wf, tasks, backends, samples=samples, seed=1),
-        "raw": lambda: [backend.generate(reqs) for _, reqs in sorted(rounds.items())],
-    }, repeats)
+            rounds[o.step].append(
+                GenerationRequest(
+                    tuple(o.prompt_ids),
+                    max_new_tokens=len(o.completion_ids),
+                    temperature=o.temperature,
+                    allowed_token_ids=tuple(o.allowed_token_ids) if o.allowed_token_ids else None,
+                    seed=len(rounds[o.step]),
+                )
+            )
+    best = interleaved(
+        {
+            "exec": lambda: run(wf, tasks, backends, samples=samples, seed=1),
+            "raw": lambda: [backend.generate(reqs) for _, reqs in sorted(rounds.items())],
+        },
+        repeats,
+    )
     t_seq = interleaved({"seq": lambda: run(wf, tasks, backends, samples=samples, seed=1, max_concurrent=1)}, 1)["seq"]
-    return {"name": name, "episodes": len(episodes), "tokens": tokens, "batches": res.stats.generate_calls,
-            "exec": best["exec"], "raw": best["raw"], "seq": t_seq}
+    return {
+        "name": name,
+        "episodes": len(episodes),
+        "tokens": tokens,
+        "batches": res.stats.generate_calls,
+        "exec": best["exec"],
+        "raw": best["raw"],
+        "seq": t_seq,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,8 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     backend = TransformersBackend.from_pretrained("tiny")
     rows = [bench(n, t, backend, args.tasks, args.samples, args.repeats) for n, t in WORKFLOWS]
     rows += [bench(n, t, backend, k, args.samples, max(1, args.repeats // 2)) for n, t, k in LONG]
-    head = ("| workflow | episodes | tokens | batches | executor tok/s | raw generate tok/s | executor / raw "
-            "| one-at-a-time tok/s | executor / one-at-a-time |")
+    head = (
+        "| workflow | episodes | tokens | batches | executor tok/s | raw generate tok/s | executor / raw "
+        "| one-at-a-time tok/s | executor / one-at-a-time |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         lines.append(
@@ -120,8 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     if not args.no_doc:
         write_section("rollout", body)
-        write_result("rollout", {r["name"]: {"ratio": r["raw"] / r["exec"], "tokens": r["tokens"],
-                                             "episodes": r["episodes"]} for r in rows})
+        write_result(
+            "rollout",
+            {
+                r["name"]: {"ratio": r["raw"] / r["exec"], "tokens": r["tokens"], "episodes": r["episodes"]}
+                for r in rows
+            },
+        )
         print("wrote the rollout section of docs/performance.md")
 
 

@@ -33,7 +33,7 @@ SIZES = {
 def build(name: str, root: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+    from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
 
     tiny = ensure_tiny_model()
     if SIZES[name] is None:

@@ -65,8 +65,12 @@ def measure(wf: str, args) -> dict:
         end = time.perf_counter()
         rows = read_metrics(Path(tmp) / wf / "metrics.jsonl")
     bounds = starts[1:] + [end]
-    out = {"steps": len(rows) - 1, "events": statistics.mean(r["events"] for r in rows),
-           "tokens": statistics.mean(r["tokens"] for r in rows), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    out = {
+        "steps": len(rows) - 1,
+        "events": statistics.mean(r["events"] for r in rows),
+        "tokens": statistics.mean(r["tokens"] for r in rows),
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     out["step_s"] = [b - a for a, b in zip(starts[1:], bounds[1:])]
     for stage in STAGES:
         out[stage] = [r[f"time/{stage}"] for r in rows[1:]]
@@ -86,20 +90,38 @@ def main() -> None:
         return
     results = {}
     for wf in WORKFLOWS:
-        proc = subprocess.run([sys.executable, __file__, "--one", wf, "--steps", str(args.steps), "--tasks-per-step",
-                               str(args.tasks_per_step), "--samples", str(args.samples)],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                wf,
+                "--steps",
+                str(args.steps),
+                "--tasks-per-step",
+                str(args.tasks_per_step),
+                "--samples",
+                str(args.samples),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results[wf] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(wf, {k: (round(sum(v) / len(v), 4) if isinstance(v, list) else v) for k, v in results[wf].items()})
     sys.path.insert(0, str(Path(__file__).parent))
     from _perfdoc import machine, write_section
 
-    head = "| workflow | events / tokens per step | step time | " + " | ".join(
-        s.replace("old_logprobs", "old log-probs") for s in STAGES) + " | checkpoint | other | peak RSS |"
+    head = (
+        "| workflow | events / tokens per step | step time | "
+        + " | ".join(s.replace("old_logprobs", "old log-probs") for s in STAGES)
+        + " | checkpoint | other | peak RSS |"
+    )
     lines = [
         "## Trainer: a training step by stage (benchmarks/bench_train.py)",
         "",
-        f"`srpo-graph train` defaults ({args.tasks_per_step} tasks x {args.samples} samples, 2 epochs, one mini-batch) on the "
+        f"`srpo-graph train` defaults ({args.tasks_per_step} tasks x {args.samples} samples, 2 epochs, one "
+        f"mini-batch) on the "
         f"tiny model, no eval, no plots, a checkpoint after every step (default: every 50 steps); steps 2-{args.steps} "
         f"(step 1 is warm-up); each workflow in its own process; {machine()}; other jobs shared the 2 cores. "
         "Shares of the mean step wall time; *other* = metrics, TensorBoard, traces.",
@@ -114,10 +136,16 @@ def main() -> None:
         other = 1.0 - sum(shares)
         top = sorted(zip(shares, (*STAGES, "checkpoint")), reverse=True)[:2]
         largest.append(f"{wf}: {top[0][1]} {100 * top[0][0]:.0f}%, then {top[1][1]} {100 * top[1][0]:.0f}%")
-        lines.append(f"| {wf} | {r['events']:.0f} / {r['tokens']:.0f} | {1000 * total / len(r['step_s']):.0f} ms | "
-                     + " | ".join(f"{100 * x:.1f}%" for x in shares) + f" | {100 * other:.1f}% | {r['rss_mb']:.0f} MB |")
-    lines += ["", f"Largest shares: {'; '.join(largest)}. Peak RSS is the whole process (Python, torch, "
-              "transformers, the model, optimizer state)."]
+        lines.append(
+            f"| {wf} | {r['events']:.0f} / {r['tokens']:.0f} | {1000 * total / len(r['step_s']):.0f} ms | "
+            + " | ".join(f"{100 * x:.1f}%" for x in shares)
+            + f" | {100 * other:.1f}% | {r['rss_mb']:.0f} MB |"
+        )
+    lines += [
+        "",
+        f"Largest shares: {'; '.join(largest)}. Peak RSS is the whole process (Python, torch, "
+        "transformers, the model, optimizer state).",
+    ]
     write_section("train", "\n".join(lines))
     print("\n".join(lines))
 

@@ -98,9 +98,18 @@ def run_srpo(steps: int, scale: int, layout: str) -> dict:
     # the last step ends where the final checkpoint begins: use the trainer's own step time there
     step_s = [b - a for a, b in zip(starts[:-1], starts[1:])] + [rows[-1]["time/step"]]
     cpu_s = [b - a for a, b in zip(cpu[:-1], cpu[1:])] + [cpu_end[0] - cpu[-1]]
-    stages = {s: [r.get(f"time/{s}", 0.0) for r in rows[1:]] for s in ("rollout", "compile", "old_logprobs", "update", "sync")}
-    return {"tool": "srpo-graph", "step_s": step_s[1:], "cpu_s": cpu_s[1:], "stages": stages, "rss_mb": _rss_mb(),
-            "tokens": statistics.mean(r["tokens"] for r in rows), "wall_s": time.perf_counter() - t_begin}
+    stages = {
+        s: [r.get(f"time/{s}", 0.0) for r in rows[1:]] for s in ("rollout", "compile", "old_logprobs", "update", "sync")
+    }
+    return {
+        "tool": "srpo-graph",
+        "step_s": step_s[1:],
+        "cpu_s": cpu_s[1:],
+        "stages": stages,
+        "rss_mb": _rss_mb(),
+        "tokens": statistics.mean(r["tokens"] for r in rows),
+        "wall_s": time.perf_counter() - t_begin,
+    }
 
 
 # --------------------------------------------------------------------------- TRL
@@ -135,12 +144,30 @@ def run_trl(steps: int, scale: int) -> dict:
     accum = max(1, (n_prompts * G) // TRL_MICRO)
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10**6,
-            disable_tqdm=True, seed=1, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-            weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_generations=G, max_completion_length=MAX_TOKENS,
-            temperature=1.0, top_k=0, top_p=1.0, num_iterations=EPOCHS,
-            per_device_train_batch_size=min(TRL_MICRO, n_prompts * G), gradient_accumulation_steps=accum,
-            max_steps=steps * EPOCHS, dataloader_num_workers=0, shuffle_dataset=False,
+            output_dir=tmp,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=10**6,
+            disable_tqdm=True,
+            seed=1,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            beta=0.0,
+            num_generations=G,
+            max_completion_length=MAX_TOKENS,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_iterations=EPOCHS,
+            per_device_train_batch_size=min(TRL_MICRO, n_prompts * G),
+            gradient_accumulation_steps=accum,
+            max_steps=steps * EPOCHS,
+            dataloader_num_workers=0,
+            shuffle_dataset=False,
             gradient_checkpointing=False,  # TRL turns it on by default; off is faster here (nothing to save)
         )
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
@@ -184,8 +211,15 @@ def run_trl(steps: int, scale: int) -> dict:
     cpu_s = [b - a for a, b in zip(cpu[:-1], cpu[1:])]
     stages = {"rollout": gen_s[1:], "rewards+old log-probs": [p - g for p, g in zip(prep_s[1:], gen_s[1:])]}
     stages["update"] = [s - sum(v[i] for v in stages.values()) for i, s in enumerate(step_s[1:])]
-    return {"tool": "TRL", "step_s": step_s[1:], "cpu_s": cpu_s[1:], "stages": stages, "rss_mb": _rss_mb(), "wall_s": wall,
-            "optimizer_steps": trainer.state.global_step}
+    return {
+        "tool": "TRL",
+        "step_s": step_s[1:],
+        "cpu_s": cpu_s[1:],
+        "stages": stages,
+        "rss_mb": _rss_mb(),
+        "wall_s": wall,
+        "optimizer_steps": trainer.state.global_step,
+    }
 
 
 # --------------------------------------------------------------------------- driver
@@ -208,8 +242,11 @@ def alternate(runs: int, steps: int, scale: int, layout: str) -> tuple[list[dict
         for tool in order:
             r = child(tool, steps, scale, layout)
             (ours if tool == "srpo" else theirs).append(r)
-            print(f"  x{scale} run {i + 1} {r['tool']}: {1000 * statistics.median(r['step_s']):.0f} ms/step, "
-                  f"{r['rss_mb']:.0f} MB", flush=True)
+            print(
+                f"  x{scale} run {i + 1} {r['tool']}: {1000 * statistics.median(r['step_s']):.0f} ms/step, "
+                f"{r['rss_mb']:.0f} MB",
+                flush=True,
+            )
     return ours, theirs
 
 
@@ -265,10 +302,14 @@ def main(argv: list[str] | None = None) -> dict:
     lines = [
         "## P6 / P7: a training step vs TRL's GRPOTrainer (benchmarks/bench_vs_trl.py)",
         "",
-        f"Same work in both: the tiny model, {PROMPTS} prompts x G={G} completions of up to {MAX_TOKENS} tokens per step, "
-        f"the same Python reward, {EPOCHS} epochs with one optimizer step each, Adam lr {LR:g}, no KL, fp32, one thread; "
-        f"srpo-graph trains `benchmarks/workloads/single16.wf` (`optim.layout={args.layout}`), TRL {trl.__version__} runs "
-        f"`GRPOTrainer` (`num_iterations={EPOCHS}`, `beta=0`). Median step time per process (first step left out), wall and CPU (the process's own CPU time, all threads: "
+        f"Same work in both: the tiny model, {PROMPTS} prompts x G={G} completions of up to {MAX_TOKENS} tokens per "
+        f"step, "
+        f"the same Python reward, {EPOCHS} epochs with one optimizer step each, Adam lr {LR:g}, no KL, fp32, one "
+        f"thread; "
+        f"srpo-graph trains `benchmarks/workloads/single16.wf` (`optim.layout={args.layout}`), TRL {trl.__version__} "
+        f"runs "
+        f"`GRPOTrainer` (`num_iterations={EPOCHS}`, `beta=0`). Median step time per process (first step left out), "
+        f"wall and CPU (the process's own CPU time, all threads: "
         f"robust to the other jobs on the shared cores); "
         f"whole processes alternated A B A B, {len(ours1)} per tool at 1x; ratio = median of the per-pair ratios "
         f"(min-max); {machine()}; **the 2 cores were shared with other engineers' jobs**, so absolute times are noisy.",
@@ -288,37 +329,64 @@ def main(argv: list[str] | None = None) -> dict:
         p7 = [a["rss_mb"] / b["rss_mb"] for a, b in zip(ours4, theirs4)]
         grow_o = statistics.median(r["rss_mb"] for r in ours4) / statistics.median(r["rss_mb"] for r in ours1)
         grow_t = statistics.median(r["rss_mb"] for r in theirs4) / statistics.median(r["rss_mb"] for r in theirs1)
-        lines.append(f"| P7: peak RSS, 4x rollout batch, fixed micro-batch budget | "
-                     f"{statistics.median(r['rss_mb'] for r in ours4):.0f} MB ({grow_o:.2f}x of 1x) | "
-                     f"{statistics.median(r['rss_mb'] for r in theirs4):.0f} MB ({grow_t:.2f}x of 1x) | {_ratio(p7)} |")
-    lines += ["", "Stage shares of the step time (1x, all runs):", "",
-              f"* srpo-graph: {_shares(ours1)}", f"* TRL: {_shares(theirs1)}", ""]
-    if max(res) > 1:
-        lines += [f"At {max(res)}x:", "", f"* srpo-graph: {_shares(res[max(res)][0])}",
-                  f"* TRL: {_shares(res[max(res)][1])}", ""]
+        lines.append(
+            f"| P7: peak RSS, 4x rollout batch, fixed micro-batch budget | "
+            f"{statistics.median(r['rss_mb'] for r in ours4):.0f} MB ({grow_o:.2f}x of 1x) | "
+            f"{statistics.median(r['rss_mb'] for r in theirs4):.0f} MB ({grow_t:.2f}x of 1x) | {_ratio(p7)} |"
+        )
     lines += [
-              "CPU time per step as the rollout batch grows (prompts per step x G=8; median over processes; "
-              "per-completion time relative to 1x in brackets: 1.00 = linear), and the ratios:", "",
-              "| batch | completions | srpo-graph CPU / step | TRL CPU / step | CPU: srpo-graph / TRL (min-max) "
-              "| wall: srpo-graph / TRL (min-max) |",
-              "|---|---|---|---|---|---|"]
+        "",
+        "Stage shares of the step time (1x, all runs):",
+        "",
+        f"* srpo-graph: {_shares(ours1)}",
+        f"* TRL: {_shares(theirs1)}",
+        "",
+    ]
+    if max(res) > 1:
+        lines += [
+            f"At {max(res)}x:",
+            "",
+            f"* srpo-graph: {_shares(res[max(res)][0])}",
+            f"* TRL: {_shares(res[max(res)][1])}",
+            "",
+        ]
+    lines += [
+        "CPU time per step as the rollout batch grows (prompts per step x G=8; median over processes; "
+        "per-completion time relative to 1x in brackets: 1.00 = linear), and the ratios:",
+        "",
+        "| batch | completions | srpo-graph CPU / step | TRL CPU / step | CPU: srpo-graph / TRL (min-max) "
+        "| wall: srpo-graph / TRL (min-max) |",
+        "|---|---|---|---|---|---|",
+    ]
     base_o, base_t = statistics.median(map(_cpu, ours1)), statistics.median(map(_cpu, theirs1))
     for scale, (ours, theirs) in res.items():
         mo, mt = statistics.median(map(_cpu, ours)), statistics.median(map(_cpu, theirs))
         ratio = [_med(a) / _med(b) for a, b in zip(ours, theirs)]
         ratio_cpu = [_cpu(a) / _cpu(b) for a, b in zip(ours, theirs)]
-        lines.append(f"| {scale}x | {PROMPTS * G * scale} | {1000 * mo:.0f} ms ({mo / base_o / scale:.2f}) | "
-                     f"{1000 * mt:.0f} ms ({mt / base_t / scale:.2f}) | {_ratio(ratio_cpu)} | {_ratio(ratio)} |")
+        lines.append(
+            f"| {scale}x | {PROMPTS * G * scale} | {1000 * mo:.0f} ms ({mo / base_o / scale:.2f}) | "
+            f"{1000 * mt:.0f} ms ({mt / base_t / scale:.2f}) | {_ratio(ratio_cpu)} | {_ratio(ratio)} |"
+        )
     text = "\n".join(lines)
     print(text)
     compile_share = sum(sum(r["stages"]["compile"]) for r in ours1) / sum(sum(r["step_s"]) for r in ours1)
-    summary = {"p6": p6, "p6_cpu": p6_cpu, "p7": p7 if 4 in res else None, "compile_share": compile_share, "layout": args.layout,
-               "step_ms": {"srpo-graph": 1000 * statistics.median(map(_med, ours1)),
-                           "TRL": 1000 * statistics.median(map(_med, theirs1))},
-               "cpu_ms": {"srpo-graph": 1000 * statistics.median(map(_cpu, ours1)),
-                          "TRL": 1000 * statistics.median(map(_cpu, theirs1))},
-               "scaling": {str(s): [_med(a) / _med(b) for a, b in zip(*r)] for s, r in res.items()},
-               "scaling_cpu": {str(s): [_cpu(a) / _cpu(b) for a, b in zip(*r)] for s, r in res.items()}}
+    summary = {
+        "p6": p6,
+        "p6_cpu": p6_cpu,
+        "p7": p7 if 4 in res else None,
+        "compile_share": compile_share,
+        "layout": args.layout,
+        "step_ms": {
+            "srpo-graph": 1000 * statistics.median(map(_med, ours1)),
+            "TRL": 1000 * statistics.median(map(_med, theirs1)),
+        },
+        "cpu_ms": {
+            "srpo-graph": 1000 * statistics.median(map(_cpu, ours1)),
+            "TRL": 1000 * statistics.median(map(_cpu, theirs1)),
+        },
+        "scaling": {str(s): [_med(a) / _med(b) for a, b in zip(*r)] for s, r in res.items()},
+        "scaling_cpu": {str(s): [_cpu(a) / _cpu(b) for a, b in zip(*r)] for s, r in res.items()},
+    }
     if not args.no_doc:
         write_section("vs_trl", text)
         write_result("vs_trl", summary)

@@ -49,15 +49,21 @@ def table(eval_json: Path) -> list[str]:
     reports = [EvalReport.model_validate(r) for r in json.loads(eval_json.read_text(encoding="utf-8"))["reports"]]
     base = next(r for r in reports if r.label == "base")
     k = base.samples
-    lines = [f"| source | Avg@{k} (95% CI) | Pass@{k} (95% CI) | Avg@{k} - base, paired [95% CI], p |", "|---|---|---|---|"]
+    lines = [
+        f"| source | Avg@{k} (95% CI) | Pass@{k} (95% CI) | Avg@{k} - base, paired [95% CI], p |",
+        "|---|---|---|---|",
+    ]
     for r in reports:
         avg, pk = r.overall.avg, r.overall.pass_at.get(k)
         diff = "-"
         if r is not base:
             d = compare(base, r).diffs["avg"]
             diff = f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}], p={d.p:.3f}"
-        lines.append(f"| {r.label} | {avg.value:.3f} [{avg.low:.3f}, {avg.high:.3f}] | "
-                     + (f"{pk.value:.3f} [{pk.low:.3f}, {pk.high:.3f}]" if pk else "-") + f" | {diff} |")
+        lines.append(
+            f"| {r.label} | {avg.value:.3f} [{avg.low:.3f}, {avg.high:.3f}] | "
+            + (f"{pk.value:.3f} [{pk.low:.3f}, {pk.high:.3f}]" if pk else "-")
+            + f" | {diff} |"
+        )
     return lines
 
 
@@ -71,8 +77,11 @@ def breakdown(eval_dir: Path) -> list[str]:
     from srpo_graph.models.sft_data import solution_correct
 
     labels = [r["label"] for r in json.loads((eval_dir / "eval.json").read_text(encoding="utf-8"))["reports"]]
-    lines = ["| source | solver right (- base, paired [95% CI], p) | verifier right | verifier copies the solver | "
-             "verifier right after a right / a wrong solution |", "|---|---|---|---|---|"]
+    lines = [
+        "| source | solver right (- base, paired [95% CI], p) | verifier right | verifier copies the solver | "
+        "verifier right after a right / a wrong solution |",
+        "|---|---|---|---|---|",
+    ]
     per_problem: dict[str, list[float]] = {}  # base's solver accuracy per problem
     for i, label in enumerate(labels):
         n = sr = vr = copy = 0
@@ -96,7 +105,9 @@ def breakdown(eval_dir: Path) -> list[str]:
             lo, hi = ratio_interval(d, [1.0] * len(d), bootstrap_indices(len(d), seed=0))
             diff = f" ({sum(d) / len(d):+.3f} [{lo:+.3f}, {hi:+.3f}], p={sign_flip_p(d, seed=0):.3f})"
         rate = {k: v[0] / v[1] if v[1] else float("nan") for k, v in after.items()}
-        lines.append(f"| {label} | {sr / n:.3f}{diff} | {vr / n:.3f} | {copy / n:.3f} | {rate[True]:.3f} / {rate[False]:.3f} |")
+        lines.append(
+            f"| {label} | {sr / n:.3f}{diff} | {vr / n:.3f} | {copy / n:.3f} | {rate[True]:.3f} / {rate[False]:.3f} |"
+        )
     return lines
 
 
@@ -146,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     curves = reward_curves(args.runs)
     for name, ys in curves.items():
         q = max(1, len(ys) // 4)
-        print(f"{name}: {len(ys)} steps, train reward first {q} steps {statistics.mean(ys[:q]):.3f}, "
-              f"last {q} {statistics.mean(ys[-q:]):.3f}")
+        print(
+            f"{name}: {len(ys)} steps, train reward first {q} steps {statistics.mean(ys[:q]):.3f}, "
+            f"last {q} {statistics.mean(ys[-q:]):.3f}"
+        )
     if curves and args.plot:
         plot(curves, args.plot)
         print(f"wrote {args.plot}")

@@ -21,7 +21,7 @@ STEPS=${STEPS:-4}
 import sys, torch
 from pathlib import Path
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from srpo_graph.backends.tiny import ensure_tiny_model, load_tokenizer
+from srpo_graph.models.tiny import ensure_tiny_model, load_tokenizer
 work = Path(sys.argv[1])
 tok = load_tokenizer(str(ensure_tiny_model(work / "tiny")))
 cfg = Qwen2Config(vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=4,

@@ -44,7 +44,7 @@ def table(c: dict) -> str:
         f"Memory **from measured costs** (`benchmarks/bench_real_models.py`, docs/performance.md P8; this block is "
         f"written by `benchmarks/gpu_table.py`): per parameter, bf16 weights {per_param[0]:.1f} B + gradients "
         f"{per_param[1]:.1f} B + AdamW states {per_param[2]:.1f} B; activations of a micro-batch of {MICRO_TOKENS:,} "
-        f"tokens under `optim.autocast = \"bfloat16\"`, {act_bf16 / 1024:.1f} KiB per token per layer at Qwen2.5-0.5B's "
+        f'tokens under `optim.autocast = "bfloat16"`, {act_bf16 / 1024:.1f} KiB per token per layer at Qwen2.5-0.5B\'s '
         f"width ({act_ckpt / 1024:.1f} KiB with `optim.gradient_checkpointing`), scaled by each layer's width "
         f"(hidden + MLP); the whole [tokens, V] lm_head blocks the update held before the chunked head, "
         f"{head / 2**20:.2f} MiB per completion token at V = 151,936 (now a few [chunk, V] blocks: ~0.2 GiB). "
@@ -60,9 +60,11 @@ def table(c: dict) -> str:
         per_gpu = full / shards  # FSDP with SGLang rollouts: the sync streams buckets, no whole copy on rank 0
         scale = (h + i) / MID_WIDTH * layers * MICRO_TOKENS
         whole = head * vocab / 151_936 * MICRO_TOKENS
-        lines.append(f"| {name} | {weights / GIB:.0f} GiB | {full / GIB:.0f} GiB | {layout} | {per_gpu / GIB:.0f} GiB"
-                     f"{' (+ one sync bucket)' if shards > 1 else ''} | {act_bf16 * scale / GIB:.0f} GiB / "
-                     f"{act_ckpt * scale / GIB:.1f} GiB | {whole / GIB:.1f} GiB / ~0.2 GiB |")
+        lines.append(
+            f"| {name} | {weights / GIB:.0f} GiB | {full / GIB:.0f} GiB | {layout} | {per_gpu / GIB:.0f} GiB"
+            f"{' (+ one sync bucket)' if shards > 1 else ''} | {act_bf16 * scale / GIB:.0f} GiB / "
+            f"{act_ckpt * scale / GIB:.1f} GiB | {whole / GIB:.1f} GiB / ~0.2 GiB |"
+        )
     return "\n".join(lines)
 
 

@@ -36,6 +36,8 @@ PARTS = ("render", "request+batch", "answer checks", "add_output", "advance", "t
 def profile_rollout(name: str, task_file: str, repeats: int) -> dict:
     import srpo_graph.runtime.episode as episode
     import srpo_graph.runtime.executor as executor
+    import srpo_graph.runtime.lockstep as lockstep
+    import srpo_graph.runtime.requests as requests
     from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.tasks import load_tasks
@@ -83,13 +85,13 @@ def profile_rollout(name: str, task_file: str, repeats: int) -> dict:
         executor.run(wf, tasks, backends, samples=8, seed=1)
         total = time.process_time() - t0
         best_total = total if best_total is None else min(best_total, total)
-    wrap(executor, "render", "render")
-    wrap(executor, "checked_completion", "answer checks")
-    wrap(executor, "trim_at_stop", "answer checks")
+    wrap(requests, "render", "render")
+    wrap(requests, "checked_completion", "answer checks")
+    wrap(requests, "trim_at_stop", "answer checks")
     wrap(episode.EpisodeRun, "add_output", "add_output")
     wrap(episode.EpisodeRun, "advance", "advance")
     wrap(episode.EpisodeRun, "to_episode", "to_episode")
-    wrap(executor, "_generate_round", "round")
+    wrap(lockstep, "generate_round", "round")
     try:
         for _ in range(repeats):
             spent.clear()
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     rows = [profile_rollout(n, t, args.repeats) for n, t in WORKFLOWS]
     comp = profile_compile(args.repeats)
-    head = "| workflow | outputs | executor Python / output | model / output (generate) | " + " | ".join(PARTS) + " | loop |"
+    head = ("| workflow | outputs | executor Python / output | model / output (generate) | " + " | ".join(PARTS)
+            + " | loop |")
     lines = [
         "## Profile: the Python of P1 and P2 (benchmarks/profile_overheads.py)",
         "",
@@ -170,11 +173,18 @@ def main(argv: list[str] | None = None) -> None:
         "|" + "---|" * (head.count("|") - 1),
     ]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['outputs']} | {r['python_us']:.1f} us | {r['model_us']:.1f} us | "
-                     + " | ".join(f"{r['parts_us'][p]:.1f}" for p in (*PARTS, "loop")) + " |")
-    lines += ["", f"Compile of one P6 step ({comp['episodes']} episodes of `single16.wf`): {comp['compile_ms']:.2f} ms, "
-              f"{comp['per_episode_us']:.0f} us per episode; own-time shares (cProfile): "
-              + ", ".join(f"`{k}` {100 * v:.0f}%" for k, v in comp["top"]) + "."]
+        lines.append(
+            f"| {r['name']} | {r['outputs']} | {r['python_us']:.1f} us | {r['model_us']:.1f} us | "
+            + " | ".join(f"{r['parts_us'][p]:.1f}" for p in (*PARTS, "loop"))
+            + " |"
+        )
+    lines += [
+        "",
+        f"Compile of one P6 step ({comp['episodes']} episodes of `single16.wf`): {comp['compile_ms']:.2f} ms, "
+        f"{comp['per_episode_us']:.0f} us per episode; own-time shares (cProfile): "
+        + ", ".join(f"`{k}` {100 * v:.0f}%" for k, v in comp["top"])
+        + ".",
+    ]
     text = "\n".join(lines)
     print(text)
     if not args.no_doc:

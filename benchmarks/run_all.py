@@ -50,10 +50,21 @@ def summary() -> str:
     if r:
         one = {k: v["ratio"] for k, v in r.items() if isinstance(v, dict) and k.startswith("coord")}
         many = {k: v["ratio"] for k, v in r.items() if isinstance(v, dict) and not k.startswith("coord")}
-        rows.append(("P1", "rollout: executor / raw batched generate, 1-token outputs (worst case)",
-                     f"{min(one.values()):.2f}-{max(one.values()):.2f}x over {len(one)} workflows"
-                     + (f"; multi-token ({', '.join(many)}): {', '.join(f'{v:.2f}x' for v in many.values())}" if many else ""),
-                     ">= 0.90x", _met(min(one.values()) >= 0.90), COMMANDS["rollout"]))
+        rows.append(
+            (
+                "P1",
+                "rollout: executor / raw batched generate, 1-token outputs (worst case)",
+                f"{min(one.values()):.2f}-{max(one.values()):.2f}x over {len(one)} workflows"
+                + (
+                    f"; multi-token ({', '.join(many)}): {', '.join(f'{v:.2f}x' for v in many.values())}"
+                    if many
+                    else ""
+                ),
+                ">= 0.90x",
+                _met(min(one.values()) >= 0.90),
+                COMMANDS["rollout"],
+            )
+        )
     c, t = read_result("compile"), read_result("vs_trl")
     if c or t:
         parts = []
@@ -62,44 +73,88 @@ def summary() -> str:
         if t and t.get("compile_share") is not None:
             parts.append(f"compile = {100 * t['compile_share']:.1f}% of the P6 step")
         ok = None if not t or t.get("compile_share") is None else t["compile_share"] <= 0.02
-        rows.append(("P2", "compile: traces -> SetBatch", "; ".join(parts), "<= 2% of a step", _met(ok),
-                     f"{COMMANDS['compile']}; {COMMANDS['vs_trl']}"))
+        rows.append(
+            (
+                "P2",
+                "compile: traces -> SetBatch",
+                "; ".join(parts),
+                "<= 2% of a step",
+                _met(ok),
+                f"{COMMANDS['compile']}; {COMMANDS['vs_trl']}",
+            )
+        )
     r = read_result("loss")
     if r:
-        rows.append(("P3", "objective: srpo_loss fwd+bwd / plain padded GRPO loss (no model)",
-                     f"{r['ratio']:.2f}x ({r['ratio_no_diagnostics']:.2f}x without diagnostics)", "~1x", "-",
-                     COMMANDS["loss"]))
+        rows.append(
+            (
+                "P3",
+                "objective: srpo_loss fwd+bwd / plain padded GRPO loss (no model)",
+                f"{r['ratio']:.2f}x ({r['ratio_no_diagnostics']:.2f}x without diagnostics)",
+                "~1x",
+                "-",
+                COMMANDS["loss"],
+            )
+        )
     r = read_result("memory")
     if r:
-        rows.append(("P4", "memory of log-probs + backward, one micro-batch: SetBatch padded layout / TRL-style padded",
-                     f"{r['padded_layout'] / r['padded_trl']:.2f}x (packed layout: {r['packed'] / r['padded_trl']:.2f}x)",
-                     "<= 1x", _met(r["padded_layout"] <= r["padded_trl"]), COMMANDS["memory"]))
+        rows.append(
+            (
+                "P4",
+                "memory of log-probs + backward, one micro-batch: SetBatch padded layout / TRL-style padded",
+                f"{r['padded_layout'] / r['padded_trl']:.2f}x (packed layout: {r['packed'] / r['padded_trl']:.2f}x)",
+                "<= 1x",
+                _met(r["padded_layout"] <= r["padded_trl"]),
+                COMMANDS["memory"],
+            )
+        )
     r = read_result("layouts")
     if r:
-        rows.append(("P5", f"update fwd+bwd tokens/s, default layout ({r['auto']}) / raw padded fwd+bwd",
-                     f"{r['p5']:.2f}x ({_rng(r['p5_min'], r['p5_max'])}); packed row: {1 / r['packed_over_auto']:.2f}x of it",
-                     ">= 0.85x", _met(r["p5"] >= 0.85), COMMANDS["layouts"]))
+        rows.append(
+            (
+                "P5",
+                f"update fwd+bwd tokens/s, default layout ({r['auto']}) / raw padded fwd+bwd",
+                f"{r['p5']:.2f}x ({_rng(r['p5_min'], r['p5_max'])}); packed row: {1 / r['packed_over_auto']:.2f}x of "
+                f"it",
+                ">= 0.85x",
+                _met(r["p5"] >= 0.85),
+                COMMANDS["layouts"],
+            )
+        )
     if t:
         import statistics
 
         p6, p6c = t["p6"], t.get("p6_cpu") or t["p6"]
-        rows.append(("P6", "training step time, srpo-graph / TRL GRPOTrainer (same work)",
-                     f"CPU time {statistics.median(p6c):.2f}x ({_rng(min(p6c), max(p6c))}), "
-                     f"wall {statistics.median(p6):.2f}x ({_rng(min(p6), max(p6))}); "
-                     f"per step CPU {t['cpu_ms']['srpo-graph']:.0f} vs {t['cpu_ms']['TRL']:.0f} ms, "
-                     f"wall {t['step_ms']['srpo-graph']:.0f} vs {t['step_ms']['TRL']:.0f} ms",
-                     "<= 0.70x (CPU time)", _met(statistics.median(p6c) <= 0.70), COMMANDS["vs_trl"]))
+        rows.append(
+            (
+                "P6",
+                "training step time, srpo-graph / TRL GRPOTrainer (same work)",
+                f"CPU time {statistics.median(p6c):.2f}x ({_rng(min(p6c), max(p6c))}), "
+                f"wall {statistics.median(p6):.2f}x ({_rng(min(p6), max(p6))}); "
+                f"per step CPU {t['cpu_ms']['srpo-graph']:.0f} vs {t['cpu_ms']['TRL']:.0f} ms, "
+                f"wall {t['step_ms']['srpo-graph']:.0f} vs {t['step_ms']['TRL']:.0f} ms",
+                "<= 0.70x (CPU time)",
+                _met(statistics.median(p6c) <= 0.70),
+                COMMANDS["vs_trl"],
+            )
+        )
         if t.get("p7"):
             p7 = t["p7"]
-            rows.append(("P7", "peak RSS at 4x the rollout batch (fixed micro-batch budget), srpo-graph / TRL",
-                         f"{statistics.median(p7):.2f}x ({_rng(min(p7), max(p7))})", "<= 1.1x",
-                         _met(statistics.median(p7) <= 1.1), COMMANDS["vs_trl"]))
+            rows.append(
+                (
+                    "P7",
+                    "peak RSS at 4x the rollout batch (fixed micro-batch budget), srpo-graph / TRL",
+                    f"{statistics.median(p7):.2f}x ({_rng(min(p7), max(p7))})",
+                    "<= 1.1x",
+                    _met(statistics.median(p7) <= 1.1),
+                    COMMANDS["vs_trl"],
+                )
+            )
     lines = [
         "## Summary: P1-P7 (benchmarks/run_all.py)",
         "",
         "Each row is a ratio measured within one run of its benchmark (the sections below give the details, the "
         "machine and the method). Regenerate everything with `python benchmarks/run_all.py` (TRL: "
-        "`pip install -e \".[bench]\" -c benchmarks/constraints.txt`). The machine has 2 cores and **was shared with "
+        '`pip install -e ".[bench]" -c benchmarks/constraints.txt`). The machine has 2 cores and **was shared with '
         "other engineers' jobs** while these ran (load average 3-12): absolute times are noisy, so ratios come from "
         "alternated runs, and timings are CPU time of the measured process (`process_time`) where the sections say so; "
         "P6 is judged on CPU time, its wall-time ratio is shown beside it.",
@@ -127,7 +182,8 @@ def _why_missed(rows: list[tuple]) -> list[str]:
             "with cached lookups (rounds 2-3); the rest is the per-output objects themselves (a typed record, "
             "a request, a firing with its reward call). Reaching 0.90x needs the per-output work batched across "
             "episodes (columnar records), a redesign of the executor and trace, not a local fix. With "
-            "multi-token outputs (search) the model dominates and the ratio is high.")
+            "multi-token outputs (search) the model dominates and the ratio is high."
+        )
     if "P2" in missed and prof:
         c = prof["compile"]
         out.append(
@@ -135,9 +191,13 @@ def _why_missed(rows: list[tuple]) -> list[str]:
             f"({c['compile_ms']:.1f} ms for {c['episodes']}); own time: "
             + ", ".join(f"`{k}` {100 * v:.0f}%" for k, v in c["top"][:4])
             + ". Its share rose because the update got ~8x faster (P5); the step is now ~0.1-0.2 s for "
-            "128 short episodes, the worst case for a per-episode cost.")
-    for row, text in (("P5", "the update's time is in the model's forward and backward (see the P5 table)"),
-                      ("P6", "see the stage shares in the P6 section"), ("P7", "see the P7 section")):
+            "128 short episodes, the worst case for a per-episode cost."
+        )
+    for row, text in (
+        ("P5", "the update's time is in the model's forward and backward (see the P5 table)"),
+        ("P6", "see the stage shares in the P6 section"),
+        ("P7", "see the P7 section"),
+    ):
         if row in missed:
             out.append(f"* **{row}**: {text}.")
     return ["", "Missed targets, and why:", "", *out] if out else []
@@ -155,8 +215,12 @@ def main(argv: list[str] | None = None) -> None:
             if args.only and name not in args.only:
                 continue
             print(f"== {name}: {script}", flush=True)
-            subprocess.run([sys.executable, str(HERE / script), *(quick if args.quick else full)], check=True, env=env,
-                           cwd=HERE.parent)
+            subprocess.run(
+                [sys.executable, str(HERE / script), *(quick if args.quick else full)],
+                check=True,
+                env=env,
+                cwd=HERE.parent,
+            )
     text = summary()
     write_section("summary", text, first=True)
     print(text)

@@ -1,6 +1,7 @@
 """The objectives study: objectives x workflows x seeds on the locally pre-trained model, with statistics.
 
-Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [--seeds N] [--seed-offset N] [--runs-dir DIR] [--out docs/results.md] [--report]``
+Run: ``python benchmarks/study.py [--quick | --smoke | --plan NAME] [--jobs N] [--seeds N] [--seed-offset N]
+[--runs-dir DIR] [--out docs/results.md] [--report]``
 (no plan flag: the full study, the plans of ``FULL`` in turn; ``--plan k5``: the paper's K = 5 ablation,
 Note [The K = 5 ablation]; ``--seed-offset 100``: the same plan on seeds 100.., a replication).
 
@@ -66,12 +67,12 @@ class Plan:
     seeds: int
     steps: int
     tasks_per_step: int = 8
-    samples: int = 8          # G, episodes per task (the group)
+    samples: int = 8  # G, episodes per task (the group)
     epochs: int = 2
     lr: float = 1e-4  # Note [One learning rate]
     eval_every: int = 10
-    eval_tasks: int = 64      # held-out tasks per evaluation
-    eval_samples: int = 2     # sampled episodes per held-out task
+    eval_tasks: int = 64  # held-out tasks per evaluation
+    eval_samples: int = 2  # sampled episodes per held-out task
     # the tiny model's coord_par* workflows (random weights, one-token members, ~0.1 s a step): the
     # trainer's default lr, as benchmarks/bench_objectives.py
     coord_steps: int = 40
@@ -134,8 +135,13 @@ K1_WORKFLOWS = frozenset({"tinymath_pipeline", "tinymath_routed", "tinysearch"})
 SAME_AT_K1 = ("srpo_sum", "srpo_mean", "independent")
 PLANS = {
     # the CPU math workflows x 7 objectives x 5 seeds (the select workflow's router picks its sets' sizes)
-    "math": Plan("math", ("tinymath_mixed", "tinymath_pipeline", "tinymath_routed", "tinymath_select"),
-                 ALL_OBJECTIVES, seeds=5, steps=40),
+    "math": Plan(
+        "math",
+        ("tinymath_mixed", "tinymath_pipeline", "tinymath_routed", "tinymath_select"),
+        ALL_OBJECTIVES,
+        seeds=5,
+        steps=40,
+    ),
     # multi-turn search on the word-level searcher (`tiny-search`), the same budget (a run: ~2 min here with
     # --jobs 2)
     "search": Plan("search", ("tinysearch",), ALL_OBJECTIVES, seeds=5, steps=40),
@@ -149,25 +155,56 @@ PLANS = {
     # do the math workflows learn given more steps? SRPO alone, 2 seeds, 80 steps
     "long": Plan("long", ("tinymath_pipeline", "tinymath_mixed"), ("srpo",), seeds=2, steps=80, eval_every=20),
     # small (<= 5 min here once the model is built; CI runs it): the mixed workflow, three objectives, 2 seeds
-    "quick": Plan("quick", ("tinymath_mixed",), ("srpo", "srpo_mean", "grpo"), seeds=2,
-                  steps=6, eval_every=3, eval_tasks=32, tasks_per_step=4, samples=4),
+    "quick": Plan(
+        "quick",
+        ("tinymath_mixed",),
+        ("srpo", "srpo_mean", "grpo"),
+        seeds=2,
+        steps=6,
+        eval_every=3,
+        eval_tasks=32,
+        tasks_per_step=4,
+        samples=4,
+    ),
     # does RL help at all? SRPO alone on the three math workflows, 3 seeds
     "learn": Plan("learn", ("tinymath_routed", "tinymath_mixed", "tinymath_pipeline"), ("srpo",), seeds=3, steps=40),
     # the paper's K = 5 ablation (Note [The K = 5 ablation]): sqrt K vs sum vs mean, GRPO and Dr. MAS on five
     # searchers consumed together, SRPO on one searcher (K = 1); one budget; Avg@16 on the held-out questions
-    "k5": Plan("k5", ("tinysearch_k5", "tinysearch"), ("srpo", "srpo_sum", "srpo_mean", "grpo", "dr_mas"), seeds=10,
-               steps=20, eval_every=20, eval_tasks=64, eval_samples=16,
-               objectives_on=(("tinysearch", ("srpo",)),),
-               contrasts=((("tinysearch", "srpo"), ("tinysearch_k5", "srpo")),
-                          (("tinysearch_k5", "srpo_mean"), ("tinysearch_k5", "srpo")),
-                          (("tinysearch_k5", "srpo_sum"), ("tinysearch_k5", "srpo")))),
+    "k5": Plan(
+        "k5",
+        ("tinysearch_k5", "tinysearch"),
+        ("srpo", "srpo_sum", "srpo_mean", "grpo", "dr_mas"),
+        seeds=10,
+        steps=20,
+        eval_every=20,
+        eval_tasks=64,
+        eval_samples=16,
+        objectives_on=(("tinysearch", ("srpo",)),),
+        contrasts=(
+            (("tinysearch", "srpo"), ("tinysearch_k5", "srpo")),
+            (("tinysearch_k5", "srpo_mean"), ("tinysearch_k5", "srpo")),
+            (("tinysearch_k5", "srpo_sum"), ("tinysearch_k5", "srpo")),
+        ),
+    ),
     # CI: every code path once (two objectives, one workflow, 2 seeds, 2 steps)
-    "smoke": Plan("smoke", ("tinymath_mixed",), ("srpo", "grpo"), seeds=2, steps=2, tasks_per_step=2, samples=2,
-                  epochs=1, eval_every=2, eval_tasks=4, eval_samples=1),
+    "smoke": Plan(
+        "smoke",
+        ("tinymath_mixed",),
+        ("srpo", "grpo"),
+        seeds=2,
+        steps=2,
+        tasks_per_step=2,
+        samples=2,
+        epochs=1,
+        eval_every=2,
+        eval_tasks=4,
+        eval_samples=1,
+    ),
 }
 
 # the full study (no flag): these plans in turn, each writing its own section of docs/results.md and
-# saving its runs under benchmarks/results/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle 2-core machine)
+# saving its runs under benchmarks/results/study-<plan>/ (rerun to resume; ~110 min in all with --jobs 2 on an idle
+# 2-core machine)
 FULL = ("math", "coord", "search")
 
 # Note [The K = 5 ablation]. The paper's distinctive claim (Avg@16 on multi-turn search, five searchers
@@ -198,20 +235,81 @@ FULL = ("math", "coord", "search")
 # default, 1e-3, on their random-weight tiny model.
 
 # two-sided 95% t critical values, df = 1..30 (df > 30: 1.96)
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042)
+T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 # one-sided 80% t quantiles (the power term), df = 1..30 (df > 30: 0.8416)
-T80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870, 0.868, 0.866,
-       0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
+T80 = (
+    1.376,
+    1.061,
+    0.978,
+    0.941,
+    0.920,
+    0.906,
+    0.896,
+    0.889,
+    0.883,
+    0.879,
+    0.876,
+    0.873,
+    0.870,
+    0.868,
+    0.866,
+    0.865,
+    0.863,
+    0.862,
+    0.861,
+    0.860,
+    0.859,
+    0.858,
+    0.858,
+    0.857,
+    0.856,
+    0.856,
+    0.855,
+    0.855,
+    0.854,
+    0.854,
+)
 EFFECT = 0.015  # the paper's smallest gap in its K = 5 ablation: sqrt K 40.1 vs sum 38.6 Avg@16 (1.5 points)
 # the paper's numbers beside a plan's cells: ((workflow, objective), what the paper calls it, its Avg@16), in the
 # paper's order (best first): its K = 5 ablation on multi-turn search (five searchers consumed together)
 PAPER = {
-    "k5": ((("tinysearch_k5", "srpo"), "sqrt K (alpha = 1/2)", 40.1),
-           (("tinysearch_k5", "srpo_sum"), "sum (alpha = 0)", 38.6),
-           (("tinysearch", "srpo"), "single searcher (K = 1)", 37.2),
-           (("tinysearch_k5", "srpo_mean"), "mean (alpha = 1)", 34.7)),
+    "k5": (
+        (("tinysearch_k5", "srpo"), "sqrt K (alpha = 1/2)", 40.1),
+        (("tinysearch_k5", "srpo_sum"), "sum (alpha = 0)", 38.6),
+        (("tinysearch", "srpo"), "single searcher (K = 1)", 37.2),
+        (("tinysearch_k5", "srpo_mean"), "mean (alpha = 1)", 34.7),
+    ),
 }
 
 
@@ -252,7 +350,8 @@ def seeds_needed(sd_diff: float, effect: float = EFFECT, max_seeds: int = 10_000
     for n in range(6, max_seeds):
         df = n - 1
         t = (T975[df - 1] if df <= len(T975) else _t_quantile(1.959964, df)) + (
-            T80[df - 1] if df <= len(T80) else _t_quantile(0.841621, df))
+            T80[df - 1] if df <= len(T80) else _t_quantile(0.841621, df)
+        )
         if n >= (t * sd_diff / effect) ** 2:
             return n
     return max_seeds
@@ -274,15 +373,17 @@ def sign_flip_p(diffs: list[float], n: int = 100_000, seed: int = 0) -> float:
     obs = abs(sum(diffs)) - 1e-12
     k = len(diffs)
     if k <= 16:
-        signs = ([1 - 2 * ((m >> i) & 1) for i in range(k)] for m in range(2 ** k))
+        signs = ([1 - 2 * ((m >> i) & 1) for i in range(k)] for m in range(2**k))
         hits = sum(abs(sum(s * d for s, d in zip(sg, diffs))) >= obs for sg in signs)
-        return hits / 2 ** k
+        return hits / 2**k
     rng = random.Random(seed)
     hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) >= obs for _ in range(n))
     return (hits + 1) / (n + 1)
 
 
-def paired_comparison(a: list[float], b: list[float], n: int = 10_000, seed: int = 0) -> tuple[float, float, float, float]:
+def paired_comparison(
+    a: list[float], b: list[float], n: int = 10_000, seed: int = 0
+) -> tuple[float, float, float, float]:
     """Mean of ``a - b`` over paired seeds, its bootstrap 95% interval, and the sign-flip test's p.
 
     >>> d, lo, hi, p = paired_comparison([0.5, 0.6, 0.7, 0.6, 0.5, 0.7], [0.1, 0.2, 0.3, 0.2, 0.2, 0.3])
@@ -362,8 +463,10 @@ def fires_once(workflow: str) -> bool:
     agents = {a.name for a in wf.agents}
     consumed = [a for t in wf.transitions for a in t.consume]
     activated = [*wf.start, *(a for t in wf.transitions if t.activate.kind == "agents" for a in t.activate.agents)]
-    if any(t.activate.kind not in ("agents", "end") or t.reward is not None or t.max_rounds is not None
-           for t in wf.transitions):
+    if any(
+        t.activate.kind not in ("agents", "end") or t.reward is not None or t.max_rounds is not None
+        for t in wf.transitions
+    ):
         return False
     if sorted(consumed) != sorted(agents) or sorted(activated) != sorted(agents):
         return False
@@ -384,8 +487,12 @@ def one_token_one_event(workflow: str) -> bool:
     token's and the transition's return is the episode's, so ``independent`` (member ratio, the
     set's advantage) is ``grpo``'s run (token ratio, the episode's advantage), bit for bit."""
     wf = _workflow(workflow)
-    return (len(wf.transitions) == 1 and wf.transitions[0].activate.kind == "end" and fires_once(workflow)
-            and all(a.sampling.max_tokens == 1 for a in wf.agents))
+    return (
+        len(wf.transitions) == 1
+        and wf.transitions[0].activate.kind == "end"
+        and fires_once(workflow)
+        and all(a.sampling.max_tokens == 1 for a in wf.agents)
+    )
 
 
 def same_as(workflow: str, objective: str, objectives: tuple[str, ...]) -> str | None:
@@ -422,9 +529,10 @@ def _tasks_of(workflow: str, root: Path = ROOT) -> tuple[Path, Path]:
 
 def held_out_accuracy(workflow: str, plan: Plan, seed: int) -> dict[str, float]:
     """Held-out accuracy of the workflow's untrained policies (sampled, as declared): overall and per family."""
-    from srpo_graph.backends import load_backend, resolve_model
+    from srpo_graph.backends import load_backend
     from srpo_graph.eval.score import score
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
 
@@ -467,15 +575,31 @@ def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path
     steps, lr, samples = plan.budget(workflow)
     routers, variable = routers_of(workflow), variable_sets_of(workflow)
     with tempfile.TemporaryDirectory(prefix="study-", dir=runs_dir) as tmp:
-        cfg = load_config(None, [
-            f"objective={objective}", f"steps={steps}", f"seed={seed}", f"run_dir={tmp}/run", "overwrite=true",
-            f"rollout.tasks_per_step={plan.tasks_per_step}", f"rollout.samples={samples}", "rollout.device=cpu",
-            f"rollout.eval_tasks={_tasks_of(workflow)[1]}", f"optim.epochs={plan.epochs}", f"optim.lr={lr}",
-            f"eval.every={plan.eval_every}", "eval.mode=sampled", f"eval.samples={plan.eval_samples}",
-            f"eval.num_tasks={plan.eval_tasks}", "checkpoint.every=0", "logging.progress=false",
-            "logging.tensorboard=false", "logging.plots=false",
-            f"logging.traces_every={plan.eval_every if routers else 0}",
-        ])
+        cfg = load_config(
+            None,
+            [
+                f"objective={objective}",
+                f"steps={steps}",
+                f"seed={seed}",
+                f"run_dir={tmp}/run",
+                "overwrite=true",
+                f"rollout.tasks_per_step={plan.tasks_per_step}",
+                f"rollout.samples={samples}",
+                "rollout.device=cpu",
+                f"rollout.eval_tasks={_tasks_of(workflow)[1]}",
+                f"optim.epochs={plan.epochs}",
+                f"optim.lr={lr}",
+                f"eval.every={plan.eval_every}",
+                "eval.mode=sampled",
+                f"eval.samples={plan.eval_samples}",
+                f"eval.num_tasks={plan.eval_tasks}",
+                "checkpoint.every=0",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                "logging.plots=false",
+                f"logging.traces_every={plan.eval_every if routers else 0}",
+            ],
+        )
         t0 = time.perf_counter()
         summary = train(ROOT / "workflows" / f"{workflow}.wf", cfg)
         seconds = time.perf_counter() - t0
@@ -485,11 +609,16 @@ def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path
     # grad_norm is logged per policy (flattened to grad_norm/<policy>); steps without an update have none
     grad = [float(v) for r in rows for k, v in r.items() if k.startswith("grad_norm/") and isinstance(v, (int, float))]
     return {
-        "workflow": workflow, "objective": objective, "seed": seed, "seconds": seconds,
+        "workflow": workflow,
+        "objective": objective,
+        "seed": seed,
+        "seconds": seconds,
         "reward": [r.get("reward") for r in rows],
         "eval": [[int(s), float(v)] for s, v in summary.eval_rewards],
         "grad_norm": grad,
-        "grad_norm_cv": statistics.pstdev(grad) / statistics.mean(grad) if len(grad) > 1 and statistics.mean(grad) else None,
+        "grad_norm_cv": statistics.pstdev(grad) / statistics.mean(grad)
+        if len(grad) > 1 and statistics.mean(grad)
+        else None,
         "diagnostics": {k: statistics.mean(float(r[k]) for r in rows if k in r) for k in diag_keys},
         "events_per_episode": statistics.mean(r["events"] / r["episodes"] for r in rows if r.get("episodes")),
         # mean active-set size per step (members / events): what a multi-choice router's choices do to the sets
@@ -599,8 +728,11 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
     # the parent decides what a saved record must match (keys), whatever a worker's own imports say.
     # A report (run=False) builds nothing: it describes the models already built
     recipes = sorted({m for wf in plan.workflows for m in recipes_of(wf)})
-    models = ({m: recipe_info(ensure_recipe_model(m, log=log)) for m in recipes} if run else
-              {m: recipe_info(default_dir(m)) for m in recipes if is_recipe_dir(default_dir(m), m)})
+    models = (
+        {m: recipe_info(ensure_recipe_model(m, log=log)) for m in recipes}
+        if run
+        else {m: recipe_info(default_dir(m)) for m in recipes if is_recipe_dir(default_dir(m), m)}
+    )
     keys = {wf: (plan.key(wf), inputs_digest(wf)) for wf in plan.workflows}
     start: dict = {}
     for wf in plan.workflows:
@@ -616,14 +748,22 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
         if rec is not None:
             saved[(wf, obj, seed)] = rec
     if saved or start:
-        log(f"{len(saved)} of {len(cells)} runs and {len(start)} of {len(plan.workflows) * plan.seeds} evaluations "
-            f"before RL reused from {runs_dir}")
+        log(
+            f"{len(saved)} of {len(cells)} runs and {len(start)} of {len(plan.workflows) * plan.seeds} evaluations "
+            f"before RL reused from {runs_dir}"
+        )
     calls: list[tuple] = []  # (what, cell, call), seed by seed
     for seed in plan.seed_list:
-        calls += [("start", (wf, seed), (_start_cell, wf, plan, seed, runs_dir / wf / f"start-seed{seed}.json", keys[wf]))
-                  for wf in plan.workflows if (wf, seed) not in start]
-        calls += [("run", c, (_run_cell, *c, plan, runs_dir, runs_dir / c[0] / c[1] / f"seed{c[2]}.json", keys[c[0]]))
-                  for c in cells if c[2] == seed and c not in saved]
+        calls += [
+            ("start", (wf, seed), (_start_cell, wf, plan, seed, runs_dir / wf / f"start-seed{seed}.json", keys[wf]))
+            for wf in plan.workflows
+            if (wf, seed) not in start
+        ]
+        calls += [
+            ("run", c, (_run_cell, *c, plan, runs_dir, runs_dir / c[0] / c[1] / f"seed{c[2]}.json", keys[c[0]]))
+            for c in cells
+            if c[2] == seed and c not in saved
+        ]
 
     def report(i: int, rec: dict) -> None:
         what, cell, _ = calls[i]
@@ -634,7 +774,10 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
         wf, obj, seed = cell
         saved[cell] = rec
         before = start.get((wf, seed), {}).get("all", float("nan"))
-        log(f"seed {seed} {wf:18s} {obj:12s} held-out {before:.3f} -> {rec['eval'][-1][1]:.3f}  ({rec['seconds']:.0f} s)")
+        log(
+            f"seed {seed} {wf:18s} {obj:12s} held-out {before:.3f} -> {rec['eval'][-1][1]:.3f}  "
+            f"({rec['seconds']:.0f} s)"
+        )
 
     if run:
         _each(jobs, [call for _, _, call in calls], report)
@@ -642,8 +785,12 @@ def run_study(plan: Plan, runs_dir: Path, *, fresh: bool = False, jobs: int = 1,
         got = [start[(wf, s)]["all"] for s in plan.seed_list if (wf, s) in start]
         if got:
             log(f"{wf}: held-out accuracy before RL {statistics.mean(got):.3f} ({len(got)} seeds)")
-    return {"start": {f"{wf}/{s}": v for (wf, s), v in start.items()}, "runs": [saved[c] for c in cells if c in saved],
-            "models": models, "todo": [list(c) for c in cells if c not in saved]}
+    return {
+        "start": {f"{wf}/{s}": v for (wf, s), v in start.items()},
+        "runs": [saved[c] for c in cells if c in saved],
+        "models": models,
+        "todo": [list(c) for c in cells if c not in saved],
+    }
 
 
 def final_accuracy(rec: dict) -> float:
@@ -671,8 +818,9 @@ def analyze(plan: Plan, data: dict) -> list[dict]:
         base_by_seed = {r["seed"]: r for r in cells.get((wf, "srpo"), [])}
         for obj in plan.cells(wf):
             # the seeds with a saved run and a saved evaluation before RL (all of them once the study is done)
-            rs = sorted((r for r in cells.get((wf, obj), []) if f"{wf}/{r['seed']}" in data["start"]),
-                        key=lambda r: r["seed"])
+            rs = sorted(
+                (r for r in cells.get((wf, obj), []) if f"{wf}/{r['seed']}" in data["start"]), key=lambda r: r["seed"]
+            )
             if not rs:
                 continue
             start = [data["start"][f"{wf}/{r['seed']}"]["all"] for r in rs]
@@ -680,18 +828,33 @@ def analyze(plan: Plan, data: dict) -> list[dict]:
             gain = [a - s for a, s in zip(acc, start)]
             m, ci = mean_ci(acc)
             gm, gci = mean_ci(gain)
-            row = {"workflow": wf, "objective": obj, "seeds": len(rs), "seed_list": [r["seed"] for r in rs],
-                   "start": statistics.mean(start), "acc": m,
-                   "acc_ci": ci, "gain": gm, "gain_ci": gci, "per_seed": acc,
-                   "grad_cv": statistics.mean(r["grad_norm_cv"] for r in rs if r["grad_norm_cv"] is not None)
-                   if any(r["grad_norm_cv"] is not None for r in rs) else None,
-                   "diag": {k: statistics.mean(r["diagnostics"][k] for r in rs if k in r["diagnostics"])
-                            for k in sorted({k for r in rs for k in r["diagnostics"]})},
-                   "events_per_episode": statistics.mean(r["events_per_episode"] for r in rs),
-                   "set_size": (statistics.mean(statistics.mean(r["set_size"][:5]) for r in rs),
-                                statistics.mean(statistics.mean(r["set_size"][-5:]) for r in rs))
-                   if all(r.get("set_size") for r in rs) else None,
-                   "seconds": statistics.mean(r["seconds"] for r in rs)}
+            row = {
+                "workflow": wf,
+                "objective": obj,
+                "seeds": len(rs),
+                "seed_list": [r["seed"] for r in rs],
+                "start": statistics.mean(start),
+                "acc": m,
+                "acc_ci": ci,
+                "gain": gm,
+                "gain_ci": gci,
+                "per_seed": acc,
+                "grad_cv": statistics.mean(r["grad_norm_cv"] for r in rs if r["grad_norm_cv"] is not None)
+                if any(r["grad_norm_cv"] is not None for r in rs)
+                else None,
+                "diag": {
+                    k: statistics.mean(r["diagnostics"][k] for r in rs if k in r["diagnostics"])
+                    for k in sorted({k for r in rs for k in r["diagnostics"]})
+                },
+                "events_per_episode": statistics.mean(r["events_per_episode"] for r in rs),
+                "set_size": (
+                    statistics.mean(statistics.mean(r["set_size"][:5]) for r in rs),
+                    statistics.mean(statistics.mean(r["set_size"][-5:]) for r in rs),
+                )
+                if all(r.get("set_size") for r in rs)
+                else None,
+                "seconds": statistics.mean(r["seconds"] for r in rs),
+            }
             area = [mean_accuracy(r) for r in rs]
             row["area"], row["area_ci"] = mean_ci(area)
             # paired with srpo's run of the same seed (the seeds both have, part way through a study)
@@ -723,8 +886,16 @@ def contrasts(plan: Plan, data: dict) -> list[dict]:
         xa = [final_accuracy(by[(*a, s)]) for s in seeds]
         xb = [final_accuracy(by[(*b, s)]) for s in seeds]
         sd = statistics.stdev([y - x for x, y in zip(xa, xb)]) if len(seeds) > 1 else float("nan")
-        out.append({"a": list(a), "b": list(b), "seeds": len(seeds), "diff": paired_comparison(xb, xa),
-                    "sd_diff": sd, "seeds_needed": seeds_needed(sd)})
+        out.append(
+            {
+                "a": list(a),
+                "b": list(b),
+                "seeds": len(seeds),
+                "diff": paired_comparison(xb, xa),
+                "sd_diff": sd,
+                "seeds_needed": seeds_needed(sd),
+            }
+        )
     return out
 
 
@@ -739,8 +910,10 @@ def replication_lines(original: list[dict], rows: list[dict]) -> list[str]:
                 continue
             d0, p0 = r[key][0], r[key][3]
             m = new.get((r["workflow"], r["objective"]), {}).get(key)
-            lines.append(f"- {r['workflow']} `{r['objective']}` vs `srpo`, {what}: {d0:+.3f}, {_p(p0)} on the first "
-                         f"seeds; on these seeds {_held(m, d0)}")
+            lines.append(
+                f"- {r['workflow']} `{r['objective']}` vs `srpo`, {what}: {d0:+.3f}, {_p(p0)} on the first "
+                f"seeds; on these seeds {_held(m, d0)}"
+            )
     return lines
 
 
@@ -763,14 +936,18 @@ def replication_pair_lines(original: dict, contrast_rows: list[dict], paper_rows
     for c in original.get("contrasts") or []:
         d0, p0 = c["diff"][0], c["diff"][3]
         if p0 < 0.05:
-            lines.append(f"- `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}: {d0:+.3f}, {_p(p0)} on the first "
-                         f"seeds; on these seeds {_held(new_c.get((tuple(c['a']), tuple(c['b']))), d0)}")
+            lines.append(
+                f"- `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}: {d0:+.3f}, {_p(p0)} on the first "
+                f"seeds; on these seeds {_held(new_c.get((tuple(c['a']), tuple(c['b']))), d0)}"
+            )
     new_p = {(q["a"], q["b"]): q.get("ours") for q in paper_rows or []}
     for q in original.get("paper") or []:
         if q.get("ours") is not None and q["ours"][3] < 0.05:
             d0, p0 = q["ours"][0], q["ours"][3]
-            lines.append(f"- {q['a']} - {q['b']} (points; paper {q['paper']:+.1f}): {d0:+.1f}, {_p(p0)} on the first "
-                         f"seeds; on these seeds {_held(new_p.get((q['a'], q['b'])), d0)}")
+            lines.append(
+                f"- {q['a']} - {q['b']} (points; paper {q['paper']:+.1f}): {d0:+.1f}, {_p(p0)} on the first "
+                f"seeds; on these seeds {_held(new_p.get((q['a'], q['b'])), d0)}"
+            )
     return lines
 
 
@@ -784,16 +961,27 @@ def beside_paper(plan: Plan, data: dict) -> list[dict]:
     by = {(r["workflow"], r["objective"], r["seed"]): r for r in data["runs"]}
     out = []
     for i, (a, name_a, paper_a) in enumerate(settings):
-        for b, name_b, paper_b in settings[i + 1:]:
+        for b, name_b, paper_b in settings[i + 1 :]:
             seeds = [s for s in plan.seed_list if (*a, s) in by and (*b, s) in by]
             row = {"a": name_a, "b": name_b, "paper": round(paper_a - paper_b, 1), "seeds": len(seeds)}
             if seeds:
-                d, lo, hi, p = paired_comparison([100 * final_accuracy(by[(*a, s)]) for s in seeds],
-                                                 [100 * final_accuracy(by[(*b, s)]) for s in seeds])
+                d, lo, hi, p = paired_comparison(
+                    [100 * final_accuracy(by[(*a, s)]) for s in seeds],
+                    [100 * final_accuracy(by[(*b, s)]) for s in seeds],
+                )
                 same = (d > 0) == (row["paper"] > 0) and d != 0
-                row.update(ours=(d, lo, hi, p), verdict=("reproduces" if same and p < 0.05 else
-                                                         "same sign, not significant" if same else
-                                                         "reversed" if p < 0.05 else "reversed, not significant"))
+                row.update(
+                    ours=(d, lo, hi, p),
+                    verdict=(
+                        "reproduces"
+                        if same and p < 0.05
+                        else "same sign, not significant"
+                        if same
+                        else "reversed"
+                        if p < 0.05
+                        else "reversed, not significant"
+                    ),
+                )
             else:
                 row["verdict"] = "not run yet"
             out.append(row)
@@ -806,22 +994,35 @@ def paper_lines(plan: Plan, rows: list[dict], pairs: list[dict]) -> list[str]:
     if not settings:
         return []
     cell = {(r["workflow"], r["objective"]): r for r in rows}
-    lines = ["", "Beside the paper (its Avg@16 on multi-turn search with Qwen2.5 and a real retriever; ours: final "
-             "held-out Avg@16 x 100 on `tiny-search`, mean over the seeds done, 95% t-interval; the scales differ, "
-             "the orderings are what compare):", "",
-             "| setting | paper Avg@16 | ours Avg@16 (95% CI) | ours before RL | seeds |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Beside the paper (its Avg@16 on multi-turn search with Qwen2.5 and a real retriever; ours: final "
+        "held-out Avg@16 x 100 on `tiny-search`, mean over the seeds done, 95% t-interval; the scales differ, "
+        "the orderings are what compare):",
+        "",
+        "| setting | paper Avg@16 | ours Avg@16 (95% CI) | ours before RL | seeds |",
+        "|---|---|---|---|---|",
+    ]
     for (wf, obj), name, value in settings:
         r = cell.get((wf, obj))
-        ours = (f"{100 * r['acc']:.1f} ± {_fmt(100 * r['acc_ci'], 1)}", f"{100 * r['start']:.1f}", str(r["seeds"])) if r \
+        ours = (
+            (f"{100 * r['acc']:.1f} ± {_fmt(100 * r['acc_ci'], 1)}", f"{100 * r['start']:.1f}", str(r["seeds"]))
+            if r
             else ("not run yet", "-", "0")
+        )
         lines.append(f"| {name} (`{obj}` on {wf}) | {value:.1f} | {ours[0]} | {ours[1]} | {ours[2]} |")
-    lines += ["", "Each ordering the paper reports, on ours (A - B paired by seed, points; bootstrap 95% interval; "
-              "sign-flip p):", ""]
+    lines += [
+        "",
+        "Each ordering the paper reports, on ours (A - B paired by seed, points; bootstrap 95% interval; sign-flip p):",
+        "",
+    ]
     for q in pairs:
         if "ours" in q:
             d, lo, hi, p = q["ours"]
-            lines.append(f"- {q['a']} - {q['b']}: paper {q['paper']:+.1f}; ours {d:+.1f} [{lo:+.1f}, {hi:+.1f}], "
-                         f"{_p(p)}, {q['seeds']} seeds: **{q['verdict']}**")
+            lines.append(
+                f"- {q['a']} - {q['b']}: paper {q['paper']:+.1f}; ours {d:+.1f} [{lo:+.1f}, {hi:+.1f}], "
+                f"{_p(p)}, {q['seeds']} seeds: **{q['verdict']}**"
+            )
         else:
             lines.append(f"- {q['a']} - {q['b']}: paper {q['paper']:+.1f}; ours: {q['verdict']}")
     return lines
@@ -835,13 +1036,19 @@ def partial_lines(plan: Plan, data: dict) -> list[str]:
     for r in data["runs"]:
         done[(r["workflow"], r["objective"])].append(r["seed"])
     total = len(data["runs"]) + len(data["todo"])
-    lines = [f"**PARTIAL: the study is still running.** {len(data['runs'])} of {total} runs done; the tables "
-             "below hold only these (a comparison pairs the seeds both cells have):", ""]
+    lines = [
+        f"**PARTIAL: the study is still running.** {len(data['runs'])} of {total} runs done; the tables "
+        "below hold only these (a comparison pairs the seeds both cells have):",
+        "",
+    ]
     for wf in plan.workflows:
         for obj in plan.cells(wf):
             seeds = sorted(done.get((wf, obj), []))
-            lines.append(f"- {wf} `{obj}`: " + (f"seeds {', '.join(map(str, seeds))} done" if seeds else "no seed done")
-                         + f" (of {plan.seed_list[0]}..{plan.seed_list[-1]})")
+            lines.append(
+                f"- {wf} `{obj}`: "
+                + (f"seeds {', '.join(map(str, seeds))} done" if seeds else "no seed done")
+                + f" (of {plan.seed_list[0]}..{plan.seed_list[-1]})"
+            )
         have = [s for s in plan.seed_list if f"{wf}/{s}" in data["start"]]
         lines.append(f"- {wf} before RL: {len(have)} of {plan.seeds} seeds evaluated")
     return lines + [""]
@@ -876,8 +1083,11 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
     for ax, wf in zip(axes, plan.workflows):
         got = [data["start"][f"{wf}/{s}"]["all"] for s in plan.seed_list if f"{wf}/{s}" in data["start"]]
         for obj in plan.cells(wf):
-            rs = [r for r in data["runs"] if r["workflow"] == wf and r["objective"] == obj
-                  and f"{wf}/{r['seed']}" in data["start"]]
+            rs = [
+                r
+                for r in data["runs"]
+                if r["workflow"] == wf and r["objective"] == obj and f"{wf}/{r['seed']}" in data["start"]
+            ]
             if not rs:
                 continue
             steps = [0] + [s for s, _ in rs[0]["eval"]]
@@ -885,8 +1095,13 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
             mean = [statistics.mean(c) for c in zip(*ys)]
             sd = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in zip(*ys)]
             ax.plot(steps, mean, marker="o", ms=3, lw=1.4, label=obj, color=colour[obj])
-            ax.fill_between(steps, [a - b for a, b in zip(mean, sd)], [a + b for a, b in zip(mean, sd)],
-                            color=colour[obj], alpha=0.12)
+            ax.fill_between(
+                steps,
+                [a - b for a, b in zip(mean, sd)],
+                [a + b for a, b in zip(mean, sd)],
+                color=colour[obj],
+                alpha=0.12,
+            )
         if got:
             ax.axhline(statistics.mean(got), color="grey", ls=":", lw=1)
         ax.set_title(wf, fontsize=9)
@@ -896,9 +1111,12 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
     done = len({r["seed"] for r in data["runs"]})
-    fig.suptitle(f"{plan.section} study: mean over {done if data.get('todo') else plan.seeds} seeds"
-                 + (" (PARTIAL: the study is still running)" if data.get("todo") else "") + ", band = ±1 sd over seeds",
-                 fontsize=9)
+    fig.suptitle(
+        f"{plan.section} study: mean over {done if data.get('todo') else plan.seeds} seeds"
+        + (" (PARTIAL: the study is still running)" if data.get("todo") else "")
+        + ", band = ±1 sd over seeds",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(curves, dpi=100)
     plt.close(fig)
@@ -908,8 +1126,13 @@ def plot(plan: Plan, data: dict, rows: list[dict], img_dir: Path) -> list[Path]:
     for ax, wf in zip(axes, plan.workflows):
         rs = [r for r in rows if r["workflow"] == wf]
         xs = list(range(len(rs)))
-        ax.bar(xs, [r["acc"] for r in rs], yerr=[0 if math.isnan(r["acc_ci"]) else r["acc_ci"] for r in rs],
-               color=[colour[r["objective"]] for r in rs], capsize=3)
+        ax.bar(
+            xs,
+            [r["acc"] for r in rs],
+            yerr=[0 if math.isnan(r["acc_ci"]) else r["acc_ci"] for r in rs],
+            color=[colour[r["objective"]] for r in rs],
+            capsize=3,
+        )
         if rs:
             ax.axhline(rs[0]["start"], color="black", ls="--", lw=1, label="before RL")
         ax.set_xticks(xs, [r["objective"] for r in rs], fontsize=7, rotation=45, ha="right")
@@ -937,9 +1160,13 @@ def _clip_ranges(objectives: tuple[str, ...]) -> str:
     eps = {o: (get_objective(o).loss_config().eps_low, get_objective(o).loss_config().eps_high) for o in objectives}
     common = Counter(eps.values()).most_common(1)[0][0]
     odd = [f"`{o}` {lo:g} / {hi:g}" for o, (lo, hi) in eps.items() if (lo, hi) != common]
-    return (f"Clip range (eps low / high) as each objective's table row sets it: {common[0]:g} / {common[1]:g}"
-            + (f", except {', '.join(odd)} (" + ("its paper's values" if len(odd) == 1 else "their papers' values")
-               + " for a length-normalized ratio)." if odd else "."))
+    return f"Clip range (eps low / high) as each objective's table row sets it: {common[0]:g} / {common[1]:g}" + (
+        f", except {', '.join(odd)} ("
+        + ("its paper's values" if len(odd) == 1 else "their papers' values")
+        + " for a length-normalized ratio)."
+        if odd
+        else "."
+    )
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -956,33 +1183,50 @@ def _router_lines(plan: Plan, runs: list[dict]) -> list[str]:
             continue
         labels = sorted({k for r in rs_wf for step in r["routes"].values() for k in step})
         route = ".".join(routers_of(wf)[0])
-        lines += ["", f"{wf}: share of episodes per choice of `{route}` (its first output in the episode; first -> "
-                  "last saved step, mean over seeds):", ""]
+        lines += [
+            "",
+            f"{wf}: share of episodes per choice of `{route}` (its first output in the episode; first -> "
+            "last saved step, mean over seeds):",
+            "",
+        ]
         for obj in plan.cells(wf):
             rs = [r for r in rs_wf if r["objective"] == obj]
             if rs:
-                first = {k: statistics.mean(r["routes"][min(r["routes"], key=int)].get(k, 0) for r in rs) for k in labels}
-                last = {k: statistics.mean(r["routes"][max(r["routes"], key=int)].get(k, 0) for r in rs) for k in labels}
+                first = {
+                    k: statistics.mean(r["routes"][min(r["routes"], key=int)].get(k, 0) for r in rs) for k in labels
+                }
+                last = {
+                    k: statistics.mean(r["routes"][max(r["routes"], key=int)].get(k, 0) for r in rs) for k in labels
+                }
                 lines.append(f"- `{obj}`: " + ", ".join(f"{k} {first[k]:.2f} -> {last[k]:.2f}" for k in labels))
         sized = [r for r in rs_wf if any(r.get("router_set_size", {}).values())]
         for t in sorted({t for r in sized for t in r["router_set_size"]}):
-            lines += ["", f"{wf}: mean size of `{t}`'s active set, the subset the router picked (steps 1-5 -> "
-                      f"last 5, mean over seeds; the paper reports a learned router settling at 1.64):", ""]
+            lines += [
+                "",
+                f"{wf}: mean size of `{t}`'s active set, the subset the router picked (steps 1-5 -> "
+                f"last 5, mean over seeds; the paper reports a learned router settling at 1.64):",
+                "",
+            ]
             for obj in plan.cells(wf):
                 xs = [r["router_set_size"][t] for r in sized if r["objective"] == obj and r["router_set_size"].get(t)]
                 if xs:
-                    a, b = statistics.mean(statistics.mean(x[:5]) for x in xs), statistics.mean(statistics.mean(x[-5:]) for x in xs)
+                    a, b = (
+                        statistics.mean(statistics.mean(x[:5]) for x in xs),
+                        statistics.mean(statistics.mean(x[-5:]) for x in xs),
+                    )
                     lines.append(f"- `{obj}`: {a:.2f} -> {b:.2f}")
     return lines
 
 
 def _identity_lines(plan: Plan) -> list[str]:
     """What the tables leave out because it is another objective's run (:func:`same_as`), and why."""
-    why = {"srpo": "every active set has one member (tests/srpo/test_k1_identities.py)",
-           "grpo": "every agent fires once per episode, so Dr. MAS's task x agent groups hold GRPO's task groups' "
-                   "rewards (tests/e2e/test_cpu_reason.py)",
-           "grpo1": "each episode is one event of one-token members, so the member ratio is the token ratio "
-                    "(tests/e2e/test_cpu_reason.py)"}
+    why = {
+        "srpo": "every active set has one member (tests/srpo/test_k1_identities.py)",
+        "grpo": "every agent fires once per episode, so Dr. MAS's task x agent groups hold GRPO's task groups' "
+        "rewards (tests/e2e/test_cpu_reason.py)",
+        "grpo1": "each episode is one event of one-token members, so the member ratio is the token ratio "
+        "(tests/e2e/test_cpu_reason.py)",
+    }
     found: dict[tuple[str, str], list[str]] = defaultdict(list)  # (source, objectives) -> workflows
     for wf in plan.workflows:
         by_source: dict[str, list[str]] = defaultdict(list)
@@ -995,14 +1239,26 @@ def _identity_lines(plan: Plan) -> list[str]:
     out = []
     for (src, objs), wfs in found.items():
         verb = "is" if "," not in objs else "are"
-        out.append(f"On {', '.join(wfs)} {why[src]}: {objs} {verb} `{src.rstrip('1')}`'s run there, bit for bit, "
-                   "and not rerun.")
+        out.append(
+            f"On {', '.join(wfs)} {why[src]}: {objs} {verb} `{src.rstrip('1')}`'s run there, bit for bit, "
+            "and not rerun."
+        )
     return out
 
 
-def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out: Path, total_s: float,
-              command: str, jobs: int = 1, contrast_rows: list[dict] = (), replication: dict | None = None,  # type: ignore[assignment]
-              paper_rows: list[dict] | None = None) -> None:
+def write_doc(
+    plan: Plan,
+    data: dict,
+    rows: list[dict],
+    images: list[Path],
+    out: Path,
+    total_s: float,
+    command: str,
+    jobs: int = 1,
+    contrast_rows: list[dict] = (),
+    replication: dict | None = None,  # type: ignore[assignment]
+    paper_rows: list[dict] | None = None,
+) -> None:
     """The study's section of docs/results.md (everything between the study markers is replaced).
 
     ``contrast_rows``: :func:`contrasts`; ``replication``: ``{"seeds": "0..9", "lines": replication_lines(...)}``
@@ -1013,50 +1269,69 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     for name, model in data["models"].items():
         users = [wf for wf in math_wfs if name in recipes_of(wf)]
         stages = model.get("stages") or [{"steps": model["steps"], "final_loss": model["final_loss"]}]
-        sft = " + ".join(f"{st['steps']}" for st in stages) + " SFT steps" + (
-            f" in {len(stages)} stages, final losses " if len(stages) > 1 else ", final loss ") + " / ".join(
-            f"{st['final_loss']:.3f}" for st in stages)
-        about.append(f"Model `{name}` ({', '.join(users)}): {model['parameters']:,} parameters, pre-trained locally in "
-                     f"{model['build_seconds']} s ({sft}).")
+        sft = (
+            " + ".join(f"{st['steps']}" for st in stages)
+            + " SFT steps"
+            + (f" in {len(stages)} stages, final losses " if len(stages) > 1 else ", final loss ")
+            + " / ".join(f"{st['final_loss']:.3f}" for st in stages)
+        )
+        about.append(
+            f"Model `{name}` ({', '.join(users)}): {model['parameters']:,} parameters, pre-trained locally in "
+            f"{model['build_seconds']} s ({sft})."
+        )
     if math_wfs:
         steps, lr, samples = plan.budget(math_wfs[0])
-        about.append(f"Budget on these workflows, the same for every objective: {steps} steps of {plan.tasks_per_step} "
-                     f"tasks x {samples} samples, {plan.epochs} epochs, AdamW lr {lr}.")
+        about.append(
+            f"Budget on these workflows, the same for every objective: {steps} steps of {plan.tasks_per_step} "
+            f"tasks x {samples} samples, {plan.epochs} epochs, AdamW lr {lr}."
+        )
     if coord_wfs:
         steps, lr, samples = plan.budget(coord_wfs[0])
-        about.append(f"The coordination tasks run on the tiny model (134k parameters, random weights from a seed): "
-                     f"{steps} steps of {plan.tasks_per_step} tasks x {samples} samples, {plan.epochs} epochs, AdamW lr {lr}.")
+        about.append(
+            f"The coordination tasks run on the tiny model (134k parameters, random weights from a seed): "
+            f"{steps} steps of {plan.tasks_per_step} tasks x {samples} samples, {plan.epochs} epochs, AdamW lr {lr}."
+        )
     about.append(_clip_ranges(plan.objectives))
     about += _identity_lines(plan)
     counts = {wf: _num_eval_tasks(wf, plan) for wf in plan.workflows}
-    held_out = (f"{next(iter(counts.values()))} held-out tasks" if len(set(counts.values())) == 1 else
-                "held-out tasks (" + ", ".join(f"{wf} {n}" for wf, n in counts.items()) + ")")
+    held_out = (
+        f"{next(iter(counts.values()))} held-out tasks"
+        if len(set(counts.values())) == 1
+        else "held-out tasks (" + ", ".join(f"{wf} {n}" for wf, n in counts.items()) + ")"
+    )
     lines = [
         f"<!-- study:{plan.section} -->",
         f"## The {plan.section} study (`{command}`)",
         "",
-        " ".join(about) +
-        f" Seeds {seed_ranges(plan.seed_list)}{' (every set of seeds run so far, pooled)' if plan.pooled else ''};"
+        " ".join(about)
+        + f" Seeds {seed_ranges(plan.seed_list)}{' (every set of seeds run so far, pooled)' if plan.pooled else ''};"
         " only `objective=NAME` differs. Held-out accuracy: "
         f"{held_out} x {plan.eval_samples} sampled episodes, every {plan.eval_every} steps; "
         f"*final* = mean of the last two evaluations. Machine: {platform.machine()}, {platform.python_version()}, "
         f"1 torch thread per run ({jobs} at a time) on a 2-core machine; training time summed over the "
         f"{len(data['runs'])} runs {sum(r['seconds'] for r in data['runs']) / 60:.1f} min "
-        + ("(each set of seeds ran in its own invocation; this section is computed from their saved records)."
-           if plan.pooled else f"(this invocation {total_s / 60:.1f} min wall; runs saved earlier are reused)."),
+        + (
+            "(each set of seeds ran in its own invocation; this section is computed from their saved records)."
+            if plan.pooled
+            else f"(this invocation {total_s / 60:.1f} min wall; runs saved earlier are reused)."
+        ),
         "",
         *partial_lines(plan, data),
         "*Area* = the mean of all a run's held-out evaluations (how fast it learns); the `vs srpo` columns "
         "compare each seed's run with SRPO's run of the same seed: the mean difference, its paired bootstrap 95% "
         "interval (10,000 resamples) and the two-sided p of a paired sign-flip test ("
-        + (f"exact; the smallest p {plan.seeds} seeds can give: {2 / 2 ** plan.seeds:.3g})." if plan.seeds <= 16 else
-           f"{plan.seeds} seeds: 100,000 random sign assignments, so p >= 1e-5)."),
+        + (
+            f"exact; the smallest p {plan.seeds} seeds can give: {2 / 2**plan.seeds:.3g})."
+            if plan.seeds <= 16
+            else f"{plan.seeds} seeds: 100,000 random sign assignments, so p >= 1e-5)."
+        ),
         "",
         f"*Seeds for {EFFECT:g}* = the power estimate: how many seeds a paired comparison with this seed-to-seed "
         f"spread of differences (sd) needs to resolve a true gap of {EFFECT:g} (the paper's smallest K = 5 gap, "
         "1.5 Avg@16 points) at 5% with 80% power (`seeds_needed`).",
         "",
-        "| workflow | objective | before RL | final held-out acc. (95% CI) | gain (95% CI) | per seed | vs `srpo`: diff [95% CI], p | "
+        "| workflow | objective | before RL | final held-out acc. (95% CI) | gain (95% CI) | per seed | vs `srpo`: "
+        "diff [95% CI], p | "
         f"sd of diff; seeds for {EFFECT:g} | area (95% CI) | area vs `srpo`: diff, p | grad-norm CV |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -1069,26 +1344,40 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
         if "area_vs_srpo" in r:
             d, _, _, p = r["area_vs_srpo"]
             avs = f"{d:+.3f}, {_p(p)}"
-        lines.append(f"| {r['workflow']} | `{r['objective']}` | {_fmt(r['start'])} | {_fmt(r['acc'])} ± "
-                     f"{_fmt(r['acc_ci'])} | {r['gain']:+.3f} ± {_fmt(r['gain_ci'])} | {', '.join(_fmt(a, 2) for a in r['per_seed'])} | "
-                     f"{vs} | {_fmt(r.get('sd_diff'))}; {r.get('seeds_needed', '-')} | {_fmt(r['area'])} ± "
-                     f"{_fmt(r['area_ci'])} | {avs} | {_fmt(r['grad_cv'], 2)} |")
+        lines.append(
+            f"| {r['workflow']} | `{r['objective']}` | {_fmt(r['start'])} | {_fmt(r['acc'])} ± "
+            f"{_fmt(r['acc_ci'])} | {r['gain']:+.3f} ± {_fmt(r['gain_ci'])} | "
+            f"{', '.join(_fmt(a, 2) for a in r['per_seed'])} | "
+            f"{vs} | {_fmt(r.get('sd_diff'))}; {r.get('seeds_needed', '-')} | {_fmt(r['area'])} ± "
+            f"{_fmt(r['area_ci'])} | {avs} | {_fmt(r['grad_cv'], 2)} |"
+        )
     if paper_rows is not None:
         lines += paper_lines(plan, rows, paper_rows)
     for c in contrast_rows:
         d, lo, hi, p = c["diff"]
-        lines.append(f"\nPaired by seed: `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}, final held-out "
-                     f"accuracy over {c['seeds']} seeds: {d:+.3f} [{lo:+.3f}, {hi:+.3f}], {_p(p)}; sd of the "
-                     f"differences {_fmt(c['sd_diff'])}, seeds for {EFFECT:g}: {c['seeds_needed']}.")
+        lines.append(
+            f"\nPaired by seed: `{c['b'][1]}` on {c['b'][0]} - `{c['a'][1]}` on {c['a'][0]}, final held-out "
+            f"accuracy over {c['seeds']} seeds: {d:+.3f} [{lo:+.3f}, {hi:+.3f}], {_p(p)}; sd of the "
+            f"differences {_fmt(c['sd_diff'])}, seeds for {EFFECT:g}: {c['seeds_needed']}."
+        )
     if replication is not None:
-        lines += ["", f"Replication of the comparisons the first seeds ({replication['seeds']}) reported as significant "
-                  "(p < 0.05), on these disjoint seeds:", ""]
+        lines += [
+            "",
+            f"Replication of the comparisons the first seeds ({replication['seeds']}) reported as significant "
+            "(p < 0.05), on these disjoint seeds:",
+            "",
+        ]
         lines += replication["lines"] or ["- none of the first seeds' comparisons was significant"]
-    lines += ["", "Diagnostics by set size (means over steps and seeds). Each objective's clipped items (sets, "
-              "members or tokens, as its ratio unit says) are binned by the size `k` of the set they belong to; the "
-              "log-ratio is the item's (for a set, the K^-alpha-scaled sum of its members'):", "",
-              "| workflow | objective | clip upper k1 / kK | clip lower k1 / kK | log-ratio mean k1 / kK | log-ratio abs. max k1 / kK | events per episode | mean set size, first -> last 5 steps |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Diagnostics by set size (means over steps and seeds). Each objective's clipped items (sets, "
+        "members or tokens, as its ratio unit says) are binned by the size `k` of the set they belong to; the "
+        "log-ratio is the item's (for a set, the K^-alpha-scaled sum of its members'):",
+        "",
+        "| workflow | objective | clip upper k1 / kK | clip lower k1 / kK | log-ratio mean k1 / kK | log-ratio abs. "
+        "max k1 / kK | events per episode | mean set size, first -> last 5 steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         d = r["diag"]
         ks = sorted({int(m.group(1)) for k in d if (m := re.search(r"/k(\d+)$", k))})
@@ -1099,9 +1388,11 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
             return f"{_fmt(a)} / {_fmt(b)}" if kk != 1 else _fmt(a)
 
         sz = r.get("set_size")
-        lines.append(f"| {r['workflow']} | `{r['objective']}` | {pair('clip_upper')} | {pair('clip_lower')} | "
-                     f"{pair('log_ratio_mean')} | {pair('log_ratio_absmax')} | {r['events_per_episode']:.2f} | "
-                     f"{_fmt(sz[0], 2) + ' -> ' + _fmt(sz[1], 2) if sz else '-'} |")
+        lines.append(
+            f"| {r['workflow']} | `{r['objective']}` | {pair('clip_upper')} | {pair('clip_lower')} | "
+            f"{pair('log_ratio_mean')} | {pair('log_ratio_absmax')} | {r['events_per_episode']:.2f} | "
+            f"{_fmt(sz[0], 2) + ' -> ' + _fmt(sz[1], 2) if sz else '-'} |"
+        )
     lines += _router_lines(plan, data["runs"])
     lines += ["", "Held-out accuracy before RL by task family (mean over seeds):", ""]
     for wf in plan.workflows:
@@ -1110,15 +1401,17 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
             lines.append(f"- {wf}: not measured yet")
             continue
         fams = data["start"][f"{wf}/{have[0]}"].keys()
-        lines.append(f"- {wf}: " + ", ".join(
-            f"{f} {statistics.mean(data['start'][f'{wf}/{s}'][f] for s in have):.3f}" for f in fams)
-            + (f" (seeds {', '.join(map(str, have))})" if len(have) < plan.seeds else ""))
+        lines.append(
+            f"- {wf}: "
+            + ", ".join(f"{f} {statistics.mean(data['start'][f'{wf}/{s}'][f] for s in have):.3f}" for f in fams)
+            + (f" (seeds {', '.join(map(str, have))})" if len(have) < plan.seeds else "")
+        )
     lines += [""] + [f"![{p.stem}](img/{p.name})" for p in images] + ["", f"<!-- end study:{plan.section} -->", ""]
     section = "\n".join(lines)
     text = out.read_text(encoding="utf-8") if out.exists() else "# Results\n\n"
     begin, end = f"<!-- study:{plan.section} -->", f"<!-- end study:{plan.section} -->\n"
     if begin in text and end in text:
-        text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
     elif PLACEHOLDER in text:  # new sections go where the page keeps them, in the order they were first run
         text = text.replace(PLACEHOLDER, PLACEHOLDER + "\n\n" + section.rstrip("\n"), 1)
     else:
@@ -1126,8 +1419,9 @@ def write_doc(plan: Plan, data: dict, rows: list[dict], images: list[Path], out:
     out.write_text(text, encoding="utf-8")
 
 
-def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool = False, jobs: int = 1,
-             run: bool = True) -> list[dict]:
+def run_plan(
+    plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool = False, jobs: int = 1, run: bool = True
+) -> list[dict]:
     """Run (or resume) one plan, then write its section of ``out`` and its plots; returns its table rows.
 
     ``run=False`` (``--report``): run nothing, write the section from the records saved so far (marked
@@ -1145,13 +1439,25 @@ def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool
         if first.is_file():
             orig = json.loads(first.read_text(encoding="utf-8"))
             lo = orig["plan"].get("seed_offset", 0)
-            replication = {"seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}",
-                           "lines": replication_lines(orig["rows"], rows) + replication_pair_lines(orig, extra, paper)}
+            replication = {
+                "seeds": f"{lo}..{lo + orig['plan']['seeds'] - 1}",
+                "lines": replication_lines(orig["rows"], rows) + replication_pair_lines(orig, extra, paper),
+            }
     name = "summary.json" if plan.section == plan.name else f"summary-{plan.section}.json"
     if data["todo"]:  # a partial table is not the plan's summary (a replication compares with that one)
         name = f"summary-{plan.section}-partial.json"
-    _save(runs_dir / name, {"plan": asdict(plan), "rows": rows, "contrasts": extra, "start": data["start"],
-                            "seconds": total, "paper": paper, "todo": data["todo"]})
+    _save(
+        runs_dir / name,
+        {
+            "plan": asdict(plan),
+            "rows": rows,
+            "contrasts": extra,
+            "start": data["start"],
+            "seconds": total,
+            "paper": paper,
+            "todo": data["todo"],
+        },
+    )
     write_doc(plan, data, rows, images, out, total, command, jobs, extra, replication, paper)
     for r in rows:
         print(f"{r['workflow']:18s} {r['objective']:12s} {r['start']:.3f} -> {r['acc']:.3f} ± {_fmt(r['acc_ci'])}")
@@ -1162,34 +1468,71 @@ def run_plan(plan: Plan, runs_dir: Path, out: Path, command: str, *, fresh: bool
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="a small study: the mixed workflow x 3 objectives x 2 seeds x 6 "
-                   "steps (<= 5 min here once the model is built)")
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small study: the mixed workflow x 3 objectives x 2 seeds x 6 "
+        "steps (<= 5 min here once the model is built)",
+    )
     g.add_argument("--smoke", action="store_true", help="every code path once, for the test suite (~1 min)")
-    g.add_argument("--plan", choices=sorted(PLANS), help="one named plan (default: the full study, the plans "
-                   f"{' + '.join(FULL)})")
+    g.add_argument(
+        "--plan", choices=sorted(PLANS), help=f"one named plan (default: the full study, the plans {' + '.join(FULL)})"
+    )
     ap.add_argument("--seeds", type=int, help="override the plan's number of seeds")
-    ap.add_argument("--seed-offset", type=int, default=0, help="run seeds OFFSET..OFFSET+seeds-1 (a replication on "
-                    "disjoint seeds: its own section of the page, saying which significant comparisons held)")
-    ap.add_argument("--steps", type=int, help="override the plan's steps per run (coord_steps on the coordination tasks)")
-    ap.add_argument("--workflows", nargs="+", metavar="NAME", help="run only these of the plan's workflows (their "
-                    "records are the plan's: a later run of the whole plan reuses them)")
-    ap.add_argument("--runs-dir", type=Path, help="where per-run records go (default benchmarks/results/study-<plan>, "
-                    "committed with the page; runs/study-<plan> for --quick and --smoke; for the full study, DIR/study-<plan>)")
+    ap.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="run seeds OFFSET..OFFSET+seeds-1 (a replication on "
+        "disjoint seeds: its own section of the page, saying which significant comparisons held)",
+    )
+    ap.add_argument(
+        "--steps", type=int, help="override the plan's steps per run (coord_steps on the coordination tasks)"
+    )
+    ap.add_argument(
+        "--workflows",
+        nargs="+",
+        metavar="NAME",
+        help="run only these of the plan's workflows (their "
+        "records are the plan's: a later run of the whole plan reuses them)",
+    )
+    ap.add_argument(
+        "--runs-dir",
+        type=Path,
+        help="where per-run records go (default benchmarks/results/study-<plan>, "
+        "committed with the page; runs/study-<plan> for --quick and --smoke; for the full study, DIR/study-<plan>)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md", help="the results page to update")
     ap.add_argument("--fresh", action="store_true", help="ignore saved runs and rerun every cell")
-    ap.add_argument("--report", action="store_true", help="run nothing: write the page from the runs saved so far "
-                    "(a study still running gets a section marked partial, naming the cells and seeds done)")
-    ap.add_argument("--pool", action="store_true", help="run nothing: one section comparing the objectives over "
-                    "every seed saved for the plan (all its sets of seeds: the first, and every --seed-offset), paired by seed")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at a time, one process and one torch thread each "
-                    "(default 1; 2 on a 2-core machine halves the wall time)")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="run nothing: write the page from the runs saved so far "
+        "(a study still running gets a section marked partial, naming the cells and seeds done)",
+    )
+    ap.add_argument(
+        "--pool",
+        action="store_true",
+        help="run nothing: one section comparing the objectives over "
+        "every seed saved for the plan (all its sets of seeds: the first, and every --seed-offset), paired by seed",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time, one process and one torch thread each "
+        "(default 1; 2 on a 2-core machine halves the wall time)",
+    )
     args = ap.parse_args(argv)
     if args.pool and (args.seeds or args.seed_offset or args.fresh or args.steps):
         ap.error("--pool reports the saved runs: it takes no --seeds, --seed-offset, --steps or --fresh")
     one = args.plan or ("quick" if args.quick else "smoke" if args.smoke else None)
-    flags = (f" --seeds {args.seeds}" if args.seeds else "") + (
-        f" --seed-offset {args.seed_offset}" if args.seed_offset else "") + (f" --steps {args.steps}" if args.steps else "") + (
-        f" --jobs {args.jobs}" if args.jobs > 1 else "")
+    flags = (
+        (f" --seeds {args.seeds}" if args.seeds else "")
+        + (f" --seed-offset {args.seed_offset}" if args.seed_offset else "")
+        + (f" --steps {args.steps}" if args.steps else "")
+        + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
+    )
     if args.workflows:
         known = {w for name in ((one,) if one else FULL) for w in PLANS[name].workflows}
         if unknown := sorted(set(args.workflows) - known):
@@ -1212,7 +1555,9 @@ def main(argv: list[str] | None = None) -> int:
             # loses no run); the quick and smoke plans' are scratch
             default = ROOT / ("runs" if name in ("quick", "smoke") else "benchmarks/results") / f"study-{name}"
             runs_dir = args.runs_dir or default
-            command = "python benchmarks/study.py" + {"quick": " --quick", "smoke": " --smoke"}.get(name, f" --plan {name}")
+            command = "python benchmarks/study.py" + {"quick": " --quick", "smoke": " --smoke"}.get(
+                name, f" --plan {name}"
+            )
         else:
             runs_dir = (args.runs_dir or ROOT / "runs") / f"study-{name}"
             command = "python benchmarks/study.py"
@@ -1221,8 +1566,15 @@ def main(argv: list[str] | None = None) -> int:
             if not seeds:
                 ap.error(f"--pool: no saved runs of {', '.join(plan.workflows)} at this plan's budget in {runs_dir}")
             plan = replace(plan, pooled=tuple(seeds), seeds=len(seeds))
-        run_plan(plan, runs_dir, args.out, command + flags + (" --pool" if args.pool else ""), fresh=args.fresh,
-                 jobs=args.jobs, run=not (args.report or args.pool))
+        run_plan(
+            plan,
+            runs_dir,
+            args.out,
+            command + flags + (" --pool" if args.pool else ""),
+            fresh=args.fresh,
+            jobs=args.jobs,
+            run=not (args.report or args.pool),
+        )
     return 0
 
 

@@ -59,8 +59,9 @@ BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
 
 def render(text: str, name: str, body: str) -> str:
     """``text`` with block ``name`` replaced by ``body`` (ValueError if the markers are missing)."""
-    pattern = re.compile(rf"(<!-- generated: {re.escape(name)} -->\n)(?:.*?\n)?(<!-- end generated: {re.escape(name)} -->)",
-                         re.S)
+    pattern = re.compile(
+        rf"(<!-- generated: {re.escape(name)} -->\n)(?:.*?\n)?(<!-- end generated: {re.escape(name)} -->)", re.S
+    )
     if not pattern.search(text):
         raise ValueError(f"no block {name!r} (markers <!-- generated: {name} --> ... <!-- end generated: {name} -->)")
     return pattern.sub(lambda m: m.group(1) + body.strip() + "\n" + m.group(2), text)

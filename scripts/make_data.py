@@ -65,10 +65,14 @@ def _math_problem(rng: random.Random) -> tuple[str, str]:
     if kind == "div":
         b = rng.randint(2, 9)
         a = b * rng.randint(2, 12)
-        return f"{name} shares {a} {thing} equally among {b} friends. how many {thing} does each friend get?", str(a // b)
+        return f"{name} shares {a} {thing} equally among {b} friends. how many {thing} does each friend get?", str(
+            a // b
+        )
     a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(1, 20)
-    return (f"{name} buys {a} bags of {b} {thing}, then finds {c} more. how many {thing} does {name} have?",
-            str(a * b + c))
+    return (
+        f"{name} buys {a} bags of {b} {thing}, then finds {c} more. how many {thing} does {name} have?",
+        str(a * b + c),
+    )
 
 
 def math(rng: random.Random) -> tuple[list[dict], list[dict]]:
@@ -85,6 +89,7 @@ def math(rng: random.Random) -> tuple[list[dict], list[dict]]:
 
 
 # --------------------------------------------------------------------------- corpus + search
+
 
 def corpus_and_search(rng: random.Random) -> tuple[list[dict], list[dict], list[dict]]:
     from srpo_graph.models.sft_data import world
@@ -128,8 +133,12 @@ def tinysearch(rng: random.Random) -> tuple[list[dict], list[dict]]:
     qs = search_questions()
     rng.shuffle(qs)
     rows = [{"question": q.question, "answer": q.answer, "kind": q.kind} for q in qs]
-    train = [{"id": f"tinysearch-{i:03d}", **r} for i, r in enumerate(r for r in rows if not is_held_out(r["question"]))]
-    evals = [{"id": f"tinysearch-eval-{i:03d}", **r} for i, r in enumerate(r for r in rows if is_held_out(r["question"]))]
+    train = [
+        {"id": f"tinysearch-{i:03d}", **r} for i, r in enumerate(r for r in rows if not is_held_out(r["question"]))
+    ]
+    evals = [
+        {"id": f"tinysearch-eval-{i:03d}", **r} for i, r in enumerate(r for r in rows if is_held_out(r["question"]))
+    ]
     return train, evals
 
 

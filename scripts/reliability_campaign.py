@@ -246,7 +246,8 @@ print(json.dumps(out))
 
 def wf_campaign(rng: random.Random, n: int, tmp: Path) -> str:
     sources = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "workflows").glob("*.wf"))]
-    alphabet = list('{}[]()":,.?=->#\\\n\r\t x1e0_') + ["route", "end", "true", "\u2028", "\ufeff", '"""', "1e999", "0x4"]
+    alphabet = list('{}[]()":,.?=->#\\\n\r\t x1e0_')
+    alphabet += ["route", "end", "true", "\u2028", "\ufeff", '"""', "1e999", "0x4"]
     lines = []
     for _ in range(n):
         text = rng.choice(sources)
@@ -254,11 +255,11 @@ def wf_campaign(rng: random.Random, n: int, tmp: Path) -> str:
             i = rng.randrange(max(1, len(text)))
             op = rng.choice(["delete", "insert", "swap", "dup_line"])
             if op == "delete":
-                text = text[:i] + text[i + rng.randint(1, 8):]
+                text = text[:i] + text[i + rng.randint(1, 8) :]
             elif op == "insert":
                 text = text[:i] + rng.choice(alphabet) + text[i:]
             elif op == "swap" and i + 1 < len(text):
-                text = text[:i] + text[i + 1] + text[i] + text[i + 2:]
+                text = text[:i] + text[i + 1] + text[i] + text[i + 2 :]
             else:
                 ls = text.split("\n")
                 j = rng.randrange(len(ls))
@@ -267,17 +268,25 @@ def wf_campaign(rng: random.Random, n: int, tmp: Path) -> str:
         lines.append(json.dumps(text))
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-c", _WF_WORKER, str(ROOT / "workflows")], input="\n".join(lines),
-                              capture_output=True, text=True, env=ENV, timeout=max(120, n // 10))
+        proc = subprocess.run(
+            [sys.executable, "-c", _WF_WORKER, str(ROOT / "workflows")],
+            input="\n".join(lines),
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=max(120, n // 10),
+        )
         counts = json.loads(proc.stdout.splitlines()[-1])
         hang = 0
     except subprocess.TimeoutExpired:
         counts, hang = {"ok": "?", "rejected": "?", "crash": "?", "fmt_changed": "?"}, 1
     took = time.monotonic() - t0
-    return (f"| mutated example `.wf` files (deletions, insertions incl. `\\r`, U+2028, BOM, `1e999`, `0x4`, "
-            f"keywords; swaps; duplicated lines) | {n} | accepted {counts['ok']}; rejected with the project's errors "
-            f"{counts['rejected']}; crashes {counts['crash']}; hangs {hang} ({took:.0f} s in all); `fmt` changed the "
-            f"meaning of an accepted file {counts['fmt_changed']} |")
+    return (
+        f"| mutated example `.wf` files (deletions, insertions incl. `\\r`, U+2028, BOM, `1e999`, `0x4`, "
+        f"keywords; swaps; duplicated lines) | {n} | accepted {counts['ok']}; rejected with the project's errors "
+        f"{counts['rejected']}; crashes {counts['crash']}; hangs {hang} ({took:.0f} s in all); `fmt` changed the "
+        f"meaning of an accepted file {counts['fmt_changed']} |"
+    )
 
 
 def kill9_campaign(rng: random.Random, n: int, tmp: Path) -> str:
@@ -304,7 +313,10 @@ def kill9_campaign(rng: random.Random, n: int, tmp: Path) -> str:
             resumed += 1
         elif again.returncode != 0:
             print(err[-1500:], file=sys.stderr)
-    return f"| `kill -9` of `srpo-graph train` at a random moment, then `--resume` | {n} | resumed to the end with a verified checkpoint {resumed}/{n} |"
+    return (
+        f"| `kill -9` of `srpo-graph train` at a random moment, then `--resume` | {n} | resumed to the end with a "
+        f"verified checkpoint {resumed}/{n} |"
+    )
 
 
 def main() -> None:
@@ -313,8 +325,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="checkpoint,traces,tasks,wf,kill9")
     args = ap.parse_args()
-    counts = {"checkpoint": 10, "traces": 200, "tasks": 200, "wf": 200, "kill9": 1} if args.quick else \
-        {"checkpoint": 100, "traces": 5000, "tasks": 5000, "wf": 10000, "kill9": 8}
+    counts = (
+        {"checkpoint": 10, "traces": 200, "tasks": 200, "wf": 200, "kill9": 1}
+        if args.quick
+        else {"checkpoint": 100, "traces": 5000, "tasks": 5000, "wf": 10000, "kill9": 8}
+    )
     rng = random.Random(args.seed)
     print("| what was tried | times | what happened |\n|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="srpo-graph-faults-") as d:

@@ -36,7 +36,7 @@ _EXPORTS = {
     "SetBatch": "srpo_graph.compiler.setbatch",
     "packed_logprobs": "srpo_graph.srpo.logprobs",
     "srpo_loss": "srpo_graph.srpo.loss",
-    "LossConfig": "srpo_graph.srpo.loss",
+    "LossConfig": "srpo_graph.srpo.options",
     "train": "srpo_graph.train.trainer",
     "TrainConfig": "srpo_graph.train.config.loading",
     "SrpoGraphError": "srpo_graph.errors",

@@ -72,7 +72,8 @@ class Diagnostic:
     def headline(self) -> str:
         """The first line of the rendering: ``path:line:col: error: message`` (or without a place).
 
-        >>> Diagnostic("tool 'docs' raised KeyError('q')", Span(path="s.wf", line=41, col=3, end_line=41, end_col=9)).headline()
+        >>> where = Span(path="s.wf", line=41, col=3, end_line=41, end_col=9)
+        >>> Diagnostic("tool 'docs' raised KeyError('q')", where).headline()
         "s.wf:41:3: error: tool 'docs' raised KeyError('q')"
         """
         place = self.span.where() if self.span is not None else self.where
@@ -82,9 +83,23 @@ class Diagnostic:
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 # characters shown as a visible stand-in (one character each, so the caret stays aligned):
 # line-breaking for str.splitlines or a terminal, but not for the .wf lexer
-_VISIBLE = str.maketrans({"\r": "␍", "\v": "␋", "\f": "␌", "\x1c": "␜", "\x1d": "␝", "\x1e": "␞",
-                          "\x85": "␤", "\u2028": "␤", "\u2029": "¶", "\x00": "␀", "\x1b": "␛",
-                          "\ufeff": "◌", "\u200b": "◌"})
+_VISIBLE = str.maketrans(
+    {
+        "\r": "␍",
+        "\v": "␋",
+        "\f": "␌",
+        "\x1c": "␜",
+        "\x1d": "␝",
+        "\x1e": "␞",
+        "\x85": "␤",
+        "\u2028": "␤",
+        "\u2029": "¶",
+        "\x00": "␀",
+        "\x1b": "␛",
+        "\ufeff": "◌",
+        "\u200b": "◌",
+    }
+)
 
 
 def source_lines(text: str) -> list[str]:
@@ -133,8 +148,11 @@ def render_diagnostic(diag: Diagnostic, source: str | None = None) -> str:
             col = diag.span.col
             if len(text) > MAX_SHOWN_LINE:  # a window around the column, so the caret stays on screen
                 start = max(0, min(col - 1 - MAX_SHOWN_LINE // 3, len(text) - MAX_SHOWN_LINE))
-                text = ("…" if start else "") + text[start:start + MAX_SHOWN_LINE] + (
-                    "…" if start + MAX_SHOWN_LINE < len(text) else "")
+                text = (
+                    ("…" if start else "")
+                    + text[start : start + MAX_SHOWN_LINE]
+                    + ("…" if start + MAX_SHOWN_LINE < len(text) else "")
+                )
                 col = col - start + (1 if start else 0)
                 width = min(width, MAX_SHOWN_LINE - col + 2)
             out.append(f"  {gutter} | {text.replace(chr(9), ' ').translate(_VISIBLE)}")
@@ -166,8 +184,17 @@ class SrpoGraphError(Exception):
         super().__init__(message)
 
     @classmethod
-    def at(cls, where: str | None, message: str, *, why: str | None = None, fix: str | None = None,
-           span: Span | None = None, code: str = "E", source: str | None = None) -> Self:
+    def at(
+        cls,
+        where: str | None,
+        message: str,
+        *,
+        why: str | None = None,
+        fix: str | None = None,
+        span: Span | None = None,
+        code: str = "E",
+        source: str | None = None,
+    ) -> Self:
         """One error with one :class:`Diagnostic`, rendered like every other.
 
         >>> print(ConfigError.at("field `optim.lr`", "must be > 0 (got -1)", fix="use e.g. optim.lr=1e-3"))
@@ -221,7 +248,8 @@ class ConfigError(SrpoGraphError):
 
 EXIT_CODES: dict[int, str] = {  # the process exit status of `srpo-graph` (docs/architecture.md, generated)
     0: "success",
-    SrpoGraphError.exit_code: "another srpo-graph error (e.g. a run stopped because the disk is full; checkpoints intact)",
+    SrpoGraphError.exit_code: "another srpo-graph error (e.g. a run stopped because the disk is full; checkpoints "
+    "intact)",
     WorkflowSyntaxError.exit_code: "a `.wf` file does not parse or check (also: a command-line usage error, click's 2)",
     BackendError.exit_code: "an inference backend failed, stopped answering or could not start",
     TraceError.exit_code: "a trace file or line does not match the trace schema",
@@ -239,8 +267,10 @@ def exit_codes_table() -> str:
     >>> exit_codes_table().splitlines()[2]
     '| 0 | success |'
     """
-    classes = {c.exit_code: c.__name__ for c in (WorkflowSyntaxError, BackendError, TraceError, RuntimeFailure,
-                                                  CompileError, ConfigError)}
+    classes = {
+        c.exit_code: c.__name__
+        for c in (WorkflowSyntaxError, BackendError, TraceError, RuntimeFailure, CompileError, ConfigError)
+    }
     rows = ["| exit | meaning |", "|---|---|"]
     for code, meaning in sorted(EXIT_CODES.items()):
         rows.append(f"| {code} | {meaning}" + (f" (`{classes[code]}`)" if code in classes else "") + " |")
@@ -253,8 +283,14 @@ class DiagnosticSink:
 
     items: list[Diagnostic] = field(default_factory=list)
 
-    def error(self, message: str, span: Span | None = None, hint: str | None = None, code: str = "E",
-              related: tuple[tuple[Span, str], ...] = ()) -> None:
+    def error(
+        self,
+        message: str,
+        span: Span | None = None,
+        hint: str | None = None,
+        code: str = "E",
+        related: tuple[tuple[Span, str], ...] = (),
+    ) -> None:
         self.items.append(Diagnostic(message, span, hint, "error", code, related=related))
 
     def warning(self, message: str, span: Span | None = None, hint: str | None = None, code: str = "W") -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 # where setup.sh built it, read before any test points SRPO_GRAPH_HOME at a temporary home
-_HOME = Path(os.environ["SRPO_GRAPH_HOME"]) if os.environ.get("SRPO_GRAPH_HOME") else Path.home() / ".cache" / "srpo-graph"
+_HOME = (
+    Path(os.environ["SRPO_GRAPH_HOME"]) if os.environ.get("SRPO_GRAPH_HOME") else Path.home() / ".cache" / "srpo-graph"
+)
 
 
 @pytest.fixture(scope="session")

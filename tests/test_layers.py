@@ -1,4 +1,5 @@
-"""Architecture contract: a stage imports only from stages to its left (DESIGN.md).
+"""Architecture contract: (a) a stage imports only from stages to its left (DESIGN.md); (b) no
+module imports a module that imports it, even inside a function (no import cycles).
 
 Reads every module's imports with ``ast`` (nothing is imported), so a violation is reported
 with the file and line of the offending import.
@@ -7,8 +8,10 @@ with the file and line of the offending import.
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "srpo_graph"
@@ -83,7 +86,11 @@ def _violations() -> list[str]:
 
 
 def test_every_stage_module_is_ranked():
-    stages = {p.name.removesuffix(".py") for p in PKG.iterdir() if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    stages = {
+        p.name.removesuffix(".py")
+        for p in PKG.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"
+    }
     stages -= {"__init__", "__main__"}
     assert stages <= set(RANK), f"unranked stages: {sorted(stages - set(RANK))}"
 
@@ -102,8 +109,9 @@ def test_the_check_detects_a_backward_import(tmp_path, bad):
     assert RANK[_stage_of(bad)] > RANK["lang"]
 
 
-@pytest.mark.parametrize("line", ["from ..train import trainer", "from ..train.trainer import train",
-                                  "from srpo_graph.train import trainer"])
+@pytest.mark.parametrize(
+    "line", ["from ..train import trainer", "from ..train.trainer import train", "from srpo_graph.train import trainer"]
+)
 def test_the_check_resolves_relative_imports(tmp_path, line):
     """``from ..train import trainer`` inside lang/ is the same backward import, written relatively."""
     src = tmp_path / "m.py"
@@ -153,11 +161,15 @@ def _train_violations(root: Path = TRAIN) -> list[str]:
             if other is None or other == own or other == "__init__":
                 continue
             if own not in TRAIN_RANK or other not in TRAIN_RANK:
-                found.append(f"srpo_graph/train/{rel}:{lineno}: unranked part of train/ ({own!r} or {other!r}): "
-                             "add it to TRAIN_RANK")
+                found.append(
+                    f"srpo_graph/train/{rel}:{lineno}: unranked part of train/ ({own!r} or {other!r}): "
+                    "add it to TRAIN_RANK"
+                )
             elif TRAIN_RANK[other] >= TRAIN_RANK[own] or (own, other) in NEVER:
-                found.append(f"srpo_graph/train/{rel}:{lineno}: train/{own} imports train/{other} ({module}), "
-                             f"which is not before it in the loop")
+                found.append(
+                    f"srpo_graph/train/{rel}:{lineno}: train/{own} imports train/{other} ({module}), "
+                    f"which is not before it in the loop"
+                )
     return found
 
 
@@ -171,9 +183,14 @@ def test_train_imports_only_earlier_parts():
     assert not violations, "\n".join(violations)
 
 
-@pytest.mark.parametrize("planted,part", [("from srpo_graph.train.trainer import train", "rollout"),
-                                          ("from srpo_graph.train.learn import step", "rollout"),
-                                          ("from srpo_graph.train.observe.record import StepRecord", "config")])
+@pytest.mark.parametrize(
+    "planted,part",
+    [
+        ("from srpo_graph.train.trainer import train", "rollout"),
+        ("from srpo_graph.train.learn import step", "rollout"),
+        ("from srpo_graph.train.observe.record import StepRecord", "config"),
+    ],
+)
 def test_the_train_check_finds_a_planted_upward_import(tmp_path, planted, part):
     """The check can fail: a module of train/<part>/ with an upward import (inside a function, too)
     is reported with its file and line."""
@@ -188,6 +205,134 @@ def test_scoring_imports_no_model_code():
     """srpo_graph/eval/ (Avg@k, Pass@k, intervals) runs where no model does: no torch, transformers
     or trainer import, even inside a function."""
     heavy = ("torch", "transformers", "safetensors", "srpo_graph.train", "srpo_graph.backends")
-    found = [f"srpo_graph/eval/{p.name}:{line}: {m}" for p in sorted((PKG / "eval").rglob("*.py"))
-             for line, m in _imports(p) if m.split(".")[0] in heavy or m.startswith(heavy)]
+    found = [
+        f"srpo_graph/eval/{p.name}:{line}: {m}"
+        for p in sorted((PKG / "eval").rglob("*.py"))
+        for line, m in _imports(p)
+        if m.split(".")[0] in heavy or m.startswith(heavy)
+    ]
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- (b) no import cycles
+
+# workflow.py draws itself in notebooks through a lazy import of viz (inside a method): the one
+# allowed cycle. An edge (a, b) here allows a's imports of b and of every module inside b.
+ALLOWED_CYCLE_EDGES = {("srpo_graph.workflow", "srpo_graph.viz")}
+
+
+def _module_names(root: Path, package: str) -> dict[str, Path]:
+    """Every module of the package at ``root`` (its folder): dotted name -> file."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _import_edges(path: Path, module: str, modules: set[str]):
+    """(line, imported module) for every import in ``path`` -- module level or inside a function,
+    relative ones resolved -- that names a module of ``modules``. ``from pkg import name`` is an
+    import of ``pkg.name`` when that is a module, else of ``pkg``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            targets = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            if target in modules and target != module:
+                yield node.lineno, target
+
+
+def module_graph(root: Path, package: str) -> nx.DiGraph:
+    """The import graph of the package at ``root``: a node per module, an edge per imported module,
+    with ``where``: the ``file:line`` of each import statement (relative to ``root``'s parent)."""
+    modules = _module_names(root, package)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for module, path in modules.items():
+        edges: dict[str, set[int]] = {}
+        for lineno, target in _import_edges(path, module, set(modules)):
+            edges.setdefault(target, set()).add(lineno)
+        rel = path.relative_to(root.parent).as_posix()
+        for target, lines in edges.items():
+            graph.add_edge(module, target, where=[f"{rel}:{n}" for n in sorted(lines)])
+    return graph
+
+
+def import_cycles(
+    graph: nx.DiGraph, allowed_edges=frozenset(), allowed_cycles=frozenset(), per_component: int = 20
+) -> list[list[str]]:
+    """The import cycles of ``graph`` (each a list of modules, smallest first), except those
+    through an allowed edge and those whose modules are one of ``allowed_cycles``; at most
+    ``per_component`` per strongly connected component (their number can explode)."""
+
+    def allowed(a: str, b: str) -> bool:
+        return any(a == x and (b == y or b.startswith(y + ".")) for x, y in allowed_edges)
+
+    g = nx.DiGraph([(a, b) for a, b in graph.edges if not allowed(a, b)])
+    cycles = []
+    for component in nx.strongly_connected_components(g):
+        if len(component) < 2:
+            continue
+        for cycle in itertools.islice(nx.simple_cycles(g.subgraph(component)), per_component):
+            if frozenset(cycle) in allowed_cycles:
+                continue
+            start = cycle.index(min(cycle))
+            cycles.append(cycle[start:] + cycle[:start])
+    return sorted(cycles)
+
+
+def describe_cycle(graph: nx.DiGraph, cycle: list[str]) -> str:
+    """``a -> b -> a``, then the file:line of every import along it."""
+    hops = list(zip(cycle, cycle[1:] + cycle[:1]))
+    lines = [" -> ".join([*cycle, cycle[0]])]
+    for a, b in hops:
+        lines += [f"    {where}: {a} imports {b}" for where in graph.edges[a, b]["where"]]
+    return "\n".join(lines)
+
+
+def test_no_import_cycles():
+    """A module that imports a module importing it (even inside a function) does two jobs: cut
+    it at its seam (move the shared part into a module both import), never with a lazy import."""
+    graph = module_graph(PKG, "srpo_graph")
+    cycles = import_cycles(graph, ALLOWED_CYCLE_EDGES)
+    assert not cycles, "import cycles:\n" + "\n".join(describe_cycle(graph, c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
+    # The cycle test must be able to fail: two modules of a fake package importing each other, one
+    # of them inside a function and relatively, are found and reported with both lines.
+    pkg = tmp_path / "fake"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import os\n\n\ndef f():\n    from fake.sub import b\n    return b\n")
+    (pkg / "sub" / "b.py").write_text("from .. import a\n")
+    (pkg / "c.py").write_text("from fake.sub.b import x\nfrom fake import a\n")  # imports both, in no cycle
+    graph = module_graph(pkg, "fake")
+    assert graph.edges["fake.a", "fake.sub.b"]["where"] == ["fake/a.py:5"]
+    assert graph.edges["fake.sub.b", "fake.a"]["where"] == ["fake/sub/b.py:1"]
+    cycles = import_cycles(graph)
+    assert cycles == [["fake.a", "fake.sub.b"]]
+    assert describe_cycle(graph, cycles[0]) == (
+        "fake.a -> fake.sub.b -> fake.a\n"
+        "    fake/a.py:5: fake.a imports fake.sub.b\n"
+        "    fake/sub/b.py:1: fake.sub.b imports fake.a"
+    )
+    assert import_cycles(graph, allowed_edges={("fake.a", "fake.sub")}) == []  # an allowed edge, by prefix
+    assert import_cycles(graph, allowed_cycles={frozenset({"fake.a", "fake.sub.b"})}) == []

@@ -66,4 +66,6 @@ def test_parse_check_run_compile_loss_step(tmp_path):
     stats = diagnostics.to_dict()
     # first update from the sampling policy: every set ratio is exactly 1, nothing is clipped
     assert stats["events/k1"] == 24 and stats["events/k2"] == 24
-    assert abs(stats["ratio_mean/k2"] - 1.0) < 1e-3 and stats["clip_frac_upper"] == 0.0 and stats["clip_frac_lower"] == 0.0
+    assert (
+        abs(stats["ratio_mean/k2"] - 1.0) < 1e-3 and stats["clip_frac_upper"] == 0.0 and stats["clip_frac_lower"] == 0.0
+    )

@@ -1,13 +1,25 @@
 """Inference backends: one ``Backend`` protocol (``base.py``) and one table, :data:`BACKENDS`.
 
-Backends stage. ``resolve_model`` turns a policy's model name into something ``from_pretrained``
-loads (``"tiny"`` -> the locally built tiny model); :data:`BACKENDS` maps each backend's name to
-its :class:`BackendSpec`: its options (the ``rollout.<name>`` config section), how to build it
-for ``srpo-graph run`` and for training, and what the trainer must know about it. Everything
-else is generated from the table: the ``rollout.backend`` choices and sections of the training
-config, the ``--backend`` choices and ``--<name>-<field>`` flags of ``srpo-graph run``, and the
-reference in docs/training.md. Adding a backend is one module plus one row (docs/architecture.md,
-"Extension points").
+Backends stage. :data:`BACKENDS` maps each backend's name to its :class:`BackendSpec`: its
+options (the ``rollout.<name>`` config section), how to build it for ``srpo-graph run`` and for
+training, and what the trainer must know about it. Everything else is generated from the table:
+the ``rollout.backend`` choices and sections of the training config, the ``--backend`` choices
+and ``--<name>-<field>`` flags of ``srpo-graph run``, and the reference in docs/training.md.
+Adding a backend is one module plus one row (docs/architecture.md, "Extension points"). A
+policy's model name becomes a loadable path in ``srpo_graph.models.resolve_model``.
+
+The modules (none imports this package's ``__init__`` back: the table sits on top of them):
+
+* ``base.py``: the ``Backend`` protocol, ``GenerationRequest`` and ``Completion``;
+* ``options.py``: each backend's ``rollout.<name>`` options;
+* ``sampling.py``: temperature, constraints, top-k/top-p and seeds of in-process samplers;
+* ``transformers.py``: the embedded default, in this process;
+* ``sglang.py``: the HTTP client of an SGLang server; ``sglang_server.py``: starting and stopping
+  server processes; ``sglang_lora.py``: LoRA adapters served per request;
+  ``sglang_fleet.py``: which servers serve which policies (launched or connected);
+  ``weight_sync.py`` and ``weight_dir.py``: weights to the servers, over a process group or disk;
+* ``openai.py``: the chat-completions client of external ``openai(...)`` policies;
+* ``tiny.py`` and ``recipes.py``: aliases of their modules in ``srpo_graph/models/``.
 
 Heavy imports (torch, transformers, httpx) happen inside the builders.
 
@@ -25,30 +37,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from srpo_graph.backends.options import BackendOptions, OpenAIOptions, SGLangOptions, TransformersOptions
 from srpo_graph.errors import BackendError
-
-TINY = "tiny"
-
-
-def resolve_model(name: str) -> str:
-    """The path or hub name to load for a policy's ``model`` string.
-
-    Args:
-        name: ``"tiny"`` (built on first use), a recipe of ``models.recipes.RECIPES`` such as
-            ``"tiny-reason"`` (pre-trained locally on first use, a few minutes), a model of
-            ``models.architectures.LOCAL_MODELS`` such as ``"qwen3-test"`` (built on first use), a
-            local path or a Hugging Face name.
-    Returns:
-        ``name`` unchanged, except the locally built models' names -> their directory.
-
-    >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
-    'Qwen/Qwen2.5-0.5B-Instruct'
-    """
-    from srpo_graph.models import local_model_path
-
-    path = local_model_path(name)  # tiny, a recipe, or a Qwen/Llama-shaped model built here
-    if path is not None:
-        return str(path)
-    return name
 
 
 @dataclass(frozen=True)
@@ -118,31 +106,13 @@ def _transformers_training(policies: Sequence[TrainedPolicy], options: Transform
 
 
 def _sglang(model: str, options: SGLangOptions, *, device: str = "cpu", **kw: Any):
-    from srpo_graph.backends.sglang import SGLangBackend
-    from srpo_graph.models.tiny import load_tokenizer
+    from srpo_graph.backends.sglang_fleet import connect
 
-    path = resolve_model(model)
-    if "vocab_size" not in kw or "context_length" not in kw:
-        from transformers import AutoConfig
-
-        from srpo_graph.backends.base import context_length_of
-
-        try:
-            config = AutoConfig.from_pretrained(path)
-        except (OSError, ValueError):
-            config = None  # constrained requests will then say what is missing; lengths go unchecked
-        kw.setdefault("vocab_size", getattr(config, "vocab_size", None))  # logit rows, for `allow:`
-        kw.setdefault("context_length", context_length_of(config))
-    kw = {"timeout": options.timeout, "max_retries": options.retries, "worker_urls": list(options.workers) or None,
-          "sync": options.sync, "sync_options": {"bucket_bytes": int(options.sync_bucket_mb * (1 << 20)),
-                                                 "master_address": options.sync_address,
-                                                 "timeout": options.sync_timeout},
-          **({"weight_dir": options.weight_dir} if options.weight_dir is not None else {}), **kw}
-    return SGLangBackend(kw.pop("url", options.url), load_tokenizer(path), **kw)
+    return connect(model, options, **kw)
 
 
 def _sglang_training(policies: Sequence[TrainedPolicy], options: SGLangOptions, run_dir: Path):
-    from srpo_graph.backends.sglang_server import serve_policies
+    from srpo_graph.backends.sglang_fleet import serve_policies
 
     return serve_policies(policies, options, run_dir)
 

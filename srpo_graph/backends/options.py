@@ -58,36 +58,65 @@ class SGLangOptions(BackendOptions):
                                    "launch (`url`, `urls`, `workers`). Off: such a run is refused before anything is "
                                    "written, since that server's weights would be replaced for everyone using it.",
                                    json_schema_extra={"train_only": True})
-    health_timeout: float = Field(600.0, gt=0.0, description="Seconds a launched server may take to answer /health 200.",
-                                  json_schema_extra={"train_only": True})
-    timeout: float = Field(300.0, gt=0.0, description="Deadline in seconds for one /generate request in all "
-                           "(connect, answer and the whole body; a server that drips bytes is cut off).",
-                           json_schema_extra={"cli": ["--timeout"]})
-    retries: int = Field(4, ge=0, le=100, description="Retries of one request on connection errors and HTTP 5xx, "
-                         "with exponential backoff from 0.5 s.", json_schema_extra={"cli": ["--retries"]})
+    health_timeout: float = Field(
+        600.0,
+        gt=0.0,
+        description="Seconds a launched server may take to answer /health 200.",
+        json_schema_extra={"train_only": True},
+    )
+    timeout: float = Field(
+        300.0,
+        gt=0.0,
+        description="Deadline in seconds for one /generate request in all "
+        "(connect, answer and the whole body; a server that drips bytes is cut off).",
+        json_schema_extra={"cli": ["--timeout"]},
+    )
+    retries: int = Field(
+        4,
+        ge=0,
+        le=100,
+        description="Retries of one request on connection errors and HTTP 5xx, with exponential backoff from 0.5 s.",
+        json_schema_extra={"cli": ["--retries"]},
+    )
     sync: Literal["auto", "distributed", "disk"] = Field(
-        "auto", description="How updated weights reach the servers: `distributed` streams them over a process "
+        "auto",
+        description="How updated weights reach the servers: `distributed` streams them over a process "
         "group per worker (SGLang's /init_weights_update_group + /update_weights_from_distributed; gloo on CPU, "
         "NCCL on GPU; no shared file system needed), `disk` saves them into `weight_dir` for "
         "/update_weights_from_disk, `auto` streams where the workers can join a group and falls back to disk "
         "(with a warning) where they cannot. LoRA adapter policies sync their adapter files by disk under `auto` and "
         "refuse `distributed` (SGLang 0.5.23 streams base weights only; docs/sglang.md).",
-        json_schema_extra={"train_only": True})
-    sync_bucket_mb: float = Field(256.0, gt=0.0, description="Most MiB broadcast at once in a `distributed` sync "
-                                  "(one flattened bucket; an FSDP policy is gathered one bucket at a time).",
-                                  json_schema_extra={"train_only": True})
-    sync_address: str | None = Field(None, description="The address servers reach the trainer at for a "
-                                     "`distributed` sync (default: the local end of a route to each server; "
-                                     "127.0.0.1 for local ones).", json_schema_extra={"train_only": True})
-    sync_timeout: float = Field(300.0, gt=0.0, description="Deadline in seconds for one weight-update group to "
-                                "form and for each bucket of a `distributed` sync; a server that stalls or dies "
-                                "ends the step with an error naming it, never a hang.",
-                                json_schema_extra={"train_only": True})
+        json_schema_extra={"train_only": True},
+    )
+    sync_bucket_mb: float = Field(
+        256.0,
+        gt=0.0,
+        description="Most MiB broadcast at once in a `distributed` sync "
+        "(one flattened bucket; an FSDP policy is gathered one bucket at a time).",
+        json_schema_extra={"train_only": True},
+    )
+    sync_address: str | None = Field(
+        None,
+        description="The address servers reach the trainer at for a "
+        "`distributed` sync (default: the local end of a route to each server; "
+        "127.0.0.1 for local ones).",
+        json_schema_extra={"train_only": True},
+    )
+    sync_timeout: float = Field(
+        300.0,
+        gt=0.0,
+        description="Deadline in seconds for one weight-update group to "
+        "form and for each bucket of a `distributed` sync; a server that stalls or dies "
+        "ends the step with an error naming it, never a hang.",
+        json_schema_extra={"train_only": True},
+    )
     weight_dir: Path | None = Field(
-        None, description="Where updated weights are saved for SGLang's update_weights_from_disk; must be "
+        None,
+        description="Where updated weights are saved for SGLang's update_weights_from_disk; must be "
         "readable by the server; each policy saves into its own subfolder <policy>. Default: RUN_DIR/weights. "
         "Only folders srpo-graph wrote there (listed in its .srpo-graph-weights.json) are ever replaced or deleted.",
-        json_schema_extra={"train_only": True})
+        json_schema_extra={"train_only": True},
+    )
 
 
 class OpenAIOptions(BackendOptions):
@@ -99,7 +128,9 @@ class OpenAIOptions(BackendOptions):
     """
 
     url: str = Field("http://127.0.0.1:30000/v1", description="API base URL (`/chat/completions` is appended).")
-    api_key_env: str | None = Field(None, description="Environment variable holding the API key (never the key itself).")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the API key (never the key itself)."
+    )
     timeout: float = Field(60.0, gt=0, le=3600, description="Seconds per request, (0, 3600].")
     retries: int = Field(2, ge=0, le=10, description="Further attempts after a failed request, [0, 10].")
     concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight at once, [1, 1024].")

@@ -464,7 +464,8 @@ class SGLangBackend:
                 return
             if status != 400 or time.monotonic() >= deadline:
                 raise BackendError(f"sglang: {url} answered HTTP {status} after the weight update: "
-                                   f"{body.decode('utf-8', errors='replace')[:300]} (still busy after {self.timeout:g}s?)")
+                                   f"{body.decode('utf-8', errors='replace')[:300]} (still busy after "
+                                   f"{self.timeout:g}s?)")
             time.sleep(min(self.backoff * 2**attempt, 2.0))  # busy (or another flush running): ask again
             attempt += 1
 

@@ -1,9 +1,11 @@
 """SGLang for LoRA adapter policies: ONE server per shared base, one adapter per policy on it.
 
-Backends stage. Consumes the trained policies (``backends.TrainedPolicy``) whose models are
-adapter views (they carry ``lora_name``: the adapter, or None for the frozen base, and
-``shared_base``: the object identifying their base) and the ``rollout.sglang`` options;
-produces one :class:`SGLangAdapterBackend` per policy, all of one base talking to one server:
+Backends stage. Consumes adapter views of models (they carry ``lora_name``: the adapter, or None
+for the frozen base, ``lora_rank``, ``lora_targets`` and ``shared_base``: the object identifying
+their base); produces the flags a base's server starts with (:func:`lora_flags`) and
+:class:`SGLangAdapterBackend`, the client of one policy on that server. Which servers start, and
+which policies share one, is ``sglang_fleet.py``'s plan (``serve_adapters``); this module
+starts no process:
 
 * the server starts with SGLang's LoRA support: ``--enable-lora --max-lora-rank R
   --lora-target-modules ...`` (the union over the base's adapters) ``--max-loras-per-batch``;
@@ -160,79 +162,3 @@ class SGLangAdapterBackend(SGLangBackend):
             if not isinstance(answer, dict) or not answer.get("success", False):
                 msg = answer.get("error_message") or answer.get("message") if isinstance(answer, dict) else answer
                 raise BackendError(f"sglang: {worker} refused {route} {body.get('lora_name')!r}: {msg}")
-
-
-def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict[str, Any]:
-    """One backend per policy; the policies of one shared base share one server.
-
-    Launched servers (``options.launch``) get ports ``options.port + i`` for base i; otherwise
-    the base's server is ``options.urls[<base policy>]`` or ``options.url``. Every adapter is
-    loaded once here (its initial weights), so sampling can start.
-
-    Raises:
-        ConfigError: full policies mixed with adapters (serve those on their own servers);
-            ``options.sync = "distributed"`` (Note [Adapters sync by disk]).
-        BackendError: a server that cannot start or refuses an adapter.
-    """
-    from transformers import AutoConfig
-
-    from srpo_graph.backends.base import context_length_of
-    from srpo_graph.backends.sglang_server import (
-        SGLangServer,
-        launch_command,
-        launch_ports,
-        recipe_env,
-        refuse_connected,
-    )
-    from srpo_graph.backends.weight_dir import run_owner
-    from srpo_graph.errors import ConfigError
-
-    if getattr(options, "sync", "auto") == "distributed":  # Note [Adapters sync by disk]
-        raise ConfigError.at("field `rollout.sglang.sync`", "LoRA adapters cannot sync over a process group on "
-                             "SGLang 0.5.23", why=ADAPTERS_BY_DISK,
-                             fix='rollout.sglang.sync = "auto" (adapters by disk: the servers must read '
-                                 "rollout.sglang.weight_dir)")
-    full = [p.name for p in policies if not is_adapter_policy(p)]
-    if full:
-        raise ConfigError.at("field `rollout.backend`", f"policies {full} are full models and the others LoRA adapters; "
-                             "the SGLang backend serves a workflow of adapters on shared bases only",
-                             fix="declare every policy as lora(...) on a base, or use rollout.backend=transformers")
-    groups: dict[int, list[Any]] = {}
-    for p in policies:
-        groups.setdefault(id(p.model.shared_base), []).append(p)
-    weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
-    plan = []  # (policies of one base, its server or URL): every server starts before any is waited for
-    ports = launch_ports(options.port, len(groups)) if options.launch is not None else []
-    for i, group in enumerate(groups.values()):
-        base = next((p for p in group if p.model.lora_name is None), group[0])
-        if options.launch is None:
-            plan.append((group, options.urls.get(base.name, options.url)))
-            continue
-        cpu = options.launch == "cpu"
-        argv = launch_command(options.launch, group[0].model_path, ports[i]) + lora_flags(
-            [p.model for p in group], cpu)
-        env = None
-        if cpu:
-            shim = run_dir / "sglang" / "cpu-lora-shim"
-            shim.mkdir(parents=True, exist_ok=True)
-            (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
-            env = {**recipe_env("cpu"), "PYTHONPATH": str(shim)}
-        plan.append((group, SGLangServer(argv, ports[i], log_path=run_dir / "sglang" / f"{base.name}.log",
-                                         env=env).start()))
-    refuse_connected(options, [where for _, where in plan if isinstance(where, str)])
-    backends: dict[str, Any] = {}
-    for group, where in plan:
-        url = where if isinstance(where, str) else where.wait_healthy(options.health_timeout).url
-        try:
-            config = AutoConfig.from_pretrained(group[0].model_path)
-        except (OSError, ValueError):
-            config = None
-        vocab, context = getattr(config, "vocab_size", None), context_length_of(config)
-        for p in group:
-            b = SGLangAdapterBackend(url, p.tokenizer, adapter=p.model.lora_name, timeout=options.timeout,
-                                     max_retries=options.retries, weight_dir=weight_root / p.name, vocab_size=vocab,
-                                     context_length=context,
-                                     weight_owner=run_owner(run_dir))
-            b.sync_weights(p.model, 0)  # the adapter as initialised (a resumed run syncs its own version next)
-            backends[p.name] = b
-    return backends

@@ -2,8 +2,9 @@
 
 Backends stage. Consumes a model directory, a port and a launch recipe (``"cpu"``, ``"gpu"`` or
 a command template); produces a running :class:`SGLangServer` whose ``url`` answers
-``/health``. It knows nothing about training: the trainer starts one server per policy and
-stops them all in a ``finally``.
+``/health``. It knows nothing about training, policies or LoRA: which servers a run starts, and
+for which policies, is ``sglang_fleet.py``'s plan (extra flags, such as a LoRA base's, are
+appended to :func:`launch_command`'s argv there); the trainer stops them all in a ``finally``.
 
 How no server is ever left behind:
 
@@ -33,7 +34,8 @@ The launched server is the one answering (issue 23, item 1): a port left unset i
 a per-launch token (``--served-model-name srpo-graph-<token>``) that :meth:`SGLangServer.wait_healthy`
 finds in the answering server's ``/server_info`` -- another process answering on the port (its
 own server failed to bind) stops the run before anything is sent to it. Servers a run did not
-launch (``url``/``urls``) get no weight updates unless ``rollout.sglang.update_connected`` says so.
+launch (``url``/``urls``) get no weight updates unless ``rollout.sglang.update_connected`` says so
+(``sglang_fleet.refuse_connected``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from srpo_graph.errors import BackendError
 
@@ -98,20 +100,26 @@ def launch_command(recipe: str, model: str, port: int, host: str = "127.0.0.1", 
     ['py', '-m', 'sglang.launch_server', '--model-path']
     >>> launch_command("gpu", "/m", 30001, python="py")[-1]
     '--enable-custom-logit-processor'
-    >>> launch_command("serve {model}", "/m", 1)
+    >>> launch_command("serve {model}", "/m", 1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    srpo_graph.errors.BackendError: field `rollout.sglang.launch`: the launch command 'serve {model}' must contain {model} and {port}
+    srpo_graph.errors.BackendError: field `rollout.sglang.launch`: ... must contain {model} and {port}
     """
     template = PRESETS.get(recipe, recipe)
     if "{model}" not in template or "{port}" not in template:
-        raise BackendError(f"field `rollout.sglang.launch`: the launch command {recipe!r} must contain {{model}} and {{port}}")
+        raise BackendError(
+            f"field `rollout.sglang.launch`: the launch command {recipe!r} must contain {{model}} and {{port}}"
+        )
     try:
-        argv = [part.format(model=model, port=int(port), host=host, python=python or sglang_python())
-                for part in shlex.split(template)]
+        argv = [
+            part.format(model=model, port=int(port), host=host, python=python or sglang_python())
+            for part in shlex.split(template)
+        ]
     except (KeyError, IndexError, ValueError) as exc:
-        raise BackendError(f"field `rollout.sglang.launch`: cannot fill the launch command {recipe!r}: {exc!r} "
-                           "(known fields: {model} {port} {host} {python})") from None
+        raise BackendError(
+            f"field `rollout.sglang.launch`: cannot fill the launch command {recipe!r}: {exc!r} "
+            "(known fields: {model} {port} {host} {python})"
+        ) from None
     if CUSTOM_LOGIT_FLAG not in argv:
         argv.append(CUSTOM_LOGIT_FLAG)
     return argv
@@ -126,8 +134,19 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+_TORCHRUN_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def server_environ() -> dict[str, str]:
@@ -154,8 +173,15 @@ class SGLangServer:
         env: extra environment (the cpu recipe's is :func:`recipe_env`).
     """
 
-    def __init__(self, argv: Sequence[str], port: int, *, host: str = "127.0.0.1",
-                 log_path: str | Path | None = None, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        argv: Sequence[str],
+        port: int,
+        *,
+        host: str = "127.0.0.1",
+        log_path: str | Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.argv = list(argv)
         self.port = int(port)
         self.host = host
@@ -181,11 +207,20 @@ class SGLangServer:
         env = {**server_environ(), **self.env}
         with open(self.log_path, "ab") as log:
             try:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
             except OSError as exc:
-                raise BackendError(f"sglang: cannot start the server `{shlex.join(self.argv)}`: {exc.strerror} "
-                                   f"(is SGLang installed? see docs/sglang.md; SRPO_GRAPH_SGLANG_PYTHON names its python)") from None
+                raise BackendError(
+                    f"sglang: cannot start the server `{shlex.join(self.argv)}`: {exc.strerror} "
+                    f"(is SGLang installed? see docs/sglang.md; SRPO_GRAPH_SGLANG_PYTHON names its python)"
+                ) from None
         with _LIVE_LOCK:
             _LIVE[self.proc.pid] = self
         return self
@@ -209,8 +244,10 @@ class SGLangServer:
             if self.proc is not None and self.proc.poll() is not None:
                 code = self.proc.returncode
                 self._forget()
-                raise BackendError(f"sglang: the server for {self.url} exited with code {code} while starting; "
-                                   f"log {self.log_path}:\n{self.log_tail()}")
+                raise BackendError(
+                    f"sglang: the server for {self.url} exited with code {code} while starting; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
                     return self._verify_identity()
@@ -218,8 +255,10 @@ class SGLangServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise BackendError(f"sglang: the server for {self.url} was not healthy after {timeout:g}s (stopped it); "
-                                   f"log {self.log_path}:\n{self.log_tail()}")
+                raise BackendError(
+                    f"sglang: the server for {self.url} was not healthy after {timeout:g}s (stopped it); "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
             time.sleep(0.5)
 
     def _verify_identity(self) -> "SGLangServer":
@@ -251,7 +290,8 @@ class SGLangServer:
             f"launch's token {self.token}): another process holds port {self.port}, and this run's server {mine} "
             f"(log {self.log_path})",
             why="training would sample from and push weight updates into someone else's server",
-            fix="leave rollout.sglang.port unset (a free port is picked), or choose a free one")
+            fix="leave rollout.sglang.port unset (a free port is picked), or choose a free one",
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -303,8 +343,15 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def start_server(model: str, port: int, *, recipe: str = "cpu", host: str = "127.0.0.1",
-                 log_path: str | Path | None = None, health_timeout: float = 300.0) -> SGLangServer:
+def start_server(
+    model: str,
+    port: int,
+    *,
+    recipe: str = "cpu",
+    host: str = "127.0.0.1",
+    log_path: str | Path | None = None,
+    health_timeout: float = 300.0,
+) -> SGLangServer:
     """Launch a server on ``model`` at ``host:port`` and wait until it is healthy.
 
     Raises:
@@ -358,30 +405,14 @@ def launch_ports(first: int | None, count: int, host: str = "127.0.0.1") -> list
     ports = [int(first) + i for i in range(count)]
     taken = [p for p in ports if port_in_use(p, host)]
     if taken:
-        raise ConfigError.at(f"field `rollout.sglang.port` ({first})",
-                             f"port {taken[0]} on {host} is already in use (another server -- maybe another run's "
-                             "SGLang -- listens there)",
-                             why="a launched server that cannot bind its port would leave training talking to "
-                             "the other one", fix="leave rollout.sglang.port unset (free ports are picked), or "
-                             "choose a free one")
+        raise ConfigError.at(
+            f"field `rollout.sglang.port` ({first})",
+            f"port {taken[0]} on {host} is already in use (another server -- maybe another run's "
+            "SGLang -- listens there)",
+            why="a launched server that cannot bind its port would leave training talking to the other one",
+            fix="leave rollout.sglang.port unset (free ports are picked), or choose a free one",
+        )
     return ports
-
-
-def refuse_connected(options: Any, urls: Sequence[str]) -> None:
-    """A run writes weights only into servers it launched, unless ``update_connected`` says so.
-
-    Raises:
-        ConfigError: naming the servers, before anything is written.
-    """
-    from srpo_graph.errors import ConfigError
-
-    if urls and not getattr(options, "update_connected", False):
-        raise ConfigError.at("field `rollout.sglang.update_connected`",
-                             f"training would push weight updates into {', '.join(sorted(set(urls)))}, a server "
-                             "this run did not launch",
-                             why="its weights would be replaced, for everyone else using it too",
-                             fix="let training start its own (`rollout.sglang.launch=cpu`), or, if the server is "
-                             "this run's to change, pass rollout.sglang.update_connected=true")
 
 
 def stop_all() -> None:
@@ -395,67 +426,6 @@ def stop_all() -> None:
 def live_servers() -> list[SGLangServer]:
     with _LIVE_LOCK:
         return list(_LIVE.values())
-
-
-def serve_policies(policies: Sequence[Any], options: Any, run_dir: Path) -> dict[str, Any]:
-    """One connected SGLang backend per trained policy: ``BACKENDS["sglang"].for_training``.
-
-    Servers are launched first (all at once, then each waited for, on ports ``options.port + i``)
-    when ``options.launch`` is set; otherwise each policy connects to ``options.urls[name]`` or
-    ``options.url``. Every policy gets its own server: policies' weights diverge as they train.
-
-    Args:
-        policies: the trained policies (``backends.TrainedPolicy``), in declaration order.
-        options: the ``rollout.sglang`` section (``backends.options.SGLangOptions``).
-        run_dir: the run folder (server logs in ``run_dir/sglang/``, weights in ``run_dir/weights``).
-    Raises:
-        ConfigError: a URL for an unknown policy, two policies on one server, router workers
-            with several policies.
-        BackendError: a server that cannot start or does not answer ``/health``.
-    """
-    from srpo_graph.backends import load_backend
-    from srpo_graph.backends.sglang_lora import is_adapter_policy, serve_adapters
-    from srpo_graph.errors import ConfigError
-
-    if any(is_adapter_policy(p) for p in policies):  # LoRA adapters: one server per shared base
-        return serve_adapters(policies, options, run_dir)
-    names = [p.name for p in policies]
-    unknown = sorted(set(options.urls) - set(names))
-    if unknown:
-        raise ConfigError.at("field `rollout.sglang.urls`", f"no policy named {unknown} in the workflow "
-                             f"(policies: {names})", fix="key the URLs by policy name")
-    if options.workers and len(names) > 1:
-        raise ConfigError.at("field `rollout.sglang.workers`", "router workers are for a one-policy workflow; "
-                             f"this one has {len(names)} policies",
-                             fix="give each policy its own server in `rollout.sglang.urls`")
-    models = {p.name: p.model_path for p in policies}
-    if options.launch is not None:
-        ports = launch_ports(options.port, len(names))
-        servers = [SGLangServer(
-            launch_command(options.launch, models[n], port), port,
-            log_path=run_dir / "sglang" / f"{n}.log",
-            env=recipe_env(options.launch))
-            for n, port in zip(names, ports)]
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_healthy(options.health_timeout)
-        urls = {n: s.url for n, s in zip(names, servers)}
-    else:
-        urls = {n: options.urls.get(n, options.url) for n in names}
-        shared = [n for n in names if list(urls.values()).count(urls[n]) > 1]
-        if shared:
-            raise ConfigError.at("field `rollout.sglang.urls`", f"policies {shared} would share the server "
-                                 f"{urls[shared[0]]}, which holds one set of weights",
-                                 fix="one server per policy (`rollout.sglang.urls={name=URL,...}`), "
-                                 "or let training start them (`rollout.sglang.launch=cpu`)")
-        refuse_connected(options, [*urls.values(), *options.workers])
-    weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
-    from srpo_graph.backends.weight_dir import run_owner
-
-    owner = run_owner(run_dir)  # the one ownership rule of the weight folders (weight_dir.py)
-    return {n: load_backend("sglang", models[n], options, url=urls[n], weight_dir=weight_root / n, weight_owner=owner)
-            for n in names}
 
 
 atexit.register(stop_all)

@@ -78,7 +78,9 @@ class TransformersBackend:
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, device: str = "cpu", dtype: Any = None, **kw: Any) -> "TransformersBackend":
+    def from_pretrained(
+        cls, name_or_path: str, device: str = "cpu", dtype: Any = None, **kw: Any
+    ) -> "TransformersBackend":
         """Load a model by name or path (``"tiny"`` = the built-in tiny model).
 
         Raises:
@@ -87,7 +89,7 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
-        from srpo_graph.backends import resolve_model
+        from srpo_graph.models import resolve_model
         from srpo_graph.models.tiny import load_tokenizer
 
         path = resolve_model(name_or_path)
@@ -96,9 +98,11 @@ class TransformersBackend:
             tokenizer = load_tokenizer(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else torch.float32)
         except (OSError, ValueError) as exc:
-            raise BackendError(f"cannot load model {name_or_path!r} ({path}): {exc}\n(a model must be a local"
-                               " directory or already in the Hugging Face cache; `--model tiny` runs the built-in"
-                               " tiny model)") from None
+            raise BackendError(
+                f"cannot load model {name_or_path!r} ({path}): {exc}\n(a model must be a local"
+                " directory or already in the Hugging Face cache; `--model tiny` runs the built-in"
+                " tiny model)"
+            ) from None
         return cls(model, tokenizer, device=device, **kw)
 
     # ------------------------------------------------------------------ generation
@@ -140,7 +144,9 @@ class TransformersBackend:
             top_p=torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=self.device),
             allowed=allowed,
             generators=gens,
-            sampled_logprobs=torch.tensor([r.logprobs == "sampled" for r in reqs], dtype=torch.bool, device=self.device),
+            sampled_logprobs=torch.tensor(
+                [r.logprobs == "sampled" for r in reqs], dtype=torch.bool, device=self.device
+            ),
         )
 
     def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -154,8 +160,9 @@ class TransformersBackend:
             mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         **self._last_logits_only)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_logits_only
+        )
         return cache_of(out), out.logits[:, -1, :], mask, positions
 
     def _generate_chunk(self, reqs: Sequence[GenerationRequest]) -> list[Completion]:
@@ -182,7 +189,11 @@ class TransformersBackend:
             rows = torch.tensor(row_of, device=self.device)
             if hasattr(past, "reorder_cache"):  # every layer kind (attention, linear-attention states), repeats allowed
                 past.reorder_cache(rows)
-                logits, mask, positions = logits.index_select(0, rows), mask.index_select(0, rows), positions.index_select(0, rows)
+                logits, mask, positions = (
+                    logits.index_select(0, rows),
+                    mask.index_select(0, rows),
+                    positions.index_select(0, rows),
+                )
             else:  # a cache that cannot repeat rows (legacy tuples): one prefill row per request after all
                 past, logits, mask, positions = self._prefill([tuple(r.prompt_ids) for r in reqs])
         next_pos = positions[:, -1] + 1

@@ -189,8 +189,16 @@ class DistributedSync:
         device: where tensors are broadcast from (``cuda`` for NCCL).
     """
 
-    def __init__(self, post: Post = http_call, *, backend: str = "gloo", bucket_bytes: int = 256 << 20, timeout: float = 300.0,
-                 master_address: str | None = None, device: str = "cpu"):
+    def __init__(
+        self,
+        post: Post = http_call,
+        *,
+        backend: str = "gloo",
+        bucket_bytes: int = 256 << 20,
+        timeout: float = 300.0,
+        master_address: str | None = None,
+        device: str = "cpu",
+    ):
         self.post, self.backend, self.bucket_bytes = post, backend, int(bucket_bytes)
         self.timeout, self.master_address, self.device = float(timeout), master_address, device
         self.groups: dict[str, _Group] = {}
@@ -203,8 +211,11 @@ class DistributedSync:
     def _call(self, worker: str, route: str, payload: dict[str, Any]) -> dict[str, Any]:
         status, answer = self.post(worker, route, payload, self.timeout)
         if status == 404:
-            raise BackendError.at("sglang", f"{worker} has no {route} route (an SGLang without process-group "
-                                  "weight sync?)", fix="set rollout.sglang.sync=disk")
+            raise BackendError.at(
+                "sglang",
+                f"{worker} has no {route} route (an SGLang without process-group weight sync?)",
+                fix="set rollout.sglang.sync=disk",
+            )
         if status >= 300 or not isinstance(answer, dict) or not answer.get("success", False):
             msg = answer.get("message") if isinstance(answer, dict) else answer
             raise BackendError(f"sglang: {worker}{route} refused: HTTP {status}: {msg}")
@@ -229,18 +240,30 @@ class DistributedSync:
         address = self.master_address or address_towards(worker)
         port = free_port("0.0.0.0" if address != "127.0.0.1" else "127.0.0.1")
         name = f"srpo-graph-{uuid.uuid4().hex[:12]}"  # a name can be used once per server process
-        init: Future = self._http.submit(self._call, worker, "/init_weights_update_group", {
-            "master_address": address, "master_port": port, "rank_offset": 1, "world_size": world,
-            "group_name": name, "backend": self.backend})
+        init: Future = self._http.submit(
+            self._call,
+            worker,
+            "/init_weights_update_group",
+            {
+                "master_address": address,
+                "master_port": port,
+                "rank_offset": 1,
+                "world_size": world,
+                "group_name": name,
+                "backend": self.backend,
+            },
+        )
         join: Future = self._http.submit(join_group, address, port, world, name, self.backend, self.timeout)
         deadline = time.monotonic() + self.timeout
         while not (init.done() and join.done()):  # a refusal ends the wait at once (the join then times out alone)
             if init.done() and init.exception() is not None:
                 raise BackendError(f"{init.exception()} (creating the weight-update group)") from None
             if time.monotonic() > deadline:
-                raise BackendError(f"sglang: {worker} did not join the weight-update group on {address}:{port} "
-                                   f"within {self.timeout:g}s (can it reach this address? set "
-                                   "rollout.sglang.sync_address)")
+                raise BackendError(
+                    f"sglang: {worker} did not join the weight-update group on {address}:{port} "
+                    f"within {self.timeout:g}s (can it reach this address? set "
+                    "rollout.sglang.sync_address)"
+                )
             time.sleep(0.01)
         pg = join.result()
         init.result()
@@ -252,10 +275,20 @@ class DistributedSync:
     def _broadcast(self, worker: str, group: _Group, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
         """One bucket: the HTTP request and the broadcast together (Note [A broadcast never waits for ever])."""
         flat = flatten(bucket).to(self.device)
-        answer: Future = self._http.submit(self._call, worker, "/update_weights_from_distributed", {
-            "names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-            "shapes": [list(t.shape) for _, t in bucket], "group_name": group.name, "flush_cache": False,
-            "weight_version": str(int(version)), "load_format": "flattened_bucket"})
+        answer: Future = self._http.submit(
+            self._call,
+            worker,
+            "/update_weights_from_distributed",
+            {
+                "names": [n for n, _ in bucket],
+                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "group_name": group.name,
+                "flush_cache": False,
+                "weight_version": str(int(version)),
+                "load_format": "flattened_bucket",
+            },
+        )
         opts = torch.distributed.BroadcastOptions()
         opts.rootRank = 0
         work = group.pg.broadcast([flat], opts)
@@ -267,8 +300,10 @@ class DistributedSync:
             if time.monotonic() > deadline:
                 group.broken = True
                 what = "the broadcast" if not work.is_completed() else "its answer"
-                raise BackendError(f"sglang: {worker} did not take the weight update within {self.timeout:g}s "
-                                   f"(waiting for {what}; the server stalled or died)")
+                raise BackendError(
+                    f"sglang: {worker} did not take the weight update within {self.timeout:g}s "
+                    f"(waiting for {what}; the server stalled or died)"
+                )
             time.sleep(0.002)
         if not work.is_success():
             group.broken = True

@@ -117,14 +117,21 @@ def group_by_agent(events: EventTable, grouping: Grouping = Grouping.POOLED) -> 
     """Dr. MAS: one unit per member, group (task group, agent[, the agent's turn])."""
     keys, values, episode = [], [], []
     for i, agents in enumerate(events.members):
-        turns = events.member_turn[i] if events.member_turn is not None and grouping is Grouping.TURN else [0] * len(agents)
+        turns = (
+            events.member_turn[i] if events.member_turn is not None and grouping is Grouping.TURN else [0] * len(agents)
+        )
         for agent, turn in zip(agents, turns):
             keys.append((events.group[i], agent, turn))
             values.append(events.returns[i])
             episode.append(events.episode[i])
     group = _index(keys)
-    return Units(torch.tensor(values, dtype=torch.float64), group, torch.tensor(episode, dtype=torch.int64),
-                 torch.arange(len(values)), _num(group))
+    return Units(
+        torch.tensor(values, dtype=torch.float64),
+        group,
+        torch.tensor(episode, dtype=torch.int64),
+        torch.arange(len(values)),
+        _num(group),
+    )
 
 
 def group_by_episode(events: EventTable, grouping: Grouping = Grouping.POOLED) -> Units:
@@ -134,8 +141,13 @@ def group_by_episode(events: EventTable, grouping: Grouping = Grouping.POOLED) -
     ep_group = {e: events.group[i] for i, e in enumerate(events.episode)}
     group = _index([ep_group[e] for e in ep_ids])
     of_set = torch.tensor([unit[e] for e in events.episode], dtype=torch.int64)
-    return Units(torch.tensor([events.episode_reward[e] for e in ep_ids], dtype=torch.float64), group,
-                 torch.tensor(ep_ids, dtype=torch.int64), of_set[_member_set(events)], _num(group))
+    return Units(
+        torch.tensor([events.episode_reward[e] for e in ep_ids], dtype=torch.float64),
+        group,
+        torch.tensor(ep_ids, dtype=torch.int64),
+        of_set[_member_set(events)],
+        _num(group),
+    )
 
 
 GROUPERS: dict[AdvantageMode, Callable[[EventTable, Grouping], Units]] = {
@@ -145,8 +157,15 @@ GROUPERS: dict[AdvantageMode, Callable[[EventTable, Grouping], Units]] = {
 }
 
 
-def normalize(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, use_std: bool = True,
-              eps: float = 1e-6, unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def normalize(
+    values: torch.Tensor,
+    group: torch.Tensor,
+    num_groups: int,
+    *,
+    use_std: bool = True,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative normalization with segment sums.
 
     Args:
@@ -175,10 +194,16 @@ def normalize(values: torch.Tensor, group: torch.Tensor, num_groups: int, *, use
     return adv, zero
 
 
-def compute_advantages(events: EventTable, mode: AdvantageMode = AdvantageMode.TRANSITION, *,
-                       grouping: Grouping = Grouping.POOLED,
-                       singleton_baseline: SingletonBaseline = SingletonBaseline.ZERO,
-                       use_std: bool = True, eps: float = 1e-6, unbiased: bool = True) -> Advantages:
+def compute_advantages(
+    events: EventTable,
+    mode: AdvantageMode = AdvantageMode.TRANSITION,
+    *,
+    grouping: Grouping = Grouping.POOLED,
+    singleton_baseline: SingletonBaseline = SingletonBaseline.ZERO,
+    use_std: bool = True,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> Advantages:
     """Advantages of every event and member.
 
     Args:
@@ -212,7 +237,8 @@ def compute_advantages(events: EventTable, mode: AdvantageMode = AdvantageMode.T
     first = torch.zeros(S, dtype=torch.int64)
     if member_set.numel():
         first = torch.full((S,), member_set.numel(), dtype=torch.int64).scatter_reduce_(
-            0, member_set, torch.arange(member_set.numel()), reduce="amin")
+            0, member_set, torch.arange(member_set.numel()), reduce="amin"
+        )
     unit_zero = zero[u.group][u.unit_of_member].to(torch.int64)
     unit_single = single[u.unit_of_member].to(torch.int64)
     all_zero = torch.ones(S, dtype=torch.int64).scatter_reduce_(0, member_set, unit_zero, reduce="amin")

@@ -254,7 +254,8 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
             members = [m for m in found if m is not None and m.finish_reason != "abort"]
             if len(members) < len(found):
                 if config.missing_member == "error":
-                    raise _fail(loc, f"transitions[{k}].consumed", f"transition {t.id!r} consumes a missing or aborted output")
+                    raise _fail(loc, f"transitions[{k}].consumed",
+                                f"transition {t.id!r} consumes a missing or aborted output")
                 stats.dropped_incomplete_events += 1
                 continue
             # frozen members are part of the action (completeness above, provenance) but carry no
@@ -264,8 +265,17 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
                 stats.frozen_only_events += 1
                 continue
             stats.frozen_members += len(members) - len(trained)
-            events.append(_Event(e, t, trained, returns[t.id], turn, [output_turn[m.id] for m in trained],
-                                 len(members) - len(trained)))
+            events.append(
+                _Event(
+                    e,
+                    t,
+                    trained,
+                    returns[t.id],
+                    turn,
+                    [output_turn[m.id] for m in trained],
+                    len(members) - len(trained),
+                )
+            )
 
     group_names = list(groups)
     table = EventTable(
@@ -278,9 +288,15 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
         turn=[ev.turn for ev in events],
         member_turn=[ev.member_turn for ev in events],
     )
-    adv = compute_advantages(table, config.advantage, grouping=config.grouping,
-                             singleton_baseline=config.singleton_baseline, use_std=config.use_std,
-                             eps=config.eps, unbiased=config.std_unbiased)
+    adv = compute_advantages(
+        table,
+        config.advantage,
+        grouping=config.grouping,
+        singleton_baseline=config.singleton_baseline,
+        use_std=config.use_std,
+        eps=config.eps,
+        unbiased=config.std_unbiased,
+    )
     stats.advantage_groups = adv.num_groups
     stats.zero_variance_groups = adv.num_zero_variance_groups
     stats.singleton_groups = adv.num_singleton_groups
@@ -293,17 +309,42 @@ def compile(episodes: Sequence[Episode], config: CompileConfig = CompileConfig()
     # members of the kept events, in order (events are kept in order, members are in event order)
     kept = torch.zeros(len(events), dtype=torch.bool)
     kept[keep] = True
-    member_event = torch.repeat_interleave(torch.arange(len(events)), torch.tensor([len(ev.members) for ev in events],
-                                                                                   dtype=torch.int64))
+    member_event = torch.repeat_interleave(
+        torch.arange(len(events)), torch.tensor([len(ev.members) for ev in events], dtype=torch.int64)
+    )
     member_adv = adv.member_advantage[kept[member_event]]
-    return _pack([events[i] for i in keep], adv.advantage[keep], member_adv,
-                 adv.set_group[keep], config, stats, ep_ids, ep_reward, ep_group, ep_status, group_names,
-                 [task_of_group[g] for g in group_names], workflow)
+    return _pack(
+        [events[i] for i in keep],
+        adv.advantage[keep],
+        member_adv,
+        adv.set_group[keep],
+        config,
+        stats,
+        ep_ids,
+        ep_reward,
+        ep_group,
+        ep_status,
+        group_names,
+        [task_of_group[g] for g in group_names],
+        workflow,
+    )
 
 
-def _pack(events: list[_Event], advantage: torch.Tensor, member_advantage: torch.Tensor, set_group: torch.Tensor,
-          config: CompileConfig, stats: CompileStats, ep_ids: list[str], ep_reward: list[float], ep_group: list[int],
-          ep_status: list[int], group_names: list[str], task_ids: list[str], workflow: str) -> SetBatch:
+def _pack(
+    events: list[_Event],
+    advantage: torch.Tensor,
+    member_advantage: torch.Tensor,
+    set_group: torch.Tensor,
+    config: CompileConfig,
+    stats: CompileStats,
+    ep_ids: list[str],
+    ep_reward: list[float],
+    ep_group: list[int],
+    ep_status: list[int],
+    group_names: list[str],
+    task_ids: list[str],
+    workflow: str,
+) -> SetBatch:
     """The packed tensors, filled as named columns (one per ``SetBatch`` field; dtypes from there)."""
     policies: dict[str, int] = {p: i for i, p in enumerate(config.policies)}
     transitions: dict[str, int] = {}
@@ -317,11 +358,33 @@ def _pack(events: list[_Event], advantage: torch.Tensor, member_advantage: torch
     member_ids: list[str] = []
     set_ids: list[str] = []
     set_tokens: list[int] = []
-    m: dict[str, list] = {k: [] for k in ("member_set", "member_policy", "member_policy_version", "member_index",
-                                          "member_temperature", "member_allowed", "member_agent", "member_max_tokens",
-                                          "member_top_k", "member_top_p")}
-    st: dict[str, list] = {k: [] for k in ("set_size", "set_expected_size", "set_reward", "set_episode",
-                                           "set_transition", "set_prestate", "set_frozen_size")}
+    m: dict[str, list] = {
+        k: []
+        for k in (
+            "member_set",
+            "member_policy",
+            "member_policy_version",
+            "member_index",
+            "member_temperature",
+            "member_allowed",
+            "member_agent",
+            "member_max_tokens",
+            "member_top_k",
+            "member_top_p",
+        )
+    }
+    st: dict[str, list] = {
+        k: []
+        for k in (
+            "set_size",
+            "set_expected_size",
+            "set_reward",
+            "set_episode",
+            "set_transition",
+            "set_prestate",
+            "set_frozen_size",
+        )
+    }
     for s, ev in enumerate(events):
         n_tok = 0
         for j, o in enumerate(ev.members):
@@ -335,19 +398,26 @@ def _pack(events: list[_Event], advantage: torch.Tensor, member_advantage: torch
             member_ids.append(o.id)
             sampled = o.logprob_mode == "sampled" and o.temperature > 0  # filters the trainer re-applies
             for name, value in (
-                ("member_set", s), ("member_policy", _index(policies, o.policy)),
-                ("member_policy_version", o.policy_version), ("member_index", j),
+                ("member_set", s),
+                ("member_policy", _index(policies, o.policy)),
+                ("member_policy_version", o.policy_version),
+                ("member_index", j),
                 ("member_temperature", o.temperature if o.temperature > 0 else 1.0),  # greedy records T=1
-                ("member_allowed", -1 if o.allowed_token_ids is None
-                 else allowed.setdefault(tuple(o.allowed_token_ids), len(allowed))),
+                (
+                    "member_allowed",
+                    -1 if o.allowed_token_ids is None else allowed.setdefault(tuple(o.allowed_token_ids), len(allowed)),
+                ),
                 ("member_agent", _index(agents, o.agent)),
                 ("member_max_tokens", o.max_tokens if o.max_tokens is not None else len(o.completion_ids)),
-                ("member_top_k", o.top_k if sampled else 0), ("member_top_p", o.top_p if sampled else 1.0),
+                ("member_top_k", o.top_k if sampled else 0),
+                ("member_top_p", o.top_p if sampled else 1.0),
             ):
                 m[name].append(value)
         for name, value in (
-            ("set_size", len(ev.members)), ("set_expected_size", len(ev.transition.consumed)),
-            ("set_reward", ev.ret), ("set_episode", ev.episode),
+            ("set_size", len(ev.members)),
+            ("set_expected_size", len(ev.transition.consumed)),
+            ("set_reward", ev.ret),
+            ("set_episode", ev.episode),
             ("set_transition", _index(transitions, ev.transition.name)),
             ("set_prestate", prestates.setdefault((ev.episode, min(o.step for o in ev.members)), len(prestates))),
             ("set_frozen_size", ev.frozen),
@@ -372,12 +442,34 @@ def _pack(events: list[_Event], advantage: torch.Tensor, member_advantage: torch
     stats.events, stats.members, stats.tokens = len(events), len(member_ids), total
     stats.completion_tokens = int(loss_mask.sum())
     return SetBatch.from_columns(
-        {"input_ids": ids, "position_ids": positions, "loss_mask": loss_mask, "sampler_logprobs": lp,
-         "old_logprobs": lp.copy(), "member_offsets": offsets, **m, "member_advantage": member_advantage, **st,
-         "set_advantage": advantage, "set_group": set_group, "micro_batch": assign_micro_batches(set_tokens, budget),
-         "episode_reward": ep_reward, "episode_group": ep_group, "episode_status": ep_status,
-         "allowed_ids": [t for r in allowed_rows for t in r], "allowed_offsets": a_off},
-        policies=list(policies), transitions=list(transitions), episode_ids=ep_ids, group_ids=group_names,
-        task_ids=task_ids, workflow=workflow, stats=stats, agents=list(agents), member_ids=member_ids,
-        set_ids=set_ids, micro_batch_tokens=budget,
+        {
+            "input_ids": ids,
+            "position_ids": positions,
+            "loss_mask": loss_mask,
+            "sampler_logprobs": lp,
+            "old_logprobs": lp.copy(),
+            "member_offsets": offsets,
+            **m,
+            "member_advantage": member_advantage,
+            **st,
+            "set_advantage": advantage,
+            "set_group": set_group,
+            "micro_batch": assign_micro_batches(set_tokens, budget),
+            "episode_reward": ep_reward,
+            "episode_group": ep_group,
+            "episode_status": ep_status,
+            "allowed_ids": [t for r in allowed_rows for t in r],
+            "allowed_offsets": a_off,
+        },
+        policies=list(policies),
+        transitions=list(transitions),
+        episode_ids=ep_ids,
+        group_ids=group_names,
+        task_ids=task_ids,
+        workflow=workflow,
+        stats=stats,
+        agents=list(agents),
+        member_ids=member_ids,
+        set_ids=set_ids,
+        micro_batch_tokens=budget,
     )

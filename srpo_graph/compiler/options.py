@@ -88,15 +88,29 @@ class CompileConfig(BaseModel):
     truncated: TruncatedPolicy = Field(TruncatedPolicy.KEEP, description=(
         "Episodes that hit max_steps / max_rounds: 'keep', 'drop' (counted), or 'penalize' "
         "(truncated_penalty subtracted from their terminal reward). Marked in the batch either way."))
-    truncated_penalty: float = Field(1.0, ge=0.0, le=1e6, description="Subtracted from a truncated episode's reward with truncated='penalize'.")
-    failed: FailedPolicy = Field(FailedPolicy.DROP, description=(
-        "Episodes that failed (a tool or reward raised, a backend error): 'drop' (counted) or 'zero' "
-        "(scored as reward 0 in their groups: their complete events get return 0)."))
-    frozen_policies: tuple[str, ...] = Field((), description=(
-        "Policies that are not trained (declared `frozen`, or external): their outputs stay members of "
-        "the sets they belong to (counted in set_frozen_size, kept for completeness and provenance) but "
-        "are not packed (no tokens, no log-ratio, no gradient); a set with no other member is not an "
-        "event (counted in frozen_only_events). The trainer fills it from the workflow."))
-    policies: tuple[str, ...] = Field((), description=(
-        "Fixed order of policy names: policy id = position, so ids stay stable across batches "
-        "(a trainer indexes its models by them). Policies not listed are appended in order seen."))
+    truncated_penalty: float = Field(
+        1.0, ge=0.0, le=1e6, description="Subtracted from a truncated episode's reward with truncated='penalize'."
+    )
+    failed: FailedPolicy = Field(
+        FailedPolicy.DROP,
+        description=(
+            "Episodes that failed (a tool or reward raised, a backend error): 'drop' (counted) or 'zero' "
+            "(scored as reward 0 in their groups: their complete events get return 0)."
+        ),
+    )
+    frozen_policies: tuple[str, ...] = Field(
+        (),
+        description=(
+            "Policies that are not trained (declared `frozen`, or external): their outputs stay members of "
+            "the sets they belong to (counted in set_frozen_size, kept for completeness and provenance) but "
+            "are not packed (no tokens, no log-ratio, no gradient); a set with no other member is not an "
+            "event (counted in frozen_only_events). The trainer fills it from the workflow."
+        ),
+    )
+    policies: tuple[str, ...] = Field(
+        (),
+        description=(
+            "Fixed order of policy names: policy id = position, so ids stay stable across batches "
+            "(a trainer indexes its models by them). Policies not listed are appended in order seen."
+        ),
+    )

@@ -20,7 +20,9 @@ def padded_slots(batch: SetBatch) -> int:
     if batch.num_members == 0:
         return 0
     lengths = batch.member_offsets[1:] - batch.member_offsets[:-1]
-    completion = torch.zeros(batch.num_members, dtype=torch.int64).index_add_(0, batch.token_member, batch.loss_mask.long())
+    completion = torch.zeros(batch.num_members, dtype=torch.int64).index_add_(
+        0, batch.token_member, batch.loss_mask.long()
+    )
     prompt = lengths - completion
     return int(batch.num_members * (int(prompt.max()) + int(completion.max())))
 
@@ -62,12 +64,21 @@ def summarize(batch: SetBatch) -> BatchSummary:
     padded = padded_slots(batch)
     n = adv.numel()
     return BatchSummary(
-        events=batch.num_sets, members=batch.num_members, episodes=int(torch.unique(batch.set_episode).numel()),
-        tokens=batch.num_tokens, completion_tokens=int(batch.loss_mask.sum()), micro_batches=batch.num_micro_batches,
-        padded_slots=padded, real_token_share_padded=batch.num_tokens / padded if padded else 1.0,
+        events=batch.num_sets,
+        members=batch.num_members,
+        episodes=int(torch.unique(batch.set_episode).numel()),
+        tokens=batch.num_tokens,
+        completion_tokens=int(batch.loss_mask.sum()),
+        micro_batches=batch.num_micro_batches,
+        padded_slots=padded,
+        real_token_share_padded=batch.num_tokens / padded if padded else 1.0,
         set_size_histogram={int(k): int(v) for k, v in zip(sizes.tolist(), counts.tolist())},
-        advantage_mean=float(adv.mean()) if n else 0.0, advantage_std=float(adv.std()) if n > 1 else 0.0,
-        advantage_min=float(adv.min()) if n else 0.0, advantage_max=float(adv.max()) if n else 0.0,
+        advantage_mean=float(adv.mean()) if n else 0.0,
+        advantage_std=float(adv.std()) if n > 1 else 0.0,
+        advantage_min=float(adv.min()) if n else 0.0,
+        advantage_max=float(adv.max()) if n else 0.0,
         advantage_zero_share=float((adv == 0).double().mean()) if n else 0.0,
-        policies=list(batch.policies), transitions=list(batch.transitions), stats=batch.stats.to_dict(),
+        policies=list(batch.policies),
+        transitions=list(batch.transitions),
+        stats=batch.stats.to_dict(),
     )

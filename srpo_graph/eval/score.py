@@ -95,7 +95,9 @@ def bootstrap_ci(values: Sequence[float], *, seed: int, num_boot: int = NUM_BOOT
     >>> 0.3 < lo < 0.5 < hi < 0.7
     True
     """
-    return ratio_interval(values, [1.0] * len(values), bootstrap_indices(len(values), seed=seed, num_boot=num_boot), level)
+    return ratio_interval(
+        values, [1.0] * len(values), bootstrap_indices(len(values), seed=seed, num_boot=num_boot), level
+    )
 
 
 class Estimate(_Frozen):
@@ -224,7 +226,7 @@ def default_ks(samples: int) -> list[int]:
     >>> default_ks(16), default_ks(5), default_ks(1)
     ([1, 2, 4, 8, 16], [1, 2, 4, 5], [1])
     """
-    ks = [k for k in (2 ** i for i in range(20)) if k < samples]
+    ks = [k for k in (2**i for i in range(20)) if k < samples]
     return [*ks, samples]
 
 
@@ -239,16 +241,21 @@ def problems_of(wf: Workflow, episodes: Sequence[Any], tasks: Sequence[Any]) -> 
         eps = sorted(per.get(t.id, []), key=lambda e: e.sample)
         if not eps:
             continue
-        out.append(Problem(
-            task_id=t.id, family=family_of(fields[t.id]), rewards=[float(e.reward) for e in eps],
-            terminal=[float(e.reward) - sum(tr.reward or 0.0 for tr in e.transitions) for e in eps],
-            routes=[route_of(e) for e in eps], answerers=[answerers_of(wf, e) for e in eps],
-            statuses=[e.status for e in eps]))
+        out.append(
+            Problem(
+                task_id=t.id,
+                family=family_of(fields[t.id]),
+                rewards=[float(e.reward) for e in eps],
+                terminal=[float(e.reward) - sum(tr.reward or 0.0 for tr in e.transitions) for e in eps],
+                routes=[route_of(e) for e in eps],
+                answerers=[answerers_of(wf, e) for e in eps],
+                statuses=[e.status for e in eps],
+            )
+        )
     return out
 
 
-def _group(problems: list[Problem], keep, idx: np.ndarray, total: int, threshold: float,
-           ks: Sequence[int]) -> Group:
+def _group(problems: list[Problem], keep, idx: np.ndarray, total: int, threshold: float, ks: Sequence[int]) -> Group:
     """A group's metrics: ``keep(problem, sample)`` selects its episodes; ``idx`` the resamples."""
     sums, corr, counts = [], [], []
     flat: list[float] = []
@@ -267,20 +274,39 @@ def _group(problems: list[Problem], keep, idx: np.ndarray, total: int, threshold
         n = min(len(p.rewards) for p in whole)
         for k in ks:
             if k <= n:
-                per = [pass_at_k(len(p.rewards), sum(r >= threshold for r in p.rewards), k) if c else 0.0
-                       for p, c in zip(problems, counts)]
+                per = [
+                    pass_at_k(len(p.rewards), sum(r >= threshold for r in p.rewards), k) if c else 0.0
+                    for p, c in zip(problems, counts)
+                ]
                 lo, hi = ratio_interval(per, [1.0 if c else 0.0 for c in counts], idx)
                 pass_at[k] = Estimate(value=sum(per) / len(whole), low=lo, high=hi)
-    return Group(problems=sum(c > 0 for c in counts), episodes=n_eps, share=n_eps / total if total else 0.0,
-                 avg=Estimate(value=avg, low=(ci := ratio_interval(sums, counts, idx))[0], high=ci[1]),
-                 correct=Estimate(value=sum(corr) / n_eps if n_eps else float("nan"),
-                                  low=(cc := ratio_interval(corr, counts, idx))[0], high=cc[1]),
-                 pass_at=pass_at)
+    return Group(
+        problems=sum(c > 0 for c in counts),
+        episodes=n_eps,
+        share=n_eps / total if total else 0.0,
+        avg=Estimate(value=avg, low=(ci := ratio_interval(sums, counts, idx))[0], high=ci[1]),
+        correct=Estimate(
+            value=sum(corr) / n_eps if n_eps else float("nan"),
+            low=(cc := ratio_interval(corr, counts, idx))[0],
+            high=cc[1],
+        ),
+        pass_at=pass_at,
+    )
 
 
-def score(wf: Workflow, episodes: Sequence[Any], tasks: Sequence[Any], *, samples: int, seed: int = 0,
-          threshold: float = 1.0, ks: Iterable[int] | None = None, label: str = "",
-          num_boot: int = NUM_BOOT, seconds: float = 0.0) -> EvalReport:
+def score(
+    wf: Workflow,
+    episodes: Sequence[Any],
+    tasks: Sequence[Any],
+    *,
+    samples: int,
+    seed: int = 0,
+    threshold: float = 1.0,
+    ks: Iterable[int] | None = None,
+    label: str = "",
+    num_boot: int = NUM_BOOT,
+    seconds: float = 0.0,
+) -> EvalReport:
     """The :class:`EvalReport` of ``episodes`` (``samples`` per task of ``tasks``).
 
     Args:
@@ -304,8 +330,9 @@ def score(wf: Workflow, episodes: Sequence[Any], tasks: Sequence[Any], *, sample
         labels = sorted({x for p in problems for x in (getattr(p, attr) if attr != "family" else [p.family])})
         if attr == "family":
             return {f: _group(problems, lambda p, j, f=f: p.family == f, idx, total, threshold, ks) for f in labels}
-        return {v: _group(problems, lambda p, j, v=v: getattr(p, attr)[j] == v, idx, total, threshold, ks)
-                for v in labels}
+        return {
+            v: _group(problems, lambda p, j, v=v: getattr(p, attr)[j] == v, idx, total, threshold, ks) for v in labels
+        }
 
     rewards: dict[str, list[float]] = defaultdict(list)
     fired: dict[str, int] = defaultdict(int)
@@ -322,14 +349,28 @@ def score(wf: Workflow, episodes: Sequence[Any], tasks: Sequence[Any], *, sample
         statuses[ep.status] += 1
     terminal = [x for p in problems for x in p.terminal]
     return EvalReport(
-        label=label, workflow=wf.name, samples=samples, seed=seed, threshold=threshold, ks=ks,
+        label=label,
+        workflow=wf.name,
+        samples=samples,
+        seed=seed,
+        threshold=threshold,
+        ks=ks,
         overall=_group(problems, lambda p, j: True, idx, total, threshold, ks),
-        by_family=by("family"), by_route=by("routes"), by_agent=by("answerers"),
+        by_family=by("family"),
+        by_route=by("routes"),
+        by_agent=by("answerers"),
         terminal_reward=sum(terminal) / len(terminal) if terminal else float("nan"),
-        transition_rewards={n: TransitionReward(firings_per_episode=fired[n] / n_eps,
-                                                mean_reward=sum(rewards[n]) / len(rewards[n]) if rewards[n] else 0.0)
-                            for n in sorted(declared)},
-        statuses=dict(sorted(statuses.items())), problems=problems, seconds=seconds)
+        transition_rewards={
+            n: TransitionReward(
+                firings_per_episode=fired[n] / n_eps,
+                mean_reward=sum(rewards[n]) / len(rewards[n]) if rewards[n] else 0.0,
+            )
+            for n in sorted(declared)
+        },
+        statuses=dict(sorted(statuses.items())),
+        problems=problems,
+        seconds=seconds,
+    )
 
 
 # --------------------------------------------------------------------------- paired comparison
@@ -388,10 +429,16 @@ def compare(a: EvalReport, b: EvalReport, *, num_boot: int = NUM_BOOT) -> Compar
         ValueError: the reports are not of the same problems, sample count and seed (a paired
             difference needs the same per-request seeds).
     """
-    if [p.task_id for p in a.problems] != [p.task_id for p in b.problems] or a.samples != b.samples \
-            or a.seed != b.seed or a.threshold != b.threshold:
-        raise ValueError(f"cannot pair {a.label!r} with {b.label!r}: evaluate both on the same tasks with the same "
-                         "--samples, --seed and --threshold")
+    if (
+        [p.task_id for p in a.problems] != [p.task_id for p in b.problems]
+        or a.samples != b.samples
+        or a.seed != b.seed
+        or a.threshold != b.threshold
+    ):
+        raise ValueError(
+            f"cannot pair {a.label!r} with {b.label!r}: evaluate both on the same tasks with the same "
+            "--samples, --seed and --threshold"
+        )
     idx = bootstrap_indices(len(a.problems), seed=a.seed, num_boot=num_boot)
     k = a.samples
 

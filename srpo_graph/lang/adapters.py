@@ -105,7 +105,9 @@ def check_lora(ck, decl: ast.PolicyDecl, full: dict[str, Policy], adapters: dict
         hint = (f"an adapter cannot be the base of another adapter; use its base '{adapters[base_name]}'"
                 if base_name in adapters else
                 f'name a policy declared with a model, e.g. `policy base = "tiny"` (declared: {known})')
-        ck.err(f"unknown base policy '{base_name}' for adapter '{decl.name.value}'", expr.base.span, hint, "unknown-name")
+        ck.err(
+            f"unknown base policy '{base_name}' for adapter '{decl.name.value}'", expr.base.span, hint, "unknown-name"
+        )
     values: dict[str, object] = {}
     seen: dict[str, Span] = {}
     for arg in expr.args:
@@ -116,12 +118,18 @@ def check_lora(ck, decl: ast.PolicyDecl, full: dict[str, Policy], adapters: dict
             value = _value(ck, key, arg)
             if value is not None:
                 values[key] = value
-    targets = next((a.value for a in expr.args if a.key.value == "targets" and isinstance(a.value, ast.ModuleList)), None)
+    targets = next(
+        (a.value for a in expr.args if a.key.value == "targets" and isinstance(a.value, ast.ModuleList)), None
+    )
     names = module_names(base.model, ck.base_dir) if base is not None and targets is not None else None
     for n in targets.names if targets is not None and names is not None else ():
         if names is not None and n.value not in names:
-            ck.err(f"module '{n.value}' is not in the architecture of base '{base_name}' ({base.model if base else '?'})",
-                   n.span, f"LoRA can target: {', '.join(sorted(names))}", "unknown-module")
+            ck.err(
+                f"module '{n.value}' is not in the architecture of base '{base_name}' ({base.model if base else '?'})",
+                n.span,
+                f"LoRA can target: {', '.join(sorted(names))}",
+                "unknown-module",
+            )
     if len(ck.sink.errors) > errors_before:
         return Policy(name=decl.name.value, model=base.model if base is not None else "", span=decl.span)
     assert base is not None  # no error was reported, so the base resolved
@@ -133,7 +141,9 @@ def _value(ck, key: str, arg: ast.LoraArg):
     v = arg.value
     if key == "targets":
         if not isinstance(v, ast.ModuleList):
-            ck.err("`targets` must be a list of module names", arg.span, "e.g. targets=[q_proj, v_proj]", "type-mismatch")
+            ck.err(
+                "`targets` must be a list of module names", arg.span, "e.g. targets=[q_proj, v_proj]", "type-mismatch"
+            )
             return None
         if not v.names:
             ck.err("`targets` is empty", v.span, "name at least one module, e.g. targets=[q_proj, v_proj]", "bad-value")
@@ -142,17 +152,28 @@ def _value(ck, key: str, arg: ast.LoraArg):
         unique = [n.value for n in v.names if ck.unique(n, seen, "lora target")]
         return tuple(unique) if len(unique) == len(v.names) else None
     if not isinstance(v, ast.NumberLit):
-        ck.err(f"`{key}` must be a number", arg.span, f"e.g. {key}=8" if key == "r" else f"e.g. {key}=16" if key == "alpha"
-               else f"e.g. {key}=0.05", "type-mismatch")
+        ck.err(
+            f"`{key}` must be a number",
+            arg.span,
+            f"e.g. {key}=8" if key == "r" else f"e.g. {key}=16" if key == "alpha" else f"e.g. {key}=0.05",
+            "type-mismatch",
+        )
         return None
     x = v.value
     if key == "r" and (not isinstance(x, int) or x <= 0):
         ck.err(f"rank `r` must be an integer > 0, got {x}", v.span, "e.g. r=8 or r=16", "bad-value")
         return None
     if key == "alpha" and not x > 0:
-        ck.err(f"`alpha` must be > 0, got {x}", v.span, "the update is scaled by alpha / r; e.g. alpha=2*r", "bad-value")
+        ck.err(
+            f"`alpha` must be > 0, got {x}", v.span, "the update is scaled by alpha / r; e.g. alpha=2*r", "bad-value"
+        )
         return None
     if key == "dropout" and not 0 <= x < 1:
-        ck.err(f"`dropout` must be in [0, 1), got {x}", v.span, "the share of inputs dropped, e.g. dropout=0.05", "bad-value")
+        ck.err(
+            f"`dropout` must be in [0, 1), got {x}",
+            v.span,
+            "the share of inputs dropped, e.g. dropout=0.05",
+            "bad-value",
+        )
         return None
     return float(x) if key in ("alpha", "dropout") else x

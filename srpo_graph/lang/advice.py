@@ -7,7 +7,8 @@ diagnostics for three traps that cost users time (each names its ``.wf`` line an
   cannot learn (docs/lora.md, *adapters vs full copies*); ``tiny-reason`` or a real model can.
 * ``tiny-greedy`` -- the random-init ``tiny`` model, before training, puts its highest
   probability on the prompt's last token (it copies it). An agent on it whose prompt ends with a
-  reference (``"<a>{task.target}"``) gets that value back under greedy decoding -- and ``train``'s evaluation is greedy by default (``eval.mode``), so a
+  reference (``"<a>{task.target}"``) gets that value back under greedy decoding -- and ``train``'s evaluation is
+  greedy by default (``eval.mode``), so a
   held-out score before any training can be the maximum. Said once per workflow.
 * ``frozen-base`` -- an agent on a policy that is the base of adapters: the base is frozen, so
   that agent never learns (its outputs still count in their active sets).
@@ -37,22 +38,34 @@ def model_advice(workflow: Workflow) -> list[Diagnostic]:
     policies = {p.name: p for p in workflow.policies}
     for p in workflow.policies:
         if p.adapter is not None and p.model == TINY:
-            out.append(Diagnostic(
-                f"policy '{p.name}' is a LoRA adapter on the random-init `tiny` model: adapters on an untrained "
-                "base cannot learn (docs/lora.md)", p.span,
-                f"base it on a trained model: `tiny-reason` or a real one (in a run: rollout.models={{\"{p.adapter.base}\""
-                "=\"tiny-reason\"})", "warning", "tiny-lora"))
+            out.append(
+                Diagnostic(
+                    f"policy '{p.name}' is a LoRA adapter on the random-init `tiny` model: adapters on an untrained "
+                    "base cannot learn (docs/lora.md)",
+                    p.span,
+                    f'base it on a trained model: `tiny-reason` or a real one (in a run: '
+                    f'rollout.models={{"{p.adapter.base}"'
+                    '="tiny-reason"})',
+                    "warning",
+                    "tiny-lora",
+                )
+            )
     bases: dict[str, list[str]] = {p.adapter.base: [] for p in workflow.policies if p.adapter is not None}
     for p in workflow.policies:
         if p.adapter is not None:
             bases[p.adapter.base].append(p.name)
     for a in workflow.agents:
         if a.policy in bases:
-            out.append(Diagnostic(
-                f"agent '{a.name}' samples from policy '{a.policy}', the frozen base of adapters "
-                f"{', '.join(bases[a.policy])}: it is never trained, so this agent does not learn", a.span,
-                "give it its own adapter (`policy p = lora(...)`) or a full policy of its own if it should learn",
-                "warning", "frozen-base"))
+            out.append(
+                Diagnostic(
+                    f"agent '{a.name}' samples from policy '{a.policy}', the frozen base of adapters "
+                    f"{', '.join(bases[a.policy])}: it is never trained, so this agent does not learn",
+                    a.span,
+                    "give it its own adapter (`policy p = lora(...)`) or a full policy of its own if it should learn",
+                    "warning",
+                    "frozen-base",
+                )
+            )
     for a in workflow.agents:
         pol = policies.get(a.policy)
         if pol is None or pol.model != TINY:
@@ -60,11 +73,17 @@ def model_advice(workflow: Workflow) -> list[Diagnostic]:
         parts = a.template.parts
         if parts and isinstance(parts[-1], Ref):
             why = f"its prompt ends with {{{parts[-1]}}}"
-            out.append(Diagnostic(
-                f"agent '{a.name}' is on the random-init `tiny` model, which before training copies the prompt's "
-                f"last token under greedy decoding, and {why}: a greedy evaluation (train's eval.mode=greedy, "
-                "the default) can score the maximum before any training", a.template.span or a.span,
-                "measure learning with eval.mode=sampled, or train a model that has learned something "
-                "(`tiny-reason`)", "warning", "tiny-greedy"))
+            out.append(
+                Diagnostic(
+                    f"agent '{a.name}' is on the random-init `tiny` model, which before training copies the prompt's "
+                    f"last token under greedy decoding, and {why}: a greedy evaluation (train's eval.mode=greedy, "
+                    "the default) can score the maximum before any training",
+                    a.template.span or a.span,
+                    "measure learning with eval.mode=sampled, or train a model that has learned something "
+                    "(`tiny-reason`)",
+                    "warning",
+                    "tiny-greedy",
+                )
+            )
             break  # once per workflow: the same cause for every such agent
     return out

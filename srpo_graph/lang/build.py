@@ -180,7 +180,8 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def max_rounds_item(self, meta, children):
-        return ast.MaxRoundsItem(ast.NumberLit(number_value(children[0], self.path), tok_span(children[0], self.path)), self._span(meta))
+        value = ast.NumberLit(number_value(children[0], self.path), tok_span(children[0], self.path))
+        return ast.MaxRoundsItem(value, self._span(meta))
 
     @v_args(meta=True)
     def activate_end(self, meta, children):
@@ -218,7 +219,9 @@ class BuildAst(Transformer):
 
     @v_args(meta=True)
     def max_steps_stmt(self, meta, children):
-        return ast.MaxStepsStmt(ast.NumberLit(number_value(children[0], self.path), tok_span(children[0], self.path)), self._span(meta))
+        return ast.MaxStepsStmt(
+            ast.NumberLit(number_value(children[0], self.path), tok_span(children[0], self.path)), self._span(meta)
+        )
 
     def name_list(self, children):
         return tuple(self._name(t) for t in children)
@@ -323,10 +326,18 @@ def number_value(tok: Token, path: str) -> int | float:
         elif value == 0 and any(c in "123456789" for c in mantissa):
             problem = f"number {text} is too small for a float (it would become 0)"
     elif len(digits.lstrip("0")) > MAX_INT_DIGITS:
-        value, problem = 0, f"integer {text[:24]}{'...' if len(text) > 24 else ''} has more than {MAX_INT_DIGITS} digits"
+        value, problem = (
+            0,
+            f"integer {text[:24]}{'...' if len(text) > 24 else ''} has more than {MAX_INT_DIGITS} digits",
+        )
     else:
         value = int(text)
     if problem is not None:
-        raise WorkflowSyntaxError(diagnostics=[Diagnostic(
-            problem, tok_span(tok, path), "write a number in range, e.g. 1e6 or 0.001", code="bad-number")])
+        raise WorkflowSyntaxError(
+            diagnostics=[
+                Diagnostic(
+                    problem, tok_span(tok, path), "write a number in range, e.g. 1e6 or 0.001", code="bad-number"
+                )
+            ]
+        )
     return value

@@ -77,7 +77,9 @@ def check_cmd(files: tuple[Path, ...], json_dir: Path | None, no_import: bool, a
     if len(failures) == 1:
         raise failures[0]
     if failures:
-        raise WorkflowCheckError("\n".join(str(f) for f in failures) + f"\n{len(failures)} of {len(files)} files failed")
+        raise WorkflowCheckError(
+            "\n".join(str(f) for f in failures) + f"\n{len(failures)} of {len(files)} files failed"
+        )
 
 
 @click.command("fmt")

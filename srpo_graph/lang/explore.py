@@ -5,7 +5,8 @@ functions of :mod:`srpo_graph.lang.firing` -- the ones ``runtime/episode.py`` ru
 abstract episode: values are unknown except route labels, so at every route the exploration
 follows each label the subject's type allows; for ``choices[...]`` every non-empty subset. An
 unreadable label (``None``) activates ``end`` and adds no set size; it is not followed, so the
-data-flow facts hold for runs whose routers produced a label (as before this module). States are memoized; the exploration
+data-flow facts hold for runs whose routers produced a label (as before this module). States are memoized; the
+exploration
 stops at ``MAX_STATES`` (then ``complete`` is False and its facts are partial).
 
 What it proves, for the analysis (``analysis.py``) and ``check``'s summary:
@@ -76,8 +77,12 @@ def max_picks(w: Workflow, act: ActivateRoute) -> int:
     t = subject_type(w, act)
     n = len(t.options) if isinstance(t, ChoiceType) else len(act.cases)
     ex = agent.extractor if agent is not None else None
-    if agent is None or ex is None or len(act.on.path) > 1 or (ex.module, ex.function) != (
-            "srpo_graph.std", "digit_choices"):
+    if (
+        agent is None
+        or ex is None
+        or len(act.on.path) > 1
+        or (ex.module, ex.function) != ("srpo_graph.std", "digit_choices")
+    ):
         return n
     allow = agent.sampling.allow
     if not allow or not all(len(x) == 1 and x.isdigit() for x in allow):
@@ -129,7 +134,7 @@ def explore(w: Workflow) -> Exploration:
         routes = list(dict.fromkeys(firing.route_targets(t.activate, v) for v in values))
         outcome = [(r, False) for r in routes]
         if t.activate.on.path[0] in agents and (END,) not in routes:
-            # Note [Unreadable route values]: an agent's output may not parse (its value is None);
+            # an agent's output may not parse (its value is None, Note [Unreadable route values]):
             # the runtime then activates `end` only, and the fresh outputs left are still consumed
             outcome.append(((END,), True))
         outcomes.append(outcome)
@@ -175,8 +180,14 @@ def explore(w: Workflow) -> Exploration:
                         out.superseded[(ready.name, a)] = None
                 if firing.truncates_after(targets, steps + 1, rounds, w.max_steps, bounded):
                     continue
-                nxt: State = (pending | set(act), fresh, new_rounds, end or END in targets, produced,
-                              unreadable or from_none)
+                nxt: State = (
+                    pending | set(act),
+                    fresh,
+                    new_rounds,
+                    end or END in targets,
+                    produced,
+                    unreadable or from_none,
+                )
                 if nxt not in seen:
                     seen.add(nxt)
                     stack.append(nxt)

@@ -54,22 +54,31 @@ def check_openai(ck, decl: ast.PolicyDecl) -> Policy:
                    'name the environment variable that holds it: api_key_env="OPENAI_API_KEY"', "secret-in-source")
             continue
         if key not in _ARGS:
-            ck.err(f"unknown openai argument '{key}'", arg.key.span, f"openai takes {', '.join(_ARGS)}", "unknown-field")
+            ck.err(
+                f"unknown openai argument '{key}'", arg.key.span, f"openai takes {', '.join(_ARGS)}", "unknown-field"
+            )
             continue
         if not ck.unique(arg.key, seen, "openai argument"):
             continue
         kind, ok, what = _ARGS[key]
         v = arg.value
         raw = v.value if isinstance(v, (ast.StringLit, ast.NumberLit)) else None
-        typed_ok = (isinstance(v, ast.StringLit) if kind is str else
-                    isinstance(v, ast.NumberLit) and (kind is float or isinstance(raw, int)))
+        typed_ok = (
+            isinstance(v, ast.StringLit)
+            if kind is str
+            else isinstance(v, ast.NumberLit) and (kind is float or isinstance(raw, int))
+        )
         if not typed_ok or not ok(raw):
             ck.err(f"`{key}` must be {what}, got {raw!r}", v.span, f"write `{key}=` {what}", "bad-value")
             continue
         values[key] = float(raw) if kind is float else raw
     if decl.frozen is not None:
-        ck.sink.warning(f"policy '{decl.name.value}' is external, so always frozen; `frozen` changes nothing",
-                        decl.frozen, "remove `frozen`", "redundant-frozen")
+        ck.sink.warning(
+            f"policy '{decl.name.value}' is external, so always frozen; `frozen` changes nothing",
+            decl.frozen,
+            "remove `frozen`",
+            "redundant-frozen",
+        )
     external = ExternalModel(url=url.rstrip("/"), **values)
     return Policy(name=decl.name.value, model=external.url, span=decl.span, frozen=True, external=external)
 
@@ -79,14 +88,21 @@ def check_not_trained(ck, decls: list[ast.PolicyDecl], policies: dict[str, Polic
     for d in decls:
         if isinstance(d.model, ast.LoraExpr):
             if d.frozen is not None:
-                ck.err(f"adapter '{d.name.value}' cannot be frozen", d.frozen,
-                       "a frozen adapter has no weights to load; merge it into a model and declare "
-                       '`policy NAME = "path/to/merged" frozen`', "frozen-adapter")
+                ck.err(
+                    f"adapter '{d.name.value}' cannot be frozen",
+                    d.frozen,
+                    "a frozen adapter has no weights to load; merge it into a model and declare "
+                    '`policy NAME = "path/to/merged" frozen`',
+                    "frozen-adapter",
+                )
             base = policies.get(d.model.base.value)
             if base is not None and base.external is not None:
-                ck.err(f"external policy '{base.name}' cannot be the base of adapter '{d.name.value}'",
-                       d.model.base.span, "its weights are behind an API, not here; name a local model as the base",
-                       "external-base")
+                ck.err(
+                    f"external policy '{base.name}' cannot be the base of adapter '{d.name.value}'",
+                    d.model.base.span,
+                    "its weights are behind an API, not here; name a local model as the base",
+                    "external-base",
+                )
 
 
 def check_external_agent(ck, a: ast.AgentDecl, policies: dict[str, Policy]) -> None:
@@ -100,6 +116,10 @@ def check_external_agent(ck, a: ast.AgentDecl, policies: dict[str, Policy]) -> N
             for e in item.entries:
                 why = UNSUPPORTED_SAMPLING.get(e.key.value)
                 if why is not None:
-                    ck.err(f"agent '{a.name.value}' samples external policy '{pol.name}', which cannot honour "
-                           f"`{e.key.value}`", e.key.span, f"{why}; remove it or use a local policy",
-                           "unsupported-option")
+                    ck.err(
+                        f"agent '{a.name.value}' samples external policy '{pol.name}', which cannot honour "
+                        f"`{e.key.value}`",
+                        e.key.span,
+                        f"{why}; remove it or use a local policy",
+                        "unsupported-option",
+                    )

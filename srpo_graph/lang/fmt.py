@@ -125,13 +125,16 @@ ACTIVATIONS: dict[type, Callable[[Any], str]] = {
 
 
 def fmt_policy_model(m: ast.StringLit | ast.LoraExpr | ast.OpenaiExpr) -> str:
-    """``"tiny"``, ``lora("base", r=16, alpha=32, targets=[q_proj, v_proj])`` or ``openai("url", model="m")`` as written."""
+    """``"tiny"``, ``lora("base", r=16, alpha=32, targets=[q_proj, v_proj])`` or ``openai("url", model="m")``,
+    as written."""
     if isinstance(m, ast.StringLit):
         return encode_string(m.value)
     if isinstance(m, ast.OpenaiExpr):
         parts = [encode_string(m.url.value)] + [
-            f"{a.key.value}={fmt_value(a.value) if isinstance(a.value, ast.NumberLit) else encode_string(a.value.value)}"
-            for a in m.args]
+            f"{a.key.value}="
+            f"{fmt_value(a.value) if isinstance(a.value, ast.NumberLit) else encode_string(a.value.value)}"
+            for a in m.args
+        ]
         return f"openai({', '.join(parts)})"
     args = [encode_string(m.base.value)]
     for a in m.args:
@@ -181,8 +184,13 @@ def _transition_item(i: Any) -> str:
 
 
 # Items of one group follow each other without a blank line.
-_GROUP = {ast.ImportStmt: "import", ast.PolicyDecl: "policy", ast.StartStmt: "tail",
-          ast.RewardStmt: "tail", ast.MaxStepsStmt: "tail"}
+_GROUP = {
+    ast.ImportStmt: "import",
+    ast.PolicyDecl: "policy",
+    ast.StartStmt: "tail",
+    ast.RewardStmt: "tail",
+    ast.MaxStepsStmt: "tail",
+}
 
 
 class _Emitter:
@@ -219,8 +227,9 @@ class _Emitter:
 
     def run(self) -> str:
         h = self.m.header
-        self.unit(f"workflow {h.name.value}" + (f" {encode_string(h.description.value)}" if h.description else ""),
-                  h.span, "")
+        self.unit(
+            f"workflow {h.name.value}" + (f" {encode_string(h.description.value)}" if h.description else ""), h.span, ""
+        )
         prev_group = None
         for it in self.m.items:
             group = _GROUP.get(type(it))
@@ -235,7 +244,7 @@ class _Emitter:
                 self.block(f"transition {it.name.value}", it.span, it.items, _transition_item)
             else:
                 self.unit(_rule(TOP_LINES, it, "item"), it.span, "")
-        rest = [c.text for c in self.comments[self.k:]]
+        rest = [c.text for c in self.comments[self.k :]]
         if rest:
             self.out.append("")
             self.out.extend(rest)

@@ -206,7 +206,8 @@ class Scope:
         """(python module name, function or None) or None when the module is not imported."""
         alias = c.module.value
         if alias not in self.modules:
-            hint = f"add `import {alias}`" if alias == "std" else close_names(alias, self.modules, f"add `import {alias}`")
+            add = f"add `import {alias}`"
+            hint = add if alias == "std" else close_names(alias, self.modules, add)
             self.err(f"'{alias}' is not an imported module", c.module.span, hint, "unknown-module")
             return None
         modname, mod, _ = self.modules[alias]
@@ -215,8 +216,12 @@ class Scope:
         fn = getattr(mod, c.function.value, None)
         if fn is None or not callable(fn):
             public = [n for n in dir(mod) if not n.startswith("_") and callable(getattr(mod, n))]
-            self.err(f"module '{alias}' has no function '{c.function.value}'", c.function.span,
-                     close_names(c.function.value, public), "unknown-callable")
+            self.err(
+                f"module '{alias}' has no function '{c.function.value}'",
+                c.function.span,
+                close_names(c.function.value, public),
+                "unknown-callable",
+            )
             return modname, None
         return modname, fn
 
@@ -231,15 +236,22 @@ class Scope:
             value, t = self.expr(a.value, refs)
             if a.name is None:
                 if kwargs:
-                    self.err("a positional argument after a keyword argument", a.span,
-                             "write the positional arguments first, then `name=value` ones "
-                             "(or name this one too)", "bad-call")
+                    self.err(
+                        "a positional argument after a keyword argument",
+                        a.span,
+                        "write the positional arguments first, then `name=value` ones (or name this one too)",
+                        "bad-call",
+                    )
                 args.append(value)
                 arg_types.append(t)
             else:
                 if a.name.value in kw_types:
-                    self.err(f"keyword argument '{a.name.value}' given twice", a.name.span,
-                             f"give `{a.name.value}=` once: delete one of them", "bad-call")
+                    self.err(
+                        f"keyword argument '{a.name.value}' given twice",
+                        a.name.span,
+                        f"give `{a.name.value}=` once: delete one of them",
+                        "bad-call",
+                    )
                 kwargs.append((a.name.value, value))
                 kw_types[a.name.value] = t
         args.extend(extra_args)
@@ -251,22 +263,43 @@ class Scope:
             positional = [a for a in c.args if a.name is None]
             for p in check_call(fn, arg_types, kw_types, leading=leading):
                 # point at the argument the problem is about, else at the call
-                named = [a for a in c.args if p.keyword is not None and a.name is not None and a.name.value == p.keyword]
-                span = (positional[p.index].span if p.index is not None and p.index < len(positional)
-                        else named[0].span if named else c.span)
+                named = [
+                    a for a in c.args if p.keyword is not None and a.name is not None and a.name.value == p.keyword
+                ]
+                span = (
+                    positional[p.index].span
+                    if p.index is not None and p.index < len(positional)
+                    else named[0].span
+                    if named
+                    else c.span
+                )
                 about_arg = "takes" in p.message and (p.index is not None or bool(named))
-                self.err(f"{role} {c.module.value}.{c.function.value}: {p.message}", span,
-                         signature_hint(fn), "type-mismatch" if about_arg else "bad-signature")
-        return Call(module=modname, alias=c.module.value, function=c.function.value,
-                    args=tuple(args), kwargs=tuple(kwargs), span=c.span)
+                self.err(
+                    f"{role} {c.module.value}.{c.function.value}: {p.message}",
+                    span,
+                    signature_hint(fn),
+                    "type-mismatch" if about_arg else "bad-signature",
+                )
+        return Call(
+            module=modname,
+            alias=c.module.value,
+            function=c.function.value,
+            args=tuple(args),
+            kwargs=tuple(kwargs),
+            span=c.span,
+        )
 
     def reward(self, c: ast.Call, refs: list[Ref]) -> Call | None:
         call = self.call(c, "reward", refs)
         mod = self.modules.get(c.module.value, (None, None, None))[1]
         fn = getattr(mod, c.function.value, None) if mod is not None else None
         if call is not None and fn is not None and callable(fn) and not returns_fit(FloatType(), return_annotation(fn)):
-            self.err(f"reward {call.qualname} returns {ret_str(fn)}, not a number", c.span,
-                     "a reward function returns a float", "type-mismatch")
+            self.err(
+                f"reward {call.qualname} returns {ret_str(fn)}, not a number",
+                c.span,
+                "a reward function returns a float",
+                "type-mismatch",
+            )
         return call
 
 
@@ -287,7 +320,13 @@ def signature_hint(fn: Callable) -> str:
         return getattr(a, "__name__", None) or str(a).replace("typing.", "")
 
     def param(p: inspect.Parameter) -> str:
-        stars = "*" if p.kind is inspect.Parameter.VAR_POSITIONAL else "**" if p.kind is inspect.Parameter.VAR_KEYWORD else ""
+        stars = (
+            "*"
+            if p.kind is inspect.Parameter.VAR_POSITIONAL
+            else "**"
+            if p.kind is inspect.Parameter.VAR_KEYWORD
+            else ""
+        )
         a = hints.get(p.name, p.annotation)
         text = stars + p.name + ("" if a is inspect.Parameter.empty else f": {ann(a)}")
         return text + ("" if p.default is inspect.Parameter.empty else f" = {p.default!r}")

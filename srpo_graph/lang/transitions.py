@@ -83,15 +83,26 @@ def build_transition(scope: Scope, t: ast.TransitionDecl) -> Transition | None:
         scope.uses.incomplete = True
         return None
     return scope.node(
-        Transition, errors_before, node="transition", name=name, consume=tuple(consume), tools=tuple(tools), reward=reward,
-        activate=activation, max_rounds=max_rounds, set_sizes=(), span=t.span,
+        Transition,
+        errors_before,
+        node="transition",
+        name=name,
+        consume=tuple(consume),
+        tools=tuple(tools),
+        reward=reward,
+        activate=activation,
+        max_rounds=max_rounds,
+        set_sizes=(),
+        span=t.span,
     )
 
 
 # `route` written where an agent name stands (the parser names the same mistake when it can)
-ROUTE_AS_AGENT = ("`route` is a keyword of `activate:`, not an agent",
-                  "to activate agents list them (`activate: a, b`); to route on a choice write "
-                  "`activate: route AGENT { label -> AGENT, ... }` on its own")
+ROUTE_AS_AGENT = (
+    "`route` is a keyword of `activate:`, not an agent",
+    "to activate agents list them (`activate: a, b`); to route on a choice write "
+    "`activate: route AGENT { label -> AGENT, ... }` on its own",
+)
 
 
 def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd | ActivateAgents | ActivateRoute:
@@ -105,8 +116,12 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
             if n.value == "route":
                 scope.err(ROUTE_AS_AGENT[0], n.span, ROUTE_AS_AGENT[1], "bad-route")
             elif n.value not in scope.agent_types:
-                scope.err(f"transition '{tname}' activates unknown agent '{n.value}'", n.span,
-                         close_names(n.value, scope.agent_types), "unknown-name")
+                scope.err(
+                    f"transition '{tname}' activates unknown agent '{n.value}'",
+                    n.span,
+                    close_names(n.value, scope.agent_types),
+                    "unknown-name",
+                )
             elif scope.unique(n, seen_act, "activated agent"):  # like `start:`: one activation per agent
                 names.append(n.value)
         return ActivateAgents(agents=tuple(names))
@@ -118,23 +133,36 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
     if t is None:
         return ActivateRoute(on=on, cases=())
     if not isinstance(t, ChoiceType):
-        scope.err(f"cannot route on '{on}': it is {type_str(t)}, not a choice", act.on.span,
-                 "route on a value of type `choice[...]` or `choices[...]` (an agent's output, or a tool annotated `-> Literal[...]`)", "type-mismatch")
+        scope.err(
+            f"cannot route on '{on}': it is {type_str(t)}, not a choice",
+            act.on.span,
+            "route on a value of type `choice[...]` or `choices[...]` (an agent's output, or a tool annotated `-> "
+            "Literal[...]`)",
+            "type-mismatch",
+        )
         return ActivateRoute(on=on, cases=())
     cases: list[tuple[str, tuple[str, ...]]] = []
     if act.cases is None:
         for label in t.options:
             if label != END and label not in scope.agent_types:
-                scope.err(f"router choice '{label}' is not an agent", act.on.span,
-                         f"the labels of {type_str(t)} must name agents (or end), or give explicit cases:"
-                         f" route {on} {{ {label} -> AGENT }}", "router-target")
+                scope.err(
+                    f"router choice '{label}' is not an agent",
+                    act.on.span,
+                    f"the labels of {type_str(t)} must name agents (or end), or give explicit cases:"
+                    f" route {on} {{ {label} -> AGENT }}",
+                    "router-target",
+                )
             cases.append((label, (END,) if label == END else (label,)))
         return ActivateRoute(on=on, cases=tuple(cases))
     seen: dict[str, Span] = {}
     for case in act.cases:
         if case.label.value not in t.options:
-            scope.err(f"'{case.label.value}' is not a label of {type_str(t)}", case.label.span,
-                     close_names(case.label.value, t.options), "router-target")
+            scope.err(
+                f"'{case.label.value}' is not a label of {type_str(t)}",
+                case.label.span,
+                close_names(case.label.value, t.options),
+                "router-target",
+            )
             continue
         if not scope.unique(case.label, seen, "route case"):
             continue
@@ -142,15 +170,23 @@ def activation_of(scope: Scope, tname: str, act: ast.Activation) -> ActivateEnd 
         seen_targets: dict[str, Span] = {}
         for n in case.targets:
             if n.value != END and n.value not in scope.agent_types:
-                scope.err(f"route case '{case.label.value}' names '{n.value}', which is not an agent", n.span,
-                         close_names(n.value, list(scope.agent_types) + [END]), "router-target")
+                scope.err(
+                    f"route case '{case.label.value}' names '{n.value}', which is not an agent",
+                    n.span,
+                    close_names(n.value, list(scope.agent_types) + [END]),
+                    "router-target",
+                )
             elif scope.unique(n, seen_targets, "route target"):
                 targets.append(n.value)
         cases.append((case.label.value, tuple(targets)))
     for label in t.options:
         if label not in seen:
-            scope.sink.warning(f"route on '{on}' has no case for '{label}': that choice ends the episode",
-                              act.span, f"add `{label} -> end` to say so", "route-default")
+            scope.sink.warning(
+                f"route on '{on}' has no case for '{label}': that choice ends the episode",
+                act.span,
+                f"add `{label} -> end` to say so",
+                "route-default",
+            )
             # spelled out, so every graph rule sees the episode end there (as the runtime does)
             cases.append((label, (END,)))
     return ActivateRoute(on=on, cases=tuple(cases))

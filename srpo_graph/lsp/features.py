@@ -239,8 +239,15 @@ def definition(a: Analysis, line: int, col: int, lines: Lines) -> list[lsp.Locat
         py = Lines(text)
         start = py.to_lsp(1, f.col)
         end = py.to_lsp(1, f.col + len(f.name))
-        return [lsp.Location(uri=uri_of(path), range=lsp.Range(start=lsp.Position(line=f.line - 1, character=start.character),
-                                                                end=lsp.Position(line=f.line - 1, character=end.character)))]
+        return [
+            lsp.Location(
+                uri=uri_of(path),
+                range=lsp.Range(
+                    start=lsp.Position(line=f.line - 1, character=start.character),
+                    end=lsp.Position(line=f.line - 1, character=end.character),
+                ),
+            )
+        ]
     decl = ix.decl(occ.kind, occ.name)
     return [lsp.Location(uri=uri_of(a.path), range=lines.span_range(decl.span))] if decl is not None else []
 
@@ -250,8 +257,11 @@ def references(a: Analysis, line: int, col: int, lines: Lines, include_declarati
     occ = ix.at(line, col) if ix is not None else None
     if ix is None or occ is None:
         return []
-    return [lsp.Location(uri=uri_of(a.path), range=lines.span_range(o.span))
-            for o in ix.uses(occ.kind, occ.name) if include_declaration or not o.is_decl]
+    return [
+        lsp.Location(uri=uri_of(a.path), range=lines.span_range(o.span))
+        for o in ix.uses(occ.kind, occ.name)
+        if include_declaration or not o.is_decl
+    ]
 
 
 # --------------------------------------------------------------------------- rename
@@ -294,10 +304,16 @@ def rename(a: Analysis, line: int, col: int, new_name: str, lines: Lines) -> lsp
 
 # --------------------------------------------------------------------------- outline and formatting
 
-_SYMBOL_KIND = {ast.ImportStmt: lsp.SymbolKind.Module, ast.PolicyDecl: lsp.SymbolKind.Class,
-                ast.AgentDecl: lsp.SymbolKind.Function, ast.TransitionDecl: lsp.SymbolKind.Event,
-                ast.TaskBlock: lsp.SymbolKind.Struct, ast.StartStmt: lsp.SymbolKind.Key,
-                ast.RewardStmt: lsp.SymbolKind.Key, ast.MaxStepsStmt: lsp.SymbolKind.Constant}
+_SYMBOL_KIND = {
+    ast.ImportStmt: lsp.SymbolKind.Module,
+    ast.PolicyDecl: lsp.SymbolKind.Class,
+    ast.AgentDecl: lsp.SymbolKind.Function,
+    ast.TransitionDecl: lsp.SymbolKind.Event,
+    ast.TaskBlock: lsp.SymbolKind.Struct,
+    ast.StartStmt: lsp.SymbolKind.Key,
+    ast.RewardStmt: lsp.SymbolKind.Key,
+    ast.MaxStepsStmt: lsp.SymbolKind.Constant,
+}
 
 
 def document_symbols(a: Analysis, lines: Lines) -> list[lsp.DocumentSymbol]:
@@ -308,8 +324,14 @@ def document_symbols(a: Analysis, lines: Lines) -> list[lsp.DocumentSymbol]:
         return []
 
     def sym(name: str, detail: str, kind: lsp.SymbolKind, span: Span, sel: Span, children=None):
-        return lsp.DocumentSymbol(name=name, detail=detail, kind=kind, range=lines.span_range(span),
-                                  selection_range=lines.span_range(sel), children=children or None)
+        return lsp.DocumentSymbol(
+            name=name,
+            detail=detail,
+            kind=kind,
+            range=lines.span_range(span),
+            selection_range=lines.span_range(sel),
+            children=children or None,
+        )
 
     out = []
     for it in ix.module.items:
@@ -323,14 +345,27 @@ def document_symbols(a: Analysis, lines: Lines) -> list[lsp.DocumentSymbol]:
             out.append(sym(it.name.value, fmt_policy_model(it.model), kind, it.span, it.name.span))
         elif isinstance(it, ast.AgentDecl):
             outp = next((i for i in it.items if isinstance(i, ast.OutputItem)), None)
-            kids = [sym(f.name.value, fmt_type(f.type), lsp.SymbolKind.Field, f.span, f.name.span)
-                    for f in (outp.type.fields if outp and isinstance(outp.type, ast.RecordTypeExpr) else ())]
-            out.append(sym(it.name.value, "agent: " + (fmt_type(outp.type) if outp else "text"), kind, it.span,
-                           it.name.span, kids))
+            kids = [
+                sym(f.name.value, fmt_type(f.type), lsp.SymbolKind.Field, f.span, f.name.span)
+                for f in (outp.type.fields if outp and isinstance(outp.type, ast.RecordTypeExpr) else ())
+            ]
+            out.append(
+                sym(
+                    it.name.value,
+                    "agent: " + (fmt_type(outp.type) if outp else "text"),
+                    kind,
+                    it.span,
+                    it.name.span,
+                    kids,
+                )
+            )
         elif isinstance(it, ast.TransitionDecl):
             consume = next((i for i in it.items if isinstance(i, ast.ConsumeItem)), None)
-            kids = [sym(i.name.value, fmt_call(i.call), lsp.SymbolKind.Variable, i.span, i.name.span)
-                    for i in it.items if isinstance(i, ast.ToolItem)]
+            kids = [
+                sym(i.name.value, fmt_call(i.call), lsp.SymbolKind.Variable, i.span, i.name.span)
+                for i in it.items
+                if isinstance(i, ast.ToolItem)
+            ]
             detail = "transition: consumes " + (", ".join(n.value for n in consume.agents) if consume else "nothing")
             out.append(sym(it.name.value, detail, kind, it.span, it.name.span, kids))
         else:

@@ -8,7 +8,8 @@
 * ``architectures.py``: ``LOCAL_MODELS``, Qwen2 / Qwen3 / Llama models at the ``test``, ``mid``
   and ``scale`` sizes (``"qwen3-test"``, ``"llama3-mid"``, ``"qwen2.5-scale"``, ...).
 
-:func:`local_model_path` maps every such name to its built directory.
+:func:`local_model_path` maps every such name to its built directory; :func:`resolve_model` turns
+any policy's ``model`` string into what ``from_pretrained`` loads (backends, the trainer, the CLI).
 """
 
 from __future__ import annotations
@@ -48,3 +49,23 @@ def local_model_path(name: str) -> Path | None:
 
         return ensure_local_model(name)
     return None
+
+
+def resolve_model(name: str) -> str:
+    """The path or hub name to load for a policy's ``model`` string.
+
+    Args:
+        name: ``"tiny"`` (built on first use), a recipe of ``models.recipes.RECIPES`` such as
+            ``"tiny-reason"`` (pre-trained locally on first use, a few minutes), a model of
+            ``models.architectures.LOCAL_MODELS`` such as ``"qwen3-test"`` (built on first use), a
+            local path or a Hugging Face name.
+    Returns:
+        ``name`` unchanged, except the locally built models' names -> their directory.
+
+    >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
+    'Qwen/Qwen2.5-0.5B-Instruct'
+    """
+    path = local_model_path(name)  # tiny, a recipe, or a Qwen/Llama-shaped model built here
+    if path is not None:
+        return str(path)
+    return name

@@ -20,7 +20,8 @@ Sizes (``SIZES``; all with tied embeddings, as Qwen2.5-0.5B, Qwen3-0.6B and Llam
 The embedding has exactly the tokenizer's length of rows at ``test`` and ``mid`` (these models
 are sampled from: an untrained model gives padding rows as much mass as any token, and an id the
 tokenizer cannot decode would end the rollout), and the real size at ``scale`` (measured, never
-sampled), whose rows beyond the tokenizer are never produced by it, as in Qwen's own models. Builds are deterministic for the seed and atomic (``tiny.build_atomically``), cached under
+sampled), whose rows beyond the tokenizer are never produced by it, as in Qwen's own models. Builds are deterministic
+for the seed and atomic (``tiny.build_atomically``), cached under
 ``$SRPO_GRAPH_HOME/NAME`` (else ``~/.cache/srpo-graph/NAME``).
 """
 
@@ -41,7 +42,9 @@ SEED = 4321
 # the shapes of each family's smallest real model (hidden, heads, kv heads, head dim, MLP)
 _SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5": dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864),
-    "qwen3": dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072),
+    "qwen3": dict(
+        hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072
+    ),
     "llama3": dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864),
 }
 REAL_VOCAB = {"qwen2.5": 151_936, "qwen3": 151_936, "llama3": 128_256}
@@ -87,14 +90,28 @@ def build_config(family: str, size: str, vocab_size: int, tokenizer: Any = None)
         vocab_size = REAL_VOCAB[family]
     ids: dict[str, Any] = {}
     if tokenizer is not None:
-        ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id)
-    common = dict(vocab_size=vocab_size, num_hidden_layers=2, max_position_embeddings=32768, tie_word_embeddings=True,
-                  rms_norm_eps=1e-6, **shape, **ids)
+        ids = dict(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    common = dict(
+        vocab_size=vocab_size,
+        num_hidden_layers=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        **shape,
+        **ids,
+    )
     if family == "qwen2.5":
-        return Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, use_sliding_window=False, **common)
+        return Qwen2Config(
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, use_sliding_window=False, **common
+        )
     if family == "qwen3":
-        return Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, use_sliding_window=False, **common)
+        return Qwen3Config(
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, use_sliding_window=False, **common
+        )
     return LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 500_000.0}, **common)
 
 
@@ -118,9 +135,21 @@ def _write(name: str, target: Path) -> None:
     model.save_pretrained(target)
     tok.save_pretrained(target)
     n = sum(p.numel() for p in model.parameters())
-    (target / MARKER).write_text(json.dumps({"version": VERSION, "name": name, "family": family, "size": size,
-                                             "seed": SEED, "parameters": n, "vocab_size": config.vocab_size,
-                                             "tokenizer_size": len(tok)}), encoding="utf-8")
+    (target / MARKER).write_text(
+        json.dumps(
+            {
+                "version": VERSION,
+                "name": name,
+                "family": family,
+                "size": size,
+                "seed": SEED,
+                "parameters": n,
+                "vocab_size": config.vocab_size,
+                "tokenizer_size": len(tok),
+            }
+        ),
+        encoding="utf-8",
+    )
 
 
 def ensure_local_model(name: str, path: str | os.PathLike | None = None) -> Path:

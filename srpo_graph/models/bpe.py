@@ -92,12 +92,21 @@ def build_bpe_tokenizer(family: str, vocab_size: int = VOCAB_SIZE, model_max_len
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in fam.added])
     if fam.bos is not None:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{fam.bos} $A", pair=f"{fam.bos} $A {fam.bos} $B", special_tokens=[(fam.bos, tok.token_to_id(fam.bos))])
+            single=f"{fam.bos} $A",
+            pair=f"{fam.bos} $A {fam.bos} $B",
+            special_tokens=[(fam.bos, tok.token_to_id(fam.bos))],
+        )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=fam.eos, pad_token=fam.pad,
-                                  bos_token=fam.bos, model_max_length=model_max_length, padding_side="left",
-                                  clean_up_tokenization_spaces=False)
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=fam.eos,
+        pad_token=fam.pad,
+        bos_token=fam.bos,
+        model_max_length=model_max_length,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
     out.chat_template = fam.template
     return out
 

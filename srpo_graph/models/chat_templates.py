@@ -170,20 +170,52 @@ QWEN3_TEMPLATE = r"""{%- if tools %}
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"
     "{% set role = 'ipython' if message['role'] == 'tool' else message['role'] %}"
-    "{% set content = '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}"
+    "{% set content = '<|start_header_id|>' + role + '<|end_header_id|>\n\n' + message['content'] | trim + "
+    "'<|eot_id|>' %}"
     "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
-_QWEN25_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                   "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                   "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+_QWEN25_SPECIAL = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
 # Qwen2.5's tokens that are added but not special (they stay in decoded text)
-_QWEN25_ADDED = ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-                 "<|repo_name|>", "<|file_sep|>")
-_LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-                   "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
-                   "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>")
+_QWEN25_ADDED = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+_LLAMA3_SPECIAL = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+)
 
 
 @dataclass(frozen=True)
@@ -213,17 +245,47 @@ class ChatFamily:
     split_pattern: str
 
 
-_QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 FAMILIES: dict[str, ChatFamily] = {
-    "qwen2.5": ChatFamily("qwen2.5", QWEN25_TEMPLATE, _QWEN25_SPECIAL, _QWEN25_ADDED, None, "<|im_end|>",
-                          "<|endoftext|>", ("<|im_end|>", "<|endoftext|>"), _QWEN_SPLIT),
-    "qwen3": ChatFamily("qwen3", QWEN3_TEMPLATE, _QWEN25_SPECIAL,
-                        _QWEN25_ADDED + ("<tool_response>", "</tool_response>", "<think>", "</think>"), None,
-                        "<|im_end|>", "<|endoftext|>", ("<|im_end|>", "<|endoftext|>"), _QWEN_SPLIT),
-    "llama3": ChatFamily("llama3", LLAMA3_TEMPLATE, _LLAMA3_SPECIAL, (), "<|begin_of_text|>", "<|eot_id|>",
-                         "<|finetune_right_pad_id|>", ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"), _LLAMA3_SPLIT),
+    "qwen2.5": ChatFamily(
+        "qwen2.5",
+        QWEN25_TEMPLATE,
+        _QWEN25_SPECIAL,
+        _QWEN25_ADDED,
+        None,
+        "<|im_end|>",
+        "<|endoftext|>",
+        ("<|im_end|>", "<|endoftext|>"),
+        _QWEN_SPLIT,
+    ),
+    "qwen3": ChatFamily(
+        "qwen3",
+        QWEN3_TEMPLATE,
+        _QWEN25_SPECIAL,
+        _QWEN25_ADDED + ("<tool_response>", "</tool_response>", "<think>", "</think>"),
+        None,
+        "<|im_end|>",
+        "<|endoftext|>",
+        ("<|im_end|>", "<|endoftext|>"),
+        _QWEN_SPLIT,
+    ),
+    "llama3": ChatFamily(
+        "llama3",
+        LLAMA3_TEMPLATE,
+        _LLAMA3_SPECIAL,
+        (),
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|finetune_right_pad_id|>",
+        ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
+        _LLAMA3_SPLIT,
+    ),
 }

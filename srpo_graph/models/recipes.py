@@ -88,17 +88,42 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    r.name: r for r in (
-        Recipe("tiny-reason", "digit chains, verifier/aggregator/router roles and multi-turn search (~0.65M params)",
-               hidden=128, layers=3, heads=4, intermediate=384, examples=sft_examples, num_examples=40_000,
-               steps=1200, batch_size=32, lr=4e-3, seed=1234, version=3),
-        Recipe("tiny-search", "a word-level searcher: queries and answers over the local corpus (Notes [Synthetic worlds], [Reading])",
-               hidden=128, layers=4, heads=4, intermediate=384, examples=search_sft_examples, num_examples=96_000,
-               steps=3000, batch_size=32, lr=1e-3, seed=1234, version=2, vocabulary=word_vocabulary,
-               pattern=WORD_PATTERN,
-               # Note [Reading] (sft_data.py): then read (answer turns over renamed worlds), then the whole mix again
-               stages=(Stage(search_reading_examples, 16_000, 2000, 1e-3),
-                       Stage(search_sft_examples, 16_000, 500, 5e-4))),
+    r.name: r
+    for r in (
+        Recipe(
+            "tiny-reason",
+            "digit chains, verifier/aggregator/router roles and multi-turn search (~0.65M params)",
+            hidden=128,
+            layers=3,
+            heads=4,
+            intermediate=384,
+            examples=sft_examples,
+            num_examples=40_000,
+            steps=1200,
+            batch_size=32,
+            lr=4e-3,
+            seed=1234,
+            version=3,
+        ),
+        Recipe(
+            "tiny-search",
+            "a word-level searcher: queries and answers over the local corpus (Notes [Synthetic worlds], [Reading])",
+            hidden=128,
+            layers=4,
+            heads=4,
+            intermediate=384,
+            examples=search_sft_examples,
+            num_examples=96_000,
+            steps=3000,
+            batch_size=32,
+            lr=1e-3,
+            seed=1234,
+            version=2,
+            vocabulary=word_vocabulary,
+            pattern=WORD_PATTERN,
+            # Note [Reading] (sft_data.py): then read (answer turns over renamed worlds), then the whole mix again
+            stages=(Stage(search_reading_examples, 16_000, 2000, 1e-3), Stage(search_sft_examples, 16_000, 500, 5e-4)),
+        ),
     )
 }
 
@@ -115,10 +140,19 @@ def build_tokenizer(r: Recipe | None = None):
 def build_config(r: Recipe):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(r.vocabulary()), hidden_size=r.hidden, intermediate_size=r.intermediate,
-                       num_hidden_layers=r.layers, num_attention_heads=r.heads, num_key_value_heads=r.heads,
-                       max_position_embeddings=1024, tie_word_embeddings=True, pad_token_id=VOCAB.index("<pad>"),
-                       bos_token_id=VOCAB.index("<bos>"), eos_token_id=VOCAB.index("<eos>"))
+    return LlamaConfig(
+        vocab_size=len(r.vocabulary()),
+        hidden_size=r.hidden,
+        intermediate_size=r.intermediate,
+        num_hidden_layers=r.layers,
+        num_attention_heads=r.heads,
+        num_key_value_heads=r.heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=VOCAB.index("<pad>"),
+        bos_token_id=VOCAB.index("<bos>"),
+        eos_token_id=VOCAB.index("<eos>"),
+    )
 
 
 def default_dir(name: str) -> Path:
@@ -156,15 +190,26 @@ def _length_buckets(seqs: list, batch_size: int, steps: int, rng: random.Random)
         rng.shuffle(order)
         chunk = 16 * batch_size
         for c in range(0, len(order) - batch_size + 1, chunk):
-            idx = sorted(order[c: c + chunk], key=lambda i: len(seqs[i][0]))
-            group = [[seqs[i] for i in idx[b: b + batch_size]] for b in range(0, len(idx) - batch_size + 1, batch_size)]
+            idx = sorted(order[c : c + chunk], key=lambda i: len(seqs[i][0]))
+            group = [
+                [seqs[i] for i in idx[b : b + batch_size]] for b in range(0, len(idx) - batch_size + 1, batch_size)
+            ]
             rng.shuffle(group)
             out += group
     return out[:steps]
 
 
-def _sft(model, tok, pairs: list[tuple[str, str]], steps: int, lr: float, batch_size: int, rng: random.Random,
-         log: Callable[[str], None] | None, label: str) -> list[float]:
+def _sft(
+    model,
+    tok,
+    pairs: list[tuple[str, str]],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    rng: random.Random,
+    log: Callable[[str], None] | None,
+    label: str,
+) -> list[float]:
     """``steps`` AdamW steps of next-token loss on the completions of ``pairs`` (+ eos); the losses."""
     import torch
 
@@ -177,7 +222,8 @@ def _sft(model, tok, pairs: list[tuple[str, str]], steps: int, lr: float, batch_
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
     batches = _length_buckets(seqs, batch_size, steps, rng)
     model.train()
     losses: list[float] = []
@@ -189,7 +235,7 @@ def _sft(model, tok, pairs: list[tuple[str, str]], steps: int, lr: float, batch_
         attn = torch.zeros((len(batch), width), dtype=torch.long)
         for i, (s, n_prompt) in enumerate(batch):
             ids[i, : len(s)] = torch.tensor(s)
-            labels[i, n_prompt: len(s)] = torch.tensor(s[n_prompt:])  # loss on the completion + eos only
+            labels[i, n_prompt : len(s)] = torch.tensor(s[n_prompt:])  # loss on the completion + eos only
             attn[i, : len(s)] = 1
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -199,8 +245,10 @@ def _sft(model, tok, pairs: list[tuple[str, str]], steps: int, lr: float, batch_
         sched.step()
         losses.append(loss.item())
         if log and (step + 1) % 100 == 0:
-            log(f"  {label}step {step + 1}/{steps}  loss {sum(losses[-100:]) / len(losses[-100:]):.3f}"
-                f"  ({time.perf_counter() - t0:.0f} s)")
+            log(
+                f"  {label}step {step + 1}/{steps}  loss {sum(losses[-100:]) / len(losses[-100:]):.3f}"
+                f"  ({time.perf_counter() - t0:.0f} s)"
+            )
     return losses
 
 
@@ -231,18 +279,27 @@ def pretrain(r: Recipe, log: Callable[[str], None] | None = None):
     finally:
         torch.set_num_threads(threads)
     n_params = sum(p.numel() for p in model.parameters())
-    info = {"recipe": r.name, "version": r.version, "seed": r.seed, "parameters": n_params,
-            "steps": sum(st.steps for st in stages), "examples": examples,
-            "final_loss": sum(final[-1][-50:]) / len(final[-1][-50:]),  # the last stage's
-            "build_seconds": round(time.perf_counter() - t0, 1)}
+    info = {
+        "recipe": r.name,
+        "version": r.version,
+        "seed": r.seed,
+        "parameters": n_params,
+        "steps": sum(st.steps for st in stages),
+        "examples": examples,
+        "final_loss": sum(final[-1][-50:]) / len(final[-1][-50:]),  # the last stage's
+        "build_seconds": round(time.perf_counter() - t0, 1),
+    }
     if len(stages) > 1:
-        info["stages"] = [{"steps": st.steps, "lr": st.lr, "examples": st.num_examples,
-                           "final_loss": sum(ls[-50:]) / len(ls[-50:])} for st, ls in zip(stages, final)]
+        info["stages"] = [
+            {"steps": st.steps, "lr": st.lr, "examples": st.num_examples, "final_loss": sum(ls[-50:]) / len(ls[-50:])}
+            for st, ls in zip(stages, final)
+        ]
     return model, tok, info
 
 
-def ensure_recipe_model(name: str, path: str | os.PathLike | None = None,
-                        log: Callable[[str], None] | None = None) -> Path:
+def ensure_recipe_model(
+    name: str, path: str | os.PathLike | None = None, log: Callable[[str], None] | None = None
+) -> Path:
     """Build recipe ``name`` at ``path`` (default :func:`default_dir`) unless it is already there.
 
     Returns:

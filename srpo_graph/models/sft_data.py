@@ -53,7 +53,7 @@ AGGREGATE = "<q>{question}<a>{a}<b>{b}<g>"
 ROUTE = "<r>{question}"
 SEARCH = "<k>{question}<d>{docs}<s>"
 
-# Note [An imperfect teacher]: the fixed mistake rates
+# the fixed mistake rates of Note [An imperfect teacher]
 P_SLIP = 0.2        # an arithmetic step off by 1 or 2 (carried forward)
 SLIPS = (-2, -1, 1, 2)
 P_NO_ANSWER = 0.15  # a solution without its #answer
@@ -264,9 +264,15 @@ def world(rng: random.Random, lands: int, syllables: tuple[str, ...] = CORPUS_SY
 def _passages(land: str, capital: str, river: str, founder: str, year: str, crop: str, color: str) -> list[dict]:
     """A country's four passages, as the shipped corpus writes them (what ``_facts`` reads back)."""
     return [
-        {"title": land, "text": f"{land} is a small country. its capital is {capital} and its main river is the {river}."},
+        {
+            "title": land,
+            "text": f"{land} is a small country. its capital is {capital} and its main river is the {river}.",
+        },
         {"title": capital, "text": f"{capital} is the capital of {land}. it was founded by {founder} in {year}."},
-        {"title": f"{river} river", "text": f"the {river} flows through {land}. farmers along the {river} grow {crop}."},
+        {
+            "title": f"{river} river",
+            "text": f"the {river} flows through {land}. farmers along the {river} grow {crop}.",
+        },
         {"title": f"flag of {land}", "text": f"the flag of {land} is mostly {color}."},
     ]
 
@@ -282,13 +288,14 @@ def renamed_world(rng: random.Random, corpus: Path = CORPUS) -> list[dict]:
     rng.shuffle(years)
     docs: list[dict] = []
     for i in range(len(facts)):
-        land, capital, river, founder = names[4 * i: 4 * i + 4]
+        land, capital, river, founder = names[4 * i : 4 * i + 4]
         docs += _passages(land, capital, river, founder, years[i], rng.choice(CROPS), rng.choice(COLORS))
     return docs
 
 
-def _search_examples(q: SearchQuestion, rng: random.Random, names: list[str],
-                     retrieve: Callable[[str], str] | None = None) -> list[tuple[str, str]]:
+def _search_examples(
+    q: SearchQuestion, rng: random.Random, names: list[str], retrieve: Callable[[str], str] | None = None
+) -> list[tuple[str, str]]:
     """(prompt, completion) pairs of one imperfect-teacher search episode over ``q``; ``retrieve``
     (a query -> the top 2 passages) defaults to ``std.retrieve`` over the shipped corpus."""
     if retrieve is None:
@@ -420,7 +427,11 @@ def sft_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
         if role == "solve":
             out.append((SOLVE.format(question=q), solution(p, rng)))
         elif role == "quick":
-            a = p.answer if rng.random() < P_QUICK_RIGHT else max(0, p.answer + rng.choice((-11, -10, -2, -1, 1, 2, 10, 11)))
+            a = (
+                p.answer
+                if rng.random() < P_QUICK_RIGHT
+                else max(0, p.answer + rng.choice((-11, -10, -2, -1, 1, 2, 10, 11)))
+            )
             out.append((QUICK.format(question=q), f"#{a}"))
         elif role == "verify":
             prop = solution(p, rng)
@@ -428,8 +439,12 @@ def sft_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
         elif role == "aggregate":
             first, second = solution(p, rng), solution(p, rng)
             u = rng.random()
-            out.append((AGGREGATE.format(question=q, a=first, b=second),
-                        first if u < P_COPY / 2 else second if u < P_COPY else solution(p, rng)))
+            out.append(
+                (
+                    AGGREGATE.format(question=q, a=first, b=second),
+                    first if u < P_COPY / 2 else second if u < P_COPY else solution(p, rng),
+                )
+            )
         else:
             out.append((ROUTE.format(question=q), str(rng.randrange(3))))
     return out[:num]

@@ -30,7 +30,9 @@ def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[
     for pol, eq, name in pairs:  # then POLICY=NAME, whatever the order on the command line
         if eq and pol.isidentifier():
             if pol not in policies:
-                raise ConfigError(f"--model {pol}={name}: the workflow has no policy {pol!r} (policies: {', '.join(policies)})")
+                raise ConfigError(
+                    f"--model {pol}={name}: the workflow has no policy {pol!r} (policies: {', '.join(policies)})"
+                )
             out[pol] = name
     return out
 
@@ -70,8 +72,15 @@ def _backend_options(fn):
                 continue
             flags = [f"--{kind}-{name.replace('_', '-')}", *extra.get("cli", [])]
             default = info.get_default(call_default_factory=True)
-            params.append(click.option(*flags, f"{kind}__{name}", type=typ, default=None,
-                                       help=f"{kind}: {info.description} [default: {default}]"))
+            params.append(
+                click.option(
+                    *flags,
+                    f"{kind}__{name}",
+                    type=typ,
+                    default=None,
+                    help=f"{kind}: {info.description} [default: {default}]",
+                )
+            )
     for opt in reversed(params):
         fn = opt(fn)
     return fn
@@ -87,8 +96,11 @@ def _options_from_flags(kind: str, flags: dict):
     other = sorted(k for k in given if not k.startswith(kind + "__"))
     if other:
         names = ", ".join("--" + k.replace("__", "-").replace("_", "-") for k in other)
-        raise ConfigError.at("run", f"{names} belong to another backend than --backend {kind}",
-                             fix=f"pass --backend {other[0].split('__')[0]}, or drop the flag")
+        raise ConfigError.at(
+            "run",
+            f"{names} belong to another backend than --backend {kind}",
+            fix=f"pass --backend {other[0].split('__')[0]}, or drop the flag",
+        )
     try:
         return backend_spec(kind).options(**{k.split("__", 1)[1]: v for k, v in given.items()})
     except ValidationError as exc:
@@ -98,27 +110,61 @@ def _options_from_flags(kind: str, flags: dict):
 
 @click.command("run")
 @click.argument("workflow_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--tasks", "tasks_file", required=True, type=click.Path(),
-              help="Task file: JSONL, or through Hugging Face `datasets` a .parquet file or a save_to_disk folder "
-                   "(FOLDER@split for a DatasetDict).")
+@click.option(
+    "--tasks",
+    "tasks_file",
+    required=True,
+    type=click.Path(),
+    help="Task file: JSONL, or through Hugging Face `datasets` a .parquet file or a save_to_disk folder "
+    "(FOLDER@split for a DatasetDict).",
+)
 @click.option("--samples", default=8, show_default=True, help="Episodes per task (the group size G).")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False), help="Trace JSONL to write.")
-@click.option("--backend", "backend_kind", type=click.Choice(_backend_names()), default="transformers", show_default=True,
-              help="Inference engine (backends.BACKENDS); its options are the --<backend>-<field> flags.")
+@click.option(
+    "--backend",
+    "backend_kind",
+    type=click.Choice(_backend_names()),
+    default="transformers",
+    show_default=True,
+    help="Inference engine (backends.BACKENDS); its options are the --<backend>-<field> flags.",
+)
 @click.option("--model", "models", multiple=True, help="NAME for every policy, or POLICY=NAME (repeatable).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--limit", type=int, default=None, help="Only the first N tasks.")
 @click.option("--device", default="cpu", show_default=True, help="transformers backend device.")
 @click.option("--max-concurrent", type=int, default=None, help="Most episodes alive at once (default: all).")
-@click.option("--threads", type=int, default=None,
-              help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).")
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--deadline", "deadlines", multiple=True, metavar="KIND=SECONDS",
-              help="Seconds a user call may take, per kind: tool, reward, extractor (repeatable; defaults "
-                   "60/10/10). Past it the episode fails naming the call's .wf line.")
+@click.option(
+    "--deadline",
+    "deadlines",
+    multiple=True,
+    metavar="KIND=SECONDS",
+    help="Seconds a user call may take, per kind: tool, reward, extractor (repeatable; defaults "
+    "60/10/10). Past it the episode fails naming the call's .wf line.",
+)
 @_backend_options
-def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, seed, limit, device, max_concurrent,
-            threads, quiet, deadlines, **backend_flags):
+def run_cmd(
+    workflow_file,
+    tasks_file,
+    samples,
+    out_file,
+    backend_kind,
+    models,
+    seed,
+    limit,
+    device,
+    max_concurrent,
+    threads,
+    quiet,
+    deadlines,
+    **backend_flags,
+):
     """Run every task SAMPLES times and write one trace line per episode.
 
     Episodes are appended to OUT (flushed) as soon as they finish, so a run that stops early
@@ -153,9 +199,19 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
     console = Console(stderr=True)
     try:
         # an external endpoint that fails or stalls fails its episodes (URL named), the run goes on
-        result = run_streaming(wf, tasks, backends, Path(out_file), console, samples=samples, seed=seed,
-                               progress=not quiet, max_concurrent=max_concurrent,
-                               on_backend_error="fail" if external else "raise", deadlines=limits)
+        result = run_streaming(
+            wf,
+            tasks,
+            backends,
+            Path(out_file),
+            console,
+            samples=samples,
+            seed=seed,
+            progress=not quiet,
+            max_concurrent=max_concurrent,
+            on_backend_error="fail" if external else "raise",
+            deadlines=limits,
+        )
     finally:
         for b in by_model.values():
             b.close()
@@ -167,11 +223,17 @@ def run_cmd(workflow_file, tasks_file, samples, out_file, backend_kind, models, 
         f"truncated {s.truncated} -> {out_file}"
     )
     for kind, msg in sorted(s.first_failure.items()):  # the first failure of each kind, once
-        console.print(f"[yellow]{s.failed_by_kind[kind]} failed ({kind}), first:[/] {msg}", markup=True,
-                      highlight=False, soft_wrap=True)  # unwrapped: the .wf path stays one copyable word
+        console.print(
+            f"[yellow]{s.failed_by_kind[kind]} failed ({kind}), first:[/] {msg}",
+            markup=True,
+            highlight=False,
+            soft_wrap=True,
+        )  # unwrapped: the .wf path stays one copyable word
     if s.episodes and s.failures == s.episodes:
-        raise RuntimeFailure.at(str(workflow_file), f"every one of the {s.episodes} episodes failed (see above); "
-                                f"{out_file} holds them with their errors")
+        raise RuntimeFailure.at(
+            str(workflow_file),
+            f"every one of the {s.episodes} episodes failed (see above); {out_file} holds them with their errors",
+        )
 
 
 def parse_deadlines(items) -> object:
@@ -188,8 +250,11 @@ def parse_deadlines(items) -> object:
     for item in items:
         kind, sep, value = item.partition("=")
         if not sep or kind.strip() not in Deadlines.model_fields:
-            raise ConfigError.at(f"--deadline {item}", "expected KIND=SECONDS with KIND one of "
-                                 f"{', '.join(Deadlines.model_fields)}", fix="e.g. --deadline reward=5")
+            raise ConfigError.at(
+                f"--deadline {item}",
+                f"expected KIND=SECONDS with KIND one of {', '.join(Deadlines.model_fields)}",
+                fix="e.g. --deadline reward=5",
+            )
         given[kind.strip()] = value.strip()
     try:
         return Deadlines(**given)  # pydantic converts the strings
@@ -232,8 +297,9 @@ def run_streaming(wf, tasks, backends, out: Path, console, **run_kw):
     return result
 
 
-def prompt_models(traces_file: Path, workflow_file: str | None, models: tuple[str, ...],
-                  policies: list[str]) -> dict[str, str]:
+def prompt_models(
+    traces_file: Path, workflow_file: str | None, models: tuple[str, ...], policies: list[str]
+) -> dict[str, str]:
     """Which model's tokenizer decodes each policy's prompts for ``show``: ``--model`` flags, over
     ``--workflow``'s policy declarations, else the run folder's (a trace in ``RUN/traces/``: the
     ``.wf`` its ``workflow.json`` names, with ``config.toml``'s ``rollout.models``)."""
@@ -266,15 +332,27 @@ def prompt_models(traces_file: Path, workflow_file: str | None, models: tuple[st
 @click.command("show")
 @click.argument("traces_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--episode", "index", type=int, default=None, help="Show only this episode (0-based line).")
-@click.option("--html", "html_file", type=click.Path(dir_okay=False), default=None, help="Write an HTML view of the episode(s).")
-@click.option("--workflow", "workflow_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="The .wf the traces came from: --html then draws each episode on its routing graph.")
+@click.option(
+    "--html", "html_file", type=click.Path(dir_okay=False), default=None, help="Write an HTML view of the episode(s)."
+)
+@click.option(
+    "--workflow",
+    "workflow_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The .wf the traces came from: --html then draws each episode on its routing graph.",
+)
 @click.option("--max", "max_shown", default=5, show_default=True, help="Episodes printed when --episode is not given.")
-@click.option("--model", "models", multiple=True,
-              help="Tokenizer to decode prompts with: NAME for every policy, or POLICY=NAME (repeatable). "
-                   "Default: the --workflow's policies, else the run folder's workflow (RUN/traces/*.jsonl).")
-@click.option("--no-prompt", "hide_prompt", is_flag=True, default=False,
-              help="Do not print the decoded prompt of each output.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="Tokenizer to decode prompts with: NAME for every policy, or POLICY=NAME (repeatable). "
+    "Default: the --workflow's policies, else the run folder's workflow (RUN/traces/*.jsonl).",
+)
+@click.option(
+    "--no-prompt", "hide_prompt", is_flag=True, default=False, help="Do not print the decoded prompt of each output."
+)
 def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hide_prompt):
     """Print episodes readably: each output's decoded prompt and text, which transition consumed which
     outputs, rewards."""
@@ -300,8 +378,10 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hi
     if index is None and len(episodes) > max_shown:
         console.print(f"... {len(episodes) - max_shown} more episodes (use --episode N)")
     if decode is not None and decode.missing:
-        console.print(f"[dim]prompts of policy {', '.join(sorted(decode.missing))} not decoded: no local tokenizer "
-                      "known for it (pass --workflow WF or --model [POLICY=]NAME; --no-prompt hides prompts)[/]")
+        console.print(
+            f"[dim]prompts of policy {', '.join(sorted(decode.missing))} not decoded: no local tokenizer "
+            "known for it (pass --workflow WF or --model [POLICY=]NAME; --no-prompt hides prompts)[/]"
+        )
     if html_file:
         wf = None
         if workflow_file:
@@ -318,15 +398,29 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hi
 
 @click.command("init-model")
 @click.argument("directory", type=click.Path(file_okay=False), required=False)
-@click.option("--show-vocab", is_flag=True, default=False,
-              help="Print the tiny model's vocabulary (id, token) with its special and role tokens.")
-@click.option("--recipe", "recipe", default=None, metavar="NAME",
-              help="Build a small model pre-trained locally instead (tiny-reason, tiny-search; minutes on 1 thread), "
-                   "cached like the tiny model; policies name it as `policy m = \"NAME\"`.")
-@click.option("--model", "local", default=None, metavar="NAME",
-              help="Build a Qwen/Llama-shaped model with a byte-level BPE tokenizer and its chat template instead: "
-                   "FAMILY-SIZE, FAMILY one of qwen2.5, qwen3, llama3 and SIZE one of test, mid, scale "
-                   "(e.g. qwen3-test); cached like the tiny model; policies name it as `policy m = \"NAME\"`.")
+@click.option(
+    "--show-vocab",
+    is_flag=True,
+    default=False,
+    help="Print the tiny model's vocabulary (id, token) with its special and role tokens.",
+)
+@click.option(
+    "--recipe",
+    "recipe",
+    default=None,
+    metavar="NAME",
+    help="Build a small model pre-trained locally instead (tiny-reason, tiny-search; minutes on 1 thread), "
+    'cached like the tiny model; policies name it as `policy m = "NAME"`.',
+)
+@click.option(
+    "--model",
+    "local",
+    default=None,
+    metavar="NAME",
+    help="Build a Qwen/Llama-shaped model with a byte-level BPE tokenizer and its chat template instead: "
+    "FAMILY-SIZE, FAMILY one of qwen2.5, qwen3, llama3 and SIZE one of test, mid, scale "
+    '(e.g. qwen3-test); cached like the tiny model; policies name it as `policy m = "NAME"`.',
+)
 def init_model_cmd(directory, show_vocab, recipe, local):
     """Build the tiny default model into DIRECTORY (default: the cache used for policy "tiny")."""
     from srpo_graph.models.tiny import ROLE_TOKENS, SPECIAL_TOKENS, VOCAB, ensure_tiny_model
@@ -335,11 +429,15 @@ def init_model_cmd(directory, show_vocab, recipe, local):
         from srpo_graph.models.architectures import LOCAL_MODELS, ensure_local_model, local_info
 
         if local not in LOCAL_MODELS:
-            raise click.BadParameter(f"unknown model {local!r} (known: {', '.join(LOCAL_MODELS)})", param_hint="--model")
+            raise click.BadParameter(
+                f"unknown model {local!r} (known: {', '.join(LOCAL_MODELS)})", param_hint="--model"
+            )
         path = ensure_local_model(local, directory)
         info = local_info(path)
-        click.echo(f"{local} ready at {path}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
-                   f"rows ({info['tokenizer_size']:,} tokens in the tokenizer)")
+        click.echo(
+            f"{local} ready at {path}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
+            f"rows ({info['tokenizer_size']:,} tokens in the tokenizer)"
+        )
         if show_vocab:
             from srpo_graph.models.tiny import load_tokenizer
 
@@ -355,8 +453,10 @@ def init_model_cmd(directory, show_vocab, recipe, local):
         click.echo(f"building {recipe}: {RECIPES[recipe].description} (cached after the first build)")
         path = ensure_recipe_model(recipe, directory, log=click.echo)
         info = recipe_info(path)
-        click.echo(f"{recipe} ready at {path}: {info['parameters']:,} parameters, final SFT loss "
-                   f"{info['final_loss']:.3f}, built in {info['build_seconds']} s")
+        click.echo(
+            f"{recipe} ready at {path}: {info['parameters']:,} parameters, final SFT loss "
+            f"{info['final_loss']:.3f}, built in {info['build_seconds']} s"
+        )
         if show_vocab:
             for i, tok in enumerate(RECIPES[recipe].vocabulary()):
                 click.echo(f"  {i:3d}  {tok!r}")
@@ -366,7 +466,7 @@ def init_model_cmd(directory, show_vocab, recipe, local):
     if show_vocab:
         click.echo(f"vocabulary: {len(VOCAB)} tokens; upper case is lower-cased, any other character is <unk>")
         click.echo(f"  special: {' '.join(SPECIAL_TOKENS)} (encoding puts <bos> first)")
-        click.echo(f"  roles:   {' '.join(ROLE_TOKENS)} (one token each: use them in prompts, e.g. \"<a>{{task.x}}\")")
+        click.echo(f'  roles:   {" ".join(ROLE_TOKENS)} (one token each: use them in prompts, e.g. "<a>{{task.x}}")')
         for i, tok in enumerate(VOCAB):
             click.echo(f"  {i:3d}  {tok!r}")
 

@@ -83,7 +83,8 @@ class Callables:
 
     Modules are imported by the checker's importer (``lang.callables.import_module``): the
     ``.wf`` file's directory comes first on ``sys.path`` while a module is imported, so
-    ``import my_tools`` finds a module next to it, and ``sys.path`` is left as it was. An import that fails is remembered and re-raised for every episode
+    ``import my_tools`` finds a module next to it, and ``sys.path`` is left as it was. An import that fails is
+    remembered and re-raised for every episode
     that needs it (each such episode is marked failed; the run goes on). It also indexes which
     transitions consume each agent (``consumers``), so readiness checks look at those only.
     """
@@ -124,8 +125,16 @@ class Callables:
 class EpisodeRun:
     """The mutable state of one running episode (see the module docstring)."""
 
-    def __init__(self, workflow: Workflow, callables: Callables, task_id: str, task: dict[str, Any],
-                 group_id: str, sample: int, seed: int):
+    def __init__(
+        self,
+        workflow: Workflow,
+        callables: Callables,
+        task_id: str,
+        task: dict[str, Any],
+        group_id: str,
+        sample: int,
+        seed: int,
+    ):
         self.wf, self.callables = workflow, callables
         self.task_id, self.group_id, self.sample, self.seed = task_id, group_id, sample, seed
         self.state = State(task=dict(task))
@@ -175,29 +184,54 @@ class EpisodeRun:
             args, kwargs = call_args(ex, self.state)
             what = f"extractor {ex.qualname} of agent {agent.name!r}"
             try:
-                value = call_user(fn, [sampled.text, *args], kwargs, module=ex.module, what=what, kind="extractor",
-                                  deadlines=self.callables.deadlines)
+                value = call_user(
+                    fn,
+                    [sampled.text, *args],
+                    kwargs,
+                    module=ex.module,
+                    what=what,
+                    kind="extractor",
+                    deadlines=self.callables.deadlines,
+                )
             except ValueError:
                 value = None  # the output holds no such value: documented, not a failure
         except UserTimeout as exc:
             error, kind = at_node(agent.extractor, str(exc)), "timeout"
         except Exception as exc:  # noqa: BLE001
-            error, kind = at_node(agent.extractor, f"extractor {agent.extractor.qualname} of agent {agent.name!r} "
-                                                   f"raised {exc!r}"), "extractor"
+            error, kind = (
+                at_node(
+                    agent.extractor, f"extractor {agent.extractor.qualname} of agent {agent.name!r} raised {exc!r}"
+                ),
+                "extractor",
+            )
         req = sampled.request
         oid = f"o{len(self.outputs)}"
         # no re-validation here (it costs O(tokens) per output): every field is typed by
-        # construction and the executor checked the backend's part (``checked_completion``);
+        # construction and the scheduler checked the backend's part (``requests.checked_completion``);
         # the trace reader validates everything
-        self.outputs.append(_record_output(
-            id=oid, agent=agent.name, policy=agent.policy, policy_version=int(sampled.policy_version),
-            step=len(self.records), prompt_ids=list(req.prompt_ids), completion_ids=list(sampled.completion_ids),
-            logprobs=list(sampled.logprobs), temperature=float(req.temperature),
-            allowed_token_ids=None if req.allowed_token_ids is None else list(req.allowed_token_ids),
-            max_tokens=int(req.max_new_tokens), activated_by=self.activator.pop(agent.name, None),
-            top_k=int(req.top_k), top_p=float(req.top_p), logprob_mode=req.logprobs,
-            text=sampled.text, value=value, finish_reason=sampled.finish_reason, source=sampled.source,
-        ))
+        self.outputs.append(
+            _record_output(
+                id=oid,
+                agent=agent.name,
+                policy=agent.policy,
+                policy_version=int(sampled.policy_version),
+                step=len(self.records),
+                prompt_ids=list(req.prompt_ids),
+                completion_ids=list(sampled.completion_ids),
+                logprobs=list(sampled.logprobs),
+                temperature=float(req.temperature),
+                allowed_token_ids=None if req.allowed_token_ids is None else list(req.allowed_token_ids),
+                max_tokens=int(req.max_new_tokens),
+                activated_by=self.activator.pop(agent.name, None),
+                top_k=int(req.top_k),
+                top_p=float(req.top_p),
+                logprob_mode=req.logprobs,
+                text=sampled.text,
+                value=value,
+                finish_reason=sampled.finish_reason,
+                source=sampled.source,
+            )
+        )
         if error is not None:
             self.fail(error, kind)
             return
@@ -225,8 +259,11 @@ class EpisodeRun:
                     if self.end_activated:
                         self._finish("ok")
                     else:
-                        self.fail(at_node(self.wf, "episode stalled: nothing pending, no transition ready, "
-                                                   "`end` never activated"))
+                        self.fail(
+                            at_node(
+                                self.wf, "episode stalled: nothing pending, no transition ready, `end` never activated"
+                            )
+                        )
                 return None
             if firing.over_budget(ready, len(self.records), self.rounds, self.wf.max_steps):
                 self._finish("truncated")
@@ -285,17 +322,23 @@ class EpisodeRun:
         except Exception as exc:  # noqa: BLE001 - e.g. a route on a value that names no case
             self.fail(at_node(t, f"transition {t.name!r}: {exc!r}"))
             return
-        self.records.append(TransitionRecord(
-            id=f"t{len(self.records)}", name=t.name, step=len(self.records), consumed=consumed,
-            activated=list(activated), tool_results=tool_results, reward=reward,
-            superseded=self.superseded or None,
-        ))
+        self.records.append(
+            TransitionRecord(
+                id=f"t{len(self.records)}",
+                name=t.name,
+                step=len(self.records),
+                consumed=consumed,
+                activated=list(activated),
+                tool_results=tool_results,
+                reward=reward,
+                superseded=self.superseded or None,
+            )
+        )
         self.superseded = []
         self.rounds[t.name] = self.rounds.get(t.name, 0) + 1
         self.transition_rewards += reward or 0.0
         self._activate(activated, by=self.records[-1].id)
-        if firing.truncates_after(activated, len(self.records), self.rounds, self.wf.max_steps,
-                                  self.callables.bounded):
+        if firing.truncates_after(activated, len(self.records), self.rounds, self.wf.max_steps, self.callables.bounded):
             self._finish("truncated")
 
     def _activation(self, t: Transition) -> tuple[str, ...]:
@@ -318,8 +361,15 @@ class EpisodeRun:
 
     def _call_reward(self, call: Call) -> float:
         args, kwargs = call_args(call, self.state)
-        got = call_user(self.callables.get(call), args, kwargs, module=call.module, what=f"reward {call.qualname}",
-                        kind="reward", deadlines=self.callables.deadlines)
+        got = call_user(
+            self.callables.get(call),
+            args,
+            kwargs,
+            module=call.module,
+            what=f"reward {call.qualname}",
+            kind="reward",
+            deadlines=self.callables.deadlines,
+        )
         value = reward_value(call.qualname, got)
         if value != value or value in (float("inf"), float("-inf")) or abs(value) > MAX_ABS_REWARD:
             raise ValueError(f"reward {call.qualname} returned {value} (rewards are finite, |r| <= {MAX_ABS_REWARD:g})")
@@ -337,17 +387,29 @@ class EpisodeRun:
                 self.fail(at_node(reward, f"terminal reward {reward.qualname}: {exc!r}"), "reward")
                 return
         if abs(terminal + self.transition_rewards) > MAX_ABS_REWARD:  # the trace schema's bound
-            self.fail(at_node(reward or self.wf, f"episode reward {terminal + self.transition_rewards:g} exceeds "
-                                                 f"|r| <= {MAX_ABS_REWARD:g}"), "reward")
+            self.fail(
+                at_node(
+                    reward or self.wf,
+                    f"episode reward {terminal + self.transition_rewards:g} exceeds |r| <= {MAX_ABS_REWARD:g}",
+                ),
+                "reward",
+            )
             return
         self.status, self.reward = status, terminal + self.transition_rewards
 
     def to_episode(self, workflow_ref: WorkflowRef) -> Episode:
         """The trace record (call once the episode is over)."""
         return Episode(
-            workflow=workflow_ref, task_id=self.task_id, group_id=self.group_id, sample=self.sample,
-            seed=self.seed, outputs=self.outputs, transitions=self.records, reward=self.reward,
-            status=self.status or "failed", error=self.error,
+            workflow=workflow_ref,
+            task_id=self.task_id,
+            group_id=self.group_id,
+            sample=self.sample,
+            seed=self.seed,
+            outputs=self.outputs,
+            transitions=self.records,
+            reward=self.reward,
+            status=self.status or "failed",
+            error=self.error,
         )
 
 
@@ -395,12 +457,14 @@ def reward_value(qualname: str, got: Any) -> float:
 
     >>> reward_value("m.f", 1), reward_value("m.f", 0.5)
     (1.0, 0.5)
-    >>> reward_value("m.f", True)
+    >>> reward_value("m.f", True)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    srpo_graph.runtime.episode.RewardTypeError: returned True (a bool); a reward returns a real number (int or float), not a bool or str
+    srpo_graph.runtime.episode.RewardTypeError: returned True (a bool); a reward returns a real number ...
     """
     if isinstance(got, numbers.Real) and not isinstance(got, bool) and type(got).__name__ != "bool_":
         return float(got)
-    raise RewardTypeError(f"returned {got!r:.80} (a {type(got).__name__}); a reward returns a real number "
-                          f"(int or float), not a bool or str")
+    raise RewardTypeError(
+        f"returned {got!r:.80} (a {type(got).__name__}); a reward returns a real number "
+        f"(int or float), not a bool or str"
+    )

@@ -31,7 +31,8 @@ def used_parts(workflow: Workflow, ep: Episode) -> tuple[Counter, Counter, set[t
     >>> from srpo_graph.runtime.trace import Output, TransitionRecord, WorkflowRef
     >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" }'
     ...                 ' transition t { consume: a activate: end } start: a'))
-    >>> o = Output(id="o0", agent="a", policy="p", step=0, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text="z")
+    >>> o = Output(id="o0", agent="a", policy="p", step=0, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+    ...            text="z")
     >>> r = TransitionRecord(id="t0", name="t", step=0, consumed=["o0"], activated=["end"])
     >>> ep = Episode(workflow=WorkflowRef(name="w", hash="h"), task_id="x", group_id="g", sample=0, seed=0,
     ...              outputs=[o], transitions=[r], reward=0.0, status="ok")
@@ -59,7 +60,8 @@ def route_labels(workflow: Workflow, ep: Episode, rec: TransitionRecord) -> list
     >>> from srpo_graph.lang import parse, check
     >>> from srpo_graph.runtime.trace import Output, WorkflowRef
     >>> w = check(parse('workflow w import std policy p = "tiny" agent a { policy: p prompt: "x" '
-    ...                 'output: choice[a, end] } transition t { consume: a activate: route a max_rounds: 2 } start: a'))
+    ...                 'output: choice[a, end] } transition t { consume: a activate: route a max_rounds: 2 } '
+    ...                 'start: a'))
     >>> o = Output(id="o0", agent="a", policy="p", step=0, prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
     ...            text="end", value="end")
     >>> r = TransitionRecord(id="t0", name="t", step=0, consumed=["o0"], activated=["end"])
@@ -111,7 +113,9 @@ def usage(workflow: Workflow, ep: Episode) -> Usage:
         if rec.reward is not None:
             rewarded.add(rec.name)
     return Usage(
-        agents=dict(agents), fired=dict(fired), arcs=frozenset(arcs),
+        agents=dict(agents),
+        fired=dict(fired),
+        arcs=frozenset(arcs),
         agent_notes={a: f"×{n} → {_short(values.get(a))}" for a, n in agents.items()},
         transition_notes={t: f"×{n}" + (f"  r={rewards[t]:g}" if t in rewarded else "") for t, n in fired.items()},
         end_note=f"end ({ep.status}, reward {ep.reward:g})",
@@ -133,7 +137,7 @@ def episode_svg(workflow: Workflow, ep: Episode) -> str:
     if ep.workflow.name != workflow.name:
         raise ValueError(f"the episode ran workflow {ep.workflow.name!r}, not {workflow.name!r}")
     svg = to_svg(workflow, usage(workflow, ep))
-    return svg[svg.index("<svg"):]  # the element, without the XML prolog and doctype
+    return svg[svg.index("<svg") :]  # the element, without the XML prolog and doctype
 
 
 __all__ = ["episode_svg", "route_labels", "usage", "used_parts"]

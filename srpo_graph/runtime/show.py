@@ -1,7 +1,8 @@
 """Readable views of trace episodes: a rich console rendering and a self-contained HTML page.
 
 Runtime stage. Consumes :class:`~srpo_graph.runtime.trace.Episode` objects; produces text for a
-terminal or an HTML document (with the workflow, each episode is also drawn on its graph). Events are shown in order: each output (agent, policy, step,
+terminal or an HTML document (with the workflow, each episode is also drawn on its graph). Events are shown in order:
+each output (agent, policy, step,
 the prompt it was given -- its prompt ids decoded with its policy's tokenizer, so a template's
 ``{ref?}`` holes appear filled in, and a chat prompt as its conversation, one line per turn with
 its role (:func:`conversation`: ChatML and Llama 3 markers) --,
@@ -61,15 +62,19 @@ class PromptDecoder:
 
 
 # a chat template's turns in a decoded prompt: ChatML (Qwen) and Llama 3 headers
-_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)"
-                   r"|<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|$)", re.S)
+_TURN = re.compile(
+    r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)"
+    r"|<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)(?:<\|eot_id\|>|$)",
+    re.S,
+)
 
 
 def conversation(prompt: str) -> list[tuple[str, str]] | None:
     """The (role, content) turns of a decoded chat prompt, or None when it holds no chat turns.
     The last turn is the open assistant turn the output completed (its content empty).
 
-    >>> conversation("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n")
+    >>> conversation("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n"
+    ...              "<|im_start|>assistant\\n")
     [('system', 'Be brief.'), ('user', 'hi'), ('assistant', '')]
     >>> conversation("<q>7<s>") is None
     True
@@ -117,12 +122,16 @@ def print_episode(console: Any, ep: Episode, index: int | None = None, decode: D
             if decode is not None:
                 text = decode(obj)
                 chat = None if text is None else _conversation_lines(text)
-                prompt = (f"[dim]prompt ({len(obj.prompt_ids)} ids, no local tokenizer for {escape(obj.policy)})[/]\n"
-                          if text is None else
-                          f"[blue]conversation[/]\n{escape(chat)}\n[blue]assistant[/] [dim]│[/] " if chat is not None else
-                          f"[blue]prompt[/] [dim]│[/] {escape(text)}\n[blue]output[/] [dim]│[/] ")
+                prompt = (
+                    f"[dim]prompt ({len(obj.prompt_ids)} ids, no local tokenizer for {escape(obj.policy)})[/]\n"
+                    if text is None
+                    else f"[blue]conversation[/]\n{escape(chat)}\n[blue]assistant[/] [dim]│[/] "
+                    if chat is not None
+                    else f"[blue]prompt[/] [dim]│[/] {escape(text)}\n[blue]output[/] [dim]│[/] "
+                )
             table.add_row(
-                str(obj.step), f"[cyan]{obj.id}[/] [bold]{obj.agent}[/]",
+                str(obj.step),
+                f"[cyan]{obj.id}[/] [bold]{obj.agent}[/]",
                 f"[dim]{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+{len(obj.completion_ids)} tok, "
                 f"logp {lp:.2f}, {obj.finish_reason}[/]\n{prompt}{escape(_short(obj.text))} "
                 f"[magenta]→ {escape(_short(obj.value))}[/]",
@@ -136,8 +145,10 @@ def print_episode(console: Any, ep: Episode, index: int | None = None, decode: D
                 lines.append(f"[green]reward {obj.reward:g}[/]")
             table.add_row(str(obj.step), f"[yellow]{obj.id}[/] [bold]{obj.name}[/]", "\n".join(lines))
     color = _STATUS_COLOR[ep.status]
-    title = (f"{'#' + str(index) + ' ' if index is not None else ''}{ep.workflow.name} · task {ep.task_id} · "
-             f"sample {ep.sample} · [{color}]{ep.status}[/] · reward {ep.reward:g}")
+    title = (
+        f"{'#' + str(index) + ' ' if index is not None else ''}{ep.workflow.name} · task {ep.task_id} · "
+        f"sample {ep.sample} · [{color}]{ep.status}[/] · reward {ep.reward:g}"
+    )
     body: Any = table
     if ep.error:
         from rich.console import Group
@@ -147,8 +158,12 @@ def print_episode(console: Any, ep: Episode, index: int | None = None, decode: D
     console.print(Panel(body, title=title, title_align="left"))
 
 
-def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", workflow: Workflow | None = None,
-                 decode: Decoder | None = None) -> str:
+def episode_html(
+    episodes: Sequence[Episode],
+    title: str = "srpo-graph traces",
+    workflow: Workflow | None = None,
+    decode: Decoder | None = None,
+) -> str:
     """A self-contained HTML page showing each episode as an event timeline.
 
     Args:
@@ -171,7 +186,8 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
         "td,th{border-bottom:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}"
         ".out{background:#f4f8ff}.tr{background:#fffbea}.ok{color:#080}.truncated{color:#a60}.failed{color:#c00}"
         "code{white-space:pre-wrap}.dim{color:#777;font-size:90%}"
-        ".prompt{margin-bottom:4px}.prompt code{display:block;background:#fff;border-left:3px solid #9bd;padding:2px 6px}"
+        ".prompt{margin-bottom:4px}.prompt code{display:block;background:#fff;border-left:3px solid #9bd;padding:2px "
+        "6px}"
         ".row{display:flex;gap:2em;align-items:flex-start}.row table{flex:1}.graph{flex:none}",
         "</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
@@ -188,8 +204,11 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
         if workflow is not None:
             from srpo_graph.runtime.episode_view import episode_svg
 
-            stale = "" if ep.workflow.hash == workflow.source_hash else (
-                "<p class='dim'>the .wf file changed since this episode was recorded (hash differs)</p>")
+            stale = (
+                ""
+                if ep.workflow.hash == workflow.source_hash
+                else ("<p class='dim'>the .wf file changed since this episode was recorded (hash differs)</p>")
+            )
             parts.append(f"<div class='graph'>{episode_svg(workflow, ep)}{stale}</div>")
         parts.append("<table><tr><th>step</th><th>event</th><th>details</th></tr>")
         for kind, obj in timeline(ep):
@@ -198,10 +217,13 @@ def episode_html(episodes: Sequence[Episode], title: str = "srpo-graph traces", 
                 if decode is not None:
                     text = decode(obj)
                     chat = None if text is None else _conversation_lines(text)
-                    prompt = (f"<div class='dim'>prompt: {len(obj.prompt_ids)} ids (no local tokenizer for policy "
-                              f"{html.escape(obj.policy)})</div>" if text is None else
-                              f"<details class='prompt' open><summary>{'conversation' if chat else 'prompt'}</summary>"
-                              f"<code>{html.escape(chat or text)}</code></details>")
+                    prompt = (
+                        f"<div class='dim'>prompt: {len(obj.prompt_ids)} ids (no local tokenizer for policy "
+                        f"{html.escape(obj.policy)})</div>"
+                        if text is None
+                        else f"<details class='prompt' open><summary>{'conversation' if chat else 'prompt'}</summary>"
+                        f"<code>{html.escape(chat or text)}</code></details>"
+                    )
                 parts.append(
                     f"<tr class='out'><td>{obj.step}</td><td>{obj.id} <b>{html.escape(obj.agent)}</b></td><td>{prompt}"
                     f"<code>{html.escape(obj.text)}</code> → <b>{html.escape(_short(obj.value))}</b>"

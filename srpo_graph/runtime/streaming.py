@@ -1,21 +1,21 @@
 """The streaming scheduler: each episode advances as soon as its own outputs return (runtime stage).
 
-The lockstep scheduler (``executor.run``'s default for in-process backends) makes every live
-episode's pending agents one batch and waits for the slowest answer before any episode moves
-on: right for one forward per batch, wrong for a server that batches continuously (SGLang),
-where an episode whose answer came back could already send its next turn. Here every request
-is sent as soon as its episode wants it: an episode's requests to one backend are one
+The lockstep scheduler (``lockstep.py``, ``executor.run``'s choice for in-process backends)
+makes every live episode's pending agents one batch and waits for the slowest answer before any
+episode moves on: right for one forward per batch, wrong for a server that batches continuously
+(SGLang), where an episode whose answer came back could already send its next turn. Here every
+request is sent as soon as its episode wants it: an episode's requests to one backend are one
 ``backend.generate`` call on a thread pool per backend object, with up to the backend's
 ``concurrency`` calls in flight (1 when it has none; a server client sends a call's requests
 concurrently). The main thread alone touches episodes, so an episode's state is never shared
 between threads.
 
-Everything else is the lockstep path's, through the same helpers (``executor._requests``,
-``_sample``, ``_hand_back``): request seeds and ids, ``prompt_text`` and text-only outputs of
-external policies, failure kinds (``prompt``, ``backend``, ``tool``, ``timeout``, ...), and the
-user-code deadlines: a firing's tools run in a daemon thread each (``usercode.start``), and a
-tool past ``deadlines.tool`` fails its episode naming the tool's ``.wf`` line while the other
-episodes go on (the thread is abandoned, as under lockstep).
+Everything else is the lockstep scheduler's, through the same helpers (``requests.py``:
+``batch_requests``, ``sample_batch``, ``hand_back``): request seeds and ids, ``prompt_text`` and
+text-only outputs of external policies, failure kinds (``prompt``, ``backend``, ``tool``,
+``timeout``, ...), and the user-code deadlines: a firing's tools run in a daemon thread each
+(``usercode.start``), and a tool past ``deadlines.tool`` fails its episode naming the tool's
+``.wf`` line while the other episodes go on (the thread is abandoned, as under lockstep).
 
 Note [Waves]
     An episode's pending agents at one moment are one *wave*: their requests are sent at once
@@ -38,8 +38,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion
 from srpo_graph.runtime.episode import EpisodeRun, ToolJob
-from srpo_graph.runtime.executor import Item, _hand_back, _requests, _sample, _vocab_size
 from srpo_graph.runtime.prompts import AgentPlan
+from srpo_graph.runtime.requests import Item, batch_requests, hand_back, sample_batch, vocab_size_of
 from srpo_graph.runtime.trace import Episode, WorkflowRef
 from srpo_graph.runtime.usercode import start
 
@@ -82,14 +82,14 @@ def stream(runs: Sequence[EpisodeRun], *, limit: int, plans: Mapping[str, AgentP
            on_episode: Callable[[Episode], None] | None, bar: Any, tool_seconds: float) -> None:
     """Run ``runs`` (at most ``limit`` alive) to the end, filling ``finished`` by index.
 
-    Same contract as the lockstep loop of :func:`~srpo_graph.runtime.executor.run`: ``stats``
+    Same contract as the lockstep loop, :func:`~srpo_graph.runtime.lockstep.run_lockstep`: ``stats``
     counts tokens, generate calls (one per episode wave and backend here), backend failures and
     stale outputs; a tool past ``tool_seconds`` fails its episode (kind ``timeout``); a
     BackendError with ``on_backend_error == "raise"`` propagates (requests still in flight are
     not waited for beyond their own deadlines).
     """
     by_key = {id(b): b for b in backends.values()}
-    vocab = {k: _vocab_size(b) for k, b in by_key.items()}  # once per run, not per answer
+    vocab = {k: vocab_size_of(b) for k, b in by_key.items()}  # once per run, not per answer
     pools = {k: ThreadPoolExecutor(max_workers=backend_concurrency(b), thread_name_prefix="srpo-stream")
              for k, b in by_key.items()}
     # finished jobs arrive on one queue (a done-callback each): O(1) per answer, whatever is in flight
@@ -122,12 +122,12 @@ def stream(runs: Sequence[EpisodeRun], *, limit: int, plans: Mapping[str, AgentP
             return
         work = [(ep, a) for a in ep.wants_generation()]
         if work:
-            batches, order = _requests(work, plans, backends)
+            batches, order = batch_requests(work, plans, backends)
             if order:
                 wave = _Wave(i, ep, batches, order)
                 for key, items in batches.items():  # one call per backend: the wave is handed back whole anyway
                     calls += 1
-                    post(pools[key].submit(_sample, by_key[key], items, on_error), (wave, key))
+                    post(pools[key].submit(sample_batch, by_key[key], items, on_error), (wave, key))
                 return
         if not ep.done:  # nothing to wait for (advance fails a stalled episode; this is a guard)
             ep.fail("episode stalled: nothing pending and no tool running (streaming scheduler)", "workflow")
@@ -172,12 +172,12 @@ def stream(runs: Sequence[EpisodeRun], *, limit: int, plans: Mapping[str, AgentP
                 continue
             if len(wave.batches) == 1:
                 completions, errors = wave.answers[key]
-                _hand_back(wave.batches[key], completions, errors, by_key[key], versions, stats, vocab[key])
+                hand_back(wave.batches[key], completions, errors, by_key[key], versions, stats, vocab[key])
             else:  # Note [Waves]: the whole wave, in request order
                 for k, j in wave.order:
                     (completions, errors), items = wave.answers[k], wave.batches[k]
-                    _hand_back(items[j:j + 1], completions[j:j + 1], errors[j:j + 1], by_key[k], versions, stats,
-                               vocab[k])
+                    hand_back(items[j:j + 1], completions[j:j + 1], errors[j:j + 1], by_key[k], versions, stats,
+                              vocab[k])
             step(wave.index, wave.ep)
     finally:
         for pool in pools.values():

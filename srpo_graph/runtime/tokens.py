@@ -3,7 +3,8 @@
 Runtime stage (it needs the backends' tokenizers; ``check`` reaches it through the CLI). Consumes
 a checked :class:`~srpo_graph.workflow.Workflow` and a tokenizer per policy; produces
 diagnostics: an ``allow`` entry that is not exactly one token is an error (sampling could never
-be constrained to it), so is a chat agent on a tokenizer without a chat template, literal prompt text the tokenizer turns into its unknown token is a
+be constrained to it), so is a chat agent on a tokenizer without a chat template, literal prompt text the tokenizer
+turns into its unknown token is a
 warning (``<judge>`` silently becoming ``<unk>`` for the tiny model). Only tokenizers found on
 this machine are used -- ``"tiny"`` and local model folders -- never a download.
 """
@@ -13,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from srpo_graph.backends import resolve_model
 from srpo_graph.errors import Diagnostic
+from srpo_graph.models import resolve_model
 from srpo_graph.runtime.prompts import single_token_id
 from srpo_graph.workflow import TextPart, Workflow
 
@@ -54,26 +55,40 @@ def token_diagnostics(workflow: Workflow, tokenizers: Mapping[str, Any]) -> list
         if tok is None:
             continue
         if agent.chat is not None and not getattr(tok, "chat_template", None):  # lang/chat.py reads built folders
-            diags.append(Diagnostic(
-                f"agent '{agent.name}' is a chat agent, but policy '{agent.policy}''s tokenizer has no chat template",
-                agent.span, "use a chat model (e.g. \"qwen3-test\"), or drop `system`, `memory` and `think`",
-                code="no-chat-template"))
+            diags.append(
+                Diagnostic(
+                    f"agent '{agent.name}' is a chat agent, but policy '{agent.policy}''s tokenizer has no chat "
+                    f"template",
+                    agent.span,
+                    'use a chat model (e.g. "qwen3-test"), or drop `system`, `memory` and `think`',
+                    code="no-chat-template",
+                )
+            )
         bad = [s for s in agent.sampling.allow or () if single_token_id(tok, s) is None]
         if bad:
-            diags.append(Diagnostic(
-                f"agent '{agent.name}': allow entries {bad} are not single tokens of policy '{agent.policy}'",
-                agent.span, "each `allow` string must be exactly one token of the policy's tokenizer"
-                + (" (see `srpo-graph init-model --show-vocab`)" if _is_tiny(workflow, agent.policy) else ""),
-                code="bad-token"))
+            diags.append(
+                Diagnostic(
+                    f"agent '{agent.name}': allow entries {bad} are not single tokens of policy '{agent.policy}'",
+                    agent.span,
+                    "each `allow` string must be exactly one token of the policy's tokenizer"
+                    + (" (see `srpo-graph init-model --show-vocab`)" if _is_tiny(workflow, agent.policy) else ""),
+                    code="bad-token",
+                )
+            )
         literal = "".join(p.text for p in agent.template.parts if isinstance(p, TextPart))
         unknown = _unknown_chars(tok, literal)
         if unknown:
-            diags.append(Diagnostic(
-                f"agent '{agent.name}': prompt text {', '.join(repr(c) for c in unknown)} is not in policy "
-                f"'{agent.policy}''s vocabulary (it becomes the unknown token)", agent.template.span or agent.span,
-                "use characters and role tokens the tokenizer knows"
-                + (" (see `srpo-graph init-model --show-vocab`)" if _is_tiny(workflow, agent.policy) else ""),
-                severity="warning", code="unknown-token"))
+            diags.append(
+                Diagnostic(
+                    f"agent '{agent.name}': prompt text {', '.join(repr(c) for c in unknown)} is not in policy "
+                    f"'{agent.policy}''s vocabulary (it becomes the unknown token)",
+                    agent.template.span or agent.span,
+                    "use characters and role tokens the tokenizer knows"
+                    + (" (see `srpo-graph init-model --show-vocab`)" if _is_tiny(workflow, agent.policy) else ""),
+                    severity="warning",
+                    code="unknown-token",
+                )
+            )
     return diags
 
 

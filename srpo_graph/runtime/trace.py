@@ -74,7 +74,10 @@ def output_problems(o: Any) -> Iterator[tuple[str, str]]:
         else:
             outside = set(o.completion_ids) - set(o.allowed_token_ids)
             if outside:
-                yield "completion_ids", f"output {o.id!r}: completion_ids {sorted(outside)} are outside its allowed_token_ids"
+                yield (
+                    "completion_ids",
+                    f"output {o.id!r}: completion_ids {sorted(outside)} are outside its allowed_token_ids",
+                )
     if o.max_tokens is not None and len(o.completion_ids) > o.max_tokens:
         yield "max_tokens", f"output {o.id!r}: {len(o.completion_ids)} completion tokens for max_tokens {o.max_tokens}"
 
@@ -118,7 +121,10 @@ def episode_problems(ep: Any, *, outputs: bool = False, resolve_ids: bool = True
             consumer[c] = t.id
         for c in t.superseded or ():
             if c in consumer:
-                yield f"transitions[{k}].superseded", f"output {c!r} is superseded by {t.id!r} and consumed by {consumer[c]!r}"
+                yield (
+                    f"transitions[{k}].superseded",
+                    f"output {c!r} is superseded by {t.id!r} and consumed by {consumer[c]!r}",
+                )
             consumer[c] = t.id
 
 
@@ -144,7 +150,8 @@ class Output(_Frozen):
     logprobs: list[Finite]  # the sampler's, one per completion token, of the distribution sampled
     temperature: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0.0)] = 1.0
     allowed_token_ids: list[TokenId] | None = None  # the constraint sampled under, if any
-    max_tokens: Annotated[int, Field(strict=True, ge=1, lt=2**31)] | None = None  # the max_new_tokens it was sampled with (Dr. GRPO's constant denominator)
+    # the max_new_tokens it was sampled with (Dr. GRPO's constant denominator)
+    max_tokens: Annotated[int, Field(strict=True, ge=1, lt=2**31)] | None = None
     activated_by: str | None = None  # id of the transition record whose firing activated it; None = start
     top_k: Annotated[int, Field(strict=True, ge=0)] = 0  # the top-k / top-p it was sampled with (0 / 1.0 = off)
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
@@ -244,7 +251,9 @@ def parse_episode_line(line: str | bytes, path: str = "<string>", lineno: int = 
         raise TraceError.at(f"{path}:{lineno}", _format_validation(exc)) from None
 
 
-def read_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None) -> list[Episode]:
+def read_traces(
+    path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None
+) -> list[Episode]:
     """Read a JSONL trace file.
 
     Args:
@@ -257,7 +266,9 @@ def read_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list
     return list(iter_traces(path, skip_bad=skip_bad, errors=errors))
 
 
-def iter_traces(path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None) -> Iterator[Episode]:
+def iter_traces(
+    path: str | os.PathLike, *, skip_bad: bool = False, errors: list[TraceError] | None = None
+) -> Iterator[Episode]:
     """Episodes of a JSONL trace file, one at a time (see :func:`read_traces`)."""
     for _, episode in iter_numbered_traces(path, skip_bad=skip_bad, errors=errors):
         yield episode
@@ -293,15 +304,22 @@ def read_trace_set(path: str | os.PathLike) -> list[Episode]:
         if first is None:
             first = (ep.workflow.name, ep.workflow.hash, lineno)
         elif ep.workflow.name != first[0]:
-            raise TraceError.at(where, f"field workflow.name: {ep.workflow.name!r}, but line {first[2]} is from "
-                                f"workflow {first[0]!r}; one trace file holds one workflow's episodes")
+            raise TraceError.at(
+                where,
+                f"field workflow.name: {ep.workflow.name!r}, but line {first[2]} is from "
+                f"workflow {first[0]!r}; one trace file holds one workflow's episodes",
+            )
         elif ep.workflow.hash != first[1]:
-            raise TraceError.at(where, f"field workflow.hash: workflow {first[0]!r} changed since line {first[2]} "
-                                f"(hash {ep.workflow.hash[:12]} vs {first[1][:12]})")
+            raise TraceError.at(
+                where,
+                f"field workflow.hash: workflow {first[0]!r} changed since line {first[2]} "
+                f"(hash {ep.workflow.hash[:12]} vs {first[1][:12]})",
+            )
         key = (ep.group_id, ep.sample)
         if key in seen:
-            raise TraceError.at(where, f"field sample: group {ep.group_id!r} sample {ep.sample} appears twice "
-                                f"(also line {seen[key]})")
+            raise TraceError.at(
+                where, f"field sample: group {ep.group_id!r} sample {ep.sample} appears twice (also line {seen[key]})"
+            )
         seen[key] = lineno
         episodes.append(ep)
     return episodes

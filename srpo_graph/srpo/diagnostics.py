@@ -301,7 +301,8 @@ class LossDiagnostics:
             n = float(tok[i])
             if n > 0:
                 for key in ("clip_upper", "clip_lower", "ratio"):
-                    out[f"{key}/{agent}" if key != "ratio" else f"ratio_mean/{agent}"] = float(self.agent_sums[key][i]) / n
+                    name = f"{key}/{agent}" if key != "ratio" else f"ratio_mean/{agent}"
+                    out[name] = float(self.agent_sums[key][i]) / n
         ent = self.entropy_by_policy
         if ent is not None:
             for p, v in zip(self.policies, ent.tolist()):
@@ -309,11 +310,28 @@ class LossDiagnostics:
         return out
 
 
-def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_ratio: torch.Tensor,
-             adv: torch.Tensor, clipped_upper: torch.Tensor, clipped_lower: torch.Tensor, item_of_token: torch.Tensor,
-             d: torch.Tensor, old_c: torch.Tensor, comp: torch.Tensor, comp_mem: torch.Tensor, loss: torch.Tensor,
-             pg_loss: torch.Tensor, kl_loss: torch.Tensor, k3: torch.Tensor | None, entropy: torch.Tensor | None,
-             weight: ItemWeight | None, item_event: torch.Tensor) -> LossDiagnostics:
+def diagnose(
+    b: SetBatch,
+    *,
+    item_size: torch.Tensor,
+    ratio: torch.Tensor,
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    clipped_upper: torch.Tensor,
+    clipped_lower: torch.Tensor,
+    item_of_token: torch.Tensor,
+    d: torch.Tensor,
+    old_c: torch.Tensor,
+    comp: torch.Tensor,
+    comp_mem: torch.Tensor,
+    loss: torch.Tensor,
+    pg_loss: torch.Tensor,
+    kl_loss: torch.Tensor,
+    k3: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    weight: ItemWeight | None,
+    item_event: torch.Tensor,
+) -> LossDiagnostics:
     """Assemble :class:`LossDiagnostics` from the loss's intermediates (detached here).
 
     Reuses what the loss already gathered (completion positions ``comp``, their members,
@@ -330,7 +348,8 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
     bins = torch.zeros(nbins, 4, dtype=f, device=dev).index_add_(0, item_size, stats)
     items_by_size = torch.bincount(item_size, minlength=nbins).to(f)
     absmax = torch.zeros(nbins, dtype=f, device=dev).scatter_reduce_(
-        0, item_size, log_ratio.abs(), reduce="amax", include_self=True)
+        0, item_size, log_ratio.abs(), reduce="amax", include_self=True
+    )
     events_by_size = torch.bincount(b.set_size.to(dev), minlength=nbins).to(f)
     # Note [k3 orientation]: tokens were sampled from pi_old, so with r = pi_new/pi_old (x = new - old,
     # E_old[r] = 1) k3 = r - 1 - log r is unbiased for KL(pi_old || pi_new). The other orientation
@@ -364,37 +383,68 @@ def diagnose(b: SetBatch, *, item_size: torch.Tensor, ratio: torch.Tensor, log_r
     sets_masked = torch.zeros(n_sets, dtype=f, device=dev).index_add_(0, item_event, masked_items.to(f)) > 0
     w64 = iw.to(torch.float64)  # float64: the std by size is sqrt(E[w^2] - E[w]^2), near 0 on-policy
     w_bins = torch.zeros(nbins, 4, dtype=torch.float64, device=dev).index_add_(
-        0, item_size, torch.stack([w64, w64 * w64, trunc.to(torch.float64), masked_items.to(torch.float64)], 1))
+        0, item_size, torch.stack([w64, w64 * w64, trunc.to(torch.float64), masked_items.to(torch.float64)], 1)
+    )
     n_items, n_tok = float(ratio.numel()), float(comp.numel())
-    sums = {k: v.to(torch.float64) for k, v in {
-        "loss": loss.detach(), "pg_loss": pg_loss.detach(), "kl_loss": kl_loss.detach(),
-        "items": torch.tensor(n_items, device=dev), "clip_upper": upper.sum(), "clip_lower": lower.sum(),
-        "ratio_sum": ratio.sum(), "tokens": torch.tensor(n_tok, device=dev),
-        "k3_old": (x.exp() - x - 1).sum(), "old_minus_new": -d.sum(),
-        "events": torch.tensor(float(b.num_sets), device=dev), "adv": set_adv.sum(),
-        "adv_sq": (set_adv * set_adv).sum(), "adv_zero": (set_adv == 0).sum(), "mismatch_abs": mismatch.sum(),
-        "mismatch_weight": iw.sum(), "masked": sets_masked.sum(), "truncated": trunc.sum(),
-        "tokens_masked": masked_items.index_select(0, item_of_token).sum(),
-        "tokens_clipped": clipped.index_select(0, item_of_token).sum(), "sets_clipped": sets_clipped.sum(),
-        "members": torch.tensor(float(b.num_members), device=dev),
-        "ref_k3": k3.detach().sum() if k3 is not None else zero,
-        "entropy": ent.sum() if ent is not None else zero,
-    }.items()}
+    sums = {
+        k: v.to(torch.float64)
+        for k, v in {
+            "loss": loss.detach(),
+            "pg_loss": pg_loss.detach(),
+            "kl_loss": kl_loss.detach(),
+            "items": torch.tensor(n_items, device=dev),
+            "clip_upper": upper.sum(),
+            "clip_lower": lower.sum(),
+            "ratio_sum": ratio.sum(),
+            "tokens": torch.tensor(n_tok, device=dev),
+            "k3_old": (x.exp() - x - 1).sum(),
+            "old_minus_new": -d.sum(),
+            "events": torch.tensor(float(b.num_sets), device=dev),
+            "adv": set_adv.sum(),
+            "adv_sq": (set_adv * set_adv).sum(),
+            "adv_zero": (set_adv == 0).sum(),
+            "mismatch_abs": mismatch.sum(),
+            "mismatch_weight": iw.sum(),
+            "masked": sets_masked.sum(),
+            "truncated": trunc.sum(),
+            "tokens_masked": masked_items.index_select(0, item_of_token).sum(),
+            "tokens_clipped": clipped.index_select(0, item_of_token).sum(),
+            "sets_clipped": sets_clipped.sum(),
+            "members": torch.tensor(float(b.num_members), device=dev),
+            "ref_k3": k3.detach().sum() if k3 is not None else zero,
+            "entropy": ent.sum() if ent is not None else zero,
+        }.items()
+    }
     return LossDiagnostics(
         sums=sums,
-        size_sums={"items": items_by_size, "clip_upper": bins[:, 0], "clip_lower": bins[:, 1],
-                   "log_ratio": bins[:, 2], "ratio": bins[:, 3], "events": events_by_size,
-                   "is_weight": w_bins[:, 0], "is_weight_sq": w_bins[:, 1], "is_truncated": w_bins[:, 2],
-                   "is_masked": w_bins[:, 3]},
+        size_sums={
+            "items": items_by_size,
+            "clip_upper": bins[:, 0],
+            "clip_lower": bins[:, 1],
+            "log_ratio": bins[:, 2],
+            "ratio": bins[:, 3],
+            "events": events_by_size,
+            "is_weight": w_bins[:, 0],
+            "is_weight_sq": w_bins[:, 1],
+            "is_truncated": w_bins[:, 2],
+            "is_masked": w_bins[:, 3],
+        },
         size_absmax=absmax,
-        agent_sums={"tokens": agent_tokens, "clip_upper": agent_bins[:, 0], "clip_lower": agent_bins[:, 1],
-                    "ratio": agent_bins[:, 2]},
-        entropy_by_policy_sum=ent_sum, tokens_by_policy=tok_pol,
+        agent_sums={
+            "tokens": agent_tokens,
+            "clip_upper": agent_bins[:, 0],
+            "clip_lower": agent_bins[:, 1],
+            "ratio": agent_bins[:, 2],
+        },
+        entropy_by_policy_sum=ent_sum,
+        tokens_by_policy=tok_pol,
         ratio_lo=ratio.min() if ratio.numel() else torch.ones((), dtype=f, device=dev),
         ratio_hi=ratio.max() if ratio.numel() else torch.ones((), dtype=f, device=dev),
         mismatch_max=mismatch.max() if mismatch.numel() else zero,
-        has_ref=k3 is not None, has_entropy=entropy is not None,
-        agents=list(b.agents), policies=list(b.policies),
+        has_ref=k3 is not None,
+        has_entropy=entropy is not None,
+        agents=list(b.agents),
+        policies=list(b.policies),
         zero_variance_groups=b.stats.zero_variance_groups,
         weight_hi=None if weight is None else (weight.raw.detach().to(f).max() if weight.raw.numel() else zero),
     )

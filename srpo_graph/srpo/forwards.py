@@ -132,7 +132,8 @@ def _keeps_logits_by_mask(model: torch.nn.Module) -> bool:
     return False
 
 
-def _completion_logits(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _completion_logits(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor,
+                       rows: torch.Tensor) -> torch.Tensor:
     """[len(rows), V] logits of one packed row at positions ``rows`` only.
 
     With ``logits_to_keep`` the hidden states are gathered at ``rows`` before the lm_head,
@@ -140,9 +141,14 @@ def _completion_logits(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Ten
     modules get the full forward and a gather.
     """
     if _keeps_logits(model):
-        return model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False,
-                     logits_to_keep=rows).logits[0]
-    return model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False).logits[0].index_select(0, rows)
+        return model(
+            input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False, logits_to_keep=rows
+        ).logits[0]
+    return (
+        model(input_ids=ids.unsqueeze(0), position_ids=pos.unsqueeze(0), use_cache=False)
+        .logits[0]
+        .index_select(0, rows)
+    )
 
 
 # One forward's worth of work: the logits of some completion tokens, with the stream index
@@ -156,8 +162,9 @@ def packed_forward(model: torch.nn.Module, b: SetBatch, policy: int) -> list[Sco
     # the token at row position r is predicted by the logits at r - 1 (same member: a
     # completion token is never a member's first token, since prompts are non-empty)
     target = b.loss_mask.index_select(0, idx).nonzero().squeeze(1)  # [c] row positions of completion tokens
-    logits = _completion_logits(model, b.input_ids.index_select(0, idx), b.position_ids.index_select(0, idx),
-                                target - 1)  # [c, V]: the lm_head runs on these rows only
+    logits = _completion_logits(
+        model, b.input_ids.index_select(0, idx), b.position_ids.index_select(0, idx), target - 1
+    )  # [c, V]: the lm_head runs on these rows only
     return [(logits, idx.index_select(0, target), mem.index_select(0, target))]
 
 
@@ -197,4 +204,3 @@ def logits_at(model: torch.nn.Module, keep: torch.Tensor, **inputs) -> tuple[tor
         return out.logits, out
     out = model(**inputs)
     return out.logits[keep], out
-

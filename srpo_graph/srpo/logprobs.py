@@ -146,7 +146,8 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layou
     out_ent = torch.zeros(T, dtype=torch.float32, device=device)
     used = torch.unique(b.member_policy).tolist()
     if used and max(used) >= len(models):
-        raise ValueError(f"batch uses policy id {max(used)} ({b.policies[max(used)]!r}) but only {len(models)} models given")
+        raise ValueError(f"batch uses policy id {max(used)} ({b.policies[max(used)]!r}) but only {len(models)} "
+                         f"models given")
     lp_parts, ent_parts, where_parts = [], [], []
     allow: list[torch.Tensor] = []  # the [A, V] allowed-token mask, built on first use
     for p in used:
@@ -171,7 +172,8 @@ def packed_logprobs(models: Sequence[torch.nn.Module], batch: SetBatch, *, layou
                 # ``logits`` is dropped so only this block stays alive
                 scaled = logits.float() / temp.unsqueeze(1)
                 del logits
-                mask_(scaled, 0, scaled.shape[0])  # in place: ``scaled`` is a fresh tensor that no backward formula reads
+                # in place: ``scaled`` is a fresh tensor that no backward formula reads
+                mask_(scaled, 0, scaled.shape[0])
                 lp, ent = SelectedLogSoftmax.apply(scaled, target)
             lp_parts.append(lp.clamp(min=FLOOR))  # only a now-excluded token can be below it
             ent_parts.append(ent)

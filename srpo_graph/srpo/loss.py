@@ -20,10 +20,10 @@ sharing their set's advantage) or ``token`` (GRPO / Dr. GRPO / DAPO). The *surro
 turns an item's log-ratio into its objective: PPO's clip above, CISPO's clipped stop-gradient
 weight, or GMPO's log-space token clip. The *reduction* gives the weights w of the items
 (events, members or tokens) and the denominator D; see Note [Packing and loss normalization]
-below. Named objectives (each a row with its compile options and paper) live in
-``objectives.OBJECTIVES``; :meth:`LossConfig.preset` reads their loss part.
-
-Note [Packing and loss normalization] below. Named presets: :meth:`LossConfig.preset`.
+below. The options are :class:`~srpo_graph.srpo.options.LossConfig` (``options.py``, no torch);
+named objectives (each a row with its compile options and paper) live in
+``objectives.OBJECTIVES``, and ``objectives.loss_preset(name)`` gives a row's loss part. This
+module knows nothing of that table.
 
 Note [Packing and loss normalization]
     The batch is one packed stream; every per-member, per-set and per-episode quantity is a
@@ -79,117 +79,14 @@ Departures from the paper (whose PDF was not available; DESIGN.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import LossDiagnostics, diagnose
-from srpo_graph.srpo.mismatch import DecoupledCap, Mismatch, item_weight
-
-
-class RatioUnit(str, Enum):
-    TOKEN = "token"
-    MEMBER = "member"
-    SET = "set"
-
-
-class MemberLogRatio(str, Enum):
-    SUM = "sum"  # masked token sum (the paper)
-    MEAN = "mean"  # length-normalized (GSPO)
-
-
-class Reduction(str, Enum):
-    EVENT_MEAN = "event_mean"  # mean over events (the paper); items of an event share its weight
-    MEMBER_MEAN = "member_mean"  # mean over members (GRPO's per-output mean)
-    EPISODE_MEAN = "episode_mean"  # mean over events per episode, then over episodes
-    SET_SIZE = "set_size"  # events weighted by K_e, / sum K
-    TOKEN = "token"  # items weighted by their completion tokens, / all completion tokens (DAPO)
-    CONSTANT = "constant"  # plain sum / a constant (Dr. GRPO)
-
-
-class Surrogate(str, Enum):
-    CLIP = "clip"  # PPO's min(rho A, clip(rho) A) (SRPO, GRPO, DAPO, GSPO)
-    CISPO = "cispo"  # sg(clip(rho)) A log-ratio: the IS weight is clipped, no item loses its gradient
-    GMPO = "gmpo"  # A exp(agg(clip_log(token log-ratios))): geometric mean, tokens clipped in log space
-
-
-class LossConfig(BaseModel):
-    """Options of :func:`srpo_loss`; the defaults are the SRPO paper's (where known)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ratio_unit: RatioUnit = Field(RatioUnit.SET, description="What one ratio and one clip cover: token | member | set.")
-    alpha: float = Field(0.5, ge=0.0, le=2.0, description=(
-        "Set log-ratio scale K^(-alpha), unitless in [0, 2]: 0.5 = sqrt(K) (paper), 1 = mean, 0 = sum. "
-        "Used only by the set unit."))
-    member_logratio: MemberLogRatio = Field(MemberLogRatio.SUM, description=(
-        "Member log-ratio: token 'sum' (paper) or length-normalized 'mean' (GSPO)."))
-    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip: ratio >= 1 - eps_low; unitless in [0, 1].")
-    eps_high: float = Field(0.2, ge=0.0, le=10.0, description="Upper clip: ratio <= 1 + eps_high; DAPO uses 0.28.")
-    reduction: Reduction = Field(Reduction.EVENT_MEAN, description="Item weights and denominator; see Reduction.")
-    surrogate: Surrogate = Field(Surrogate.CLIP, description=(
-        "The per-item objective (SURROGATES): 'clip' (PPO), 'cispo' (clipped stop-gradient IS weight x "
-        "log-ratio), 'gmpo' (geometric mean, token log-ratios clipped to [-eps_low, eps_high])."))
-    dual_clip: float | None = Field(None, gt=1.0, description=(
-        "Dual-clip c > 1 for negative advantages: the surrogate is at least c*A, bounding the gradient of an "
-        "event whose ratio blew up (verl uses 3); None = off. With surrogate 'clip' or 'gmpo' (both leave a "
-        "negative-advantage ratio unbounded above); refused with 'cispo', whose weight is already capped."))
-    constant_denominator: float | None = Field(None, gt=0.0, description=(
-        "D of the 'constant' reduction; None = outputs x the largest max_new_tokens of the mini-batch's "
-        "outputs (Dr. GRPO's MAX_TOKENS; TRL's B x max_completion_length), also with agents of different budgets."))
-    logratio_clamp: float = Field(20.0, gt=0.0, le=80.0, description="Log-ratios are clamped to +-this before exp (nats).")
-    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to a reference policy (GRPO: 0.04); 0 = off.")
-    kl_mismatch_weight: bool = Field(False, description=(
-        "Also multiply the KL term by the set-level mismatch weight (off: the KL regularizes every token as sampled)."))
-    frozen_in_k: bool = Field(False, description=(
-        "Count the members of frozen/external policies in K for the set log-ratio scale K^(-alpha) "
-        "(their log-ratio is 0 either way). False (default) = K counts the trainable members only, so a "
-        "solver whose output a frozen verifier reads is normalized as if alone (docs/algorithm.md, "
-        "'Frozen members'); True = K is the whole active set's size."))
-    mismatch: Mismatch = Field(Mismatch.NONE, description=(
-        "Sampler/trainer (or stale-rollout) correction: none | tis | mask (one event-level weight exp(H_e) "
-        "on pi_old / sampler) | decoupled (decoupled PPO, AReaL: the ratio's denominator is pi_old, the "
-        "trainer's proximal policy, and the sampler's log-probs enter only an importance weight pi_old / "
-        "sampler of the ratio unit's own items; docs/algorithm.md)."))
-    mismatch_threshold: float = Field(2.0, gt=1.0, description=(
-        "C: the TIS cap and the mask's upper bound on exp(H_e); with 'decoupled', the cap of the item weight."))
-    mismatch_low: float | None = Field(None, gt=0.0, lt=1.0, description=(
-        "The mask's lower bound; None = 1/C (mask) or 0 (decoupled_cap = mask)."))
-    decoupled_cap: DecoupledCap = Field(DecoupledCap.TRUNCATE, description=(
-        "With mismatch = decoupled: 'truncate' the item weight at C, 'mask' items whose weight exceeds C "
-        "(AReaL's behav_imp_weight_cap; also below mismatch_low when set), or 'none' (untruncated)."))
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "LossConfig":
-        """The loss options of the named objective in ``objectives.OBJECTIVES`` (its paper, its
-        compile options and the docs' table are there too).
-
-        >>> LossConfig.preset("dapo").eps_high
-        0.28
-        """
-        from srpo_graph.srpo.objectives import get_objective
-
-        return get_objective(name).loss_config(**overrides)
-
-    @field_validator("dual_clip")
-    @classmethod
-    def _dual_clip_needs_the_clip(cls, v: float | None, info: ValidationInfo) -> float | None:
-        surrogate = info.data.get("surrogate", Surrogate.CLIP)
-        if v is not None and surrogate is Surrogate.CISPO:
-            raise ValueError(
-                "dual_clip does nothing with the 'cispo' surrogate (its stop-gradient weight is already capped at "
-                "1 + eps_high, so the gradient is bounded): remove dual_clip, or use surrogate 'clip' or 'gmpo'")
-        return v
-
-    @model_validator(mode="after")
-    def _check(self) -> "LossConfig":
-        if self.mismatch_low is not None and self.mismatch_low >= self.mismatch_threshold:
-            raise ValueError("mismatch_low must be below mismatch_threshold")
-        return self
-
+from srpo_graph.srpo.mismatch import item_weight
+from srpo_graph.srpo.options import LossConfig, MemberLogRatio, RatioUnit, Reduction, Surrogate
 
 # --------------------------------------------------------------------------- items
 
@@ -367,7 +264,9 @@ SURROGATES: dict[Surrogate, Callable[[torch.Tensor, _Items, torch.Tensor, LossCo
 WEIGHTS: dict[Reduction, Callable[[_Items, _Ctx, SetBatch], torch.Tensor]] = {
     Reduction.EVENT_MEAN: lambda it, ctx, b: 1.0 / it.per_event,
     Reduction.MEMBER_MEAN: lambda it, ctx, b: it.per_member,
-    Reduction.EPISODE_MEAN: lambda it, ctx, b: 1.0 / (it.per_event * b.set_episode_events.index_select(0, it.event).to(it.tokens.dtype)),
+    Reduction.EPISODE_MEAN: lambda it, ctx, b: (
+        1.0 / (it.per_event * b.set_episode_events.index_select(0, it.event).to(it.tokens.dtype))
+    ),
     Reduction.SET_SIZE: lambda it, ctx, b: ctx.K.index_select(0, it.event) / it.per_event,
     Reduction.TOKEN: lambda it, ctx, b: it.tokens,
     Reduction.CONSTANT: lambda it, ctx, b: torch.ones_like(it.tokens),
@@ -410,10 +309,16 @@ def loss_denominator(batch: SetBatch, config: LossConfig) -> float:
 # --------------------------------------------------------------------------- the loss
 
 
-def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = LossConfig(), *,
-              denominator: float | None = None, ref_logprobs: torch.Tensor | None = None,
-              entropy: torch.Tensor | None = None, diagnostics: bool = True,
-              ) -> tuple[torch.Tensor, LossDiagnostics | None]:
+def srpo_loss(
+    new_logprobs: torch.Tensor,
+    batch: SetBatch,
+    config: LossConfig = LossConfig(),
+    *,
+    denominator: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    diagnostics: bool = True,
+) -> tuple[torch.Tensor, LossDiagnostics | None]:
     """The SRPO loss (to minimize) of one (micro-)batch.
 
     Args:
@@ -457,8 +362,14 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
     adv = items.advantage(b, dt)
     sr = SURROGATES[config.surrogate](d, items, adv, config)
     w = WEIGHTS[config.reduction](items, ctx, b).to(dt)
-    iw = item_weight(old_c - b.sampler_logprobs.index_select(0, ctx.comp).to(dt), token_set=ctx.mem_set.index_select(
-        0, ctx.comp_mem), num_sets=ctx.num_sets, event=items.event, aggregate=items.aggregate, cfg=config)
+    iw = item_weight(
+        old_c - b.sampler_logprobs.index_select(0, ctx.comp).to(dt),
+        token_set=ctx.mem_set.index_select(0, ctx.comp_mem),
+        num_sets=ctx.num_sets,
+        event=items.event,
+        aggregate=items.aggregate,
+        cfg=config,
+    )
     w_pg = w if iw is None else w * iw.weight
     pg_loss = -(w_pg * sr.objective).sum() / D
 
@@ -477,9 +388,25 @@ def srpo_loss(new_logprobs: torch.Tensor, batch: SetBatch, config: LossConfig = 
     if not diagnostics:
         return loss, None
     with torch.no_grad():
-        diag = diagnose(b, item_size=b.set_size.index_select(0, items.event), ratio=sr.ratio, log_ratio=sr.log_ratio,
-                        adv=adv, clipped_upper=sr.clipped_upper, clipped_lower=sr.clipped_lower,
-                        item_of_token=items.of_token(), d=d, old_c=old_c, comp=ctx.comp, comp_mem=ctx.comp_mem,
-                        loss=loss, pg_loss=pg_loss, kl_loss=kl_loss, k3=k3, entropy=entropy, weight=iw,
-                        item_event=items.event)
+        diag = diagnose(
+            b,
+            item_size=b.set_size.index_select(0, items.event),
+            ratio=sr.ratio,
+            log_ratio=sr.log_ratio,
+            adv=adv,
+            clipped_upper=sr.clipped_upper,
+            clipped_lower=sr.clipped_lower,
+            item_of_token=items.of_token(),
+            d=d,
+            old_c=old_c,
+            comp=ctx.comp,
+            comp_mem=ctx.comp_mem,
+            loss=loss,
+            pg_loss=pg_loss,
+            kl_loss=kl_loss,
+            k3=k3,
+            entropy=entropy,
+            weight=iw,
+            item_event=items.event,
+        )
     return loss, diag

@@ -26,23 +26,11 @@ Weights are computed once per loss call from the token gaps ``old - sampler`` an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-
-class Mismatch(str, Enum):
-    NONE = "none"
-    TIS = "tis"  # truncated event-level importance weight min(exp(H_e), C)
-    MASK = "mask"  # drop the whole event when exp(H_e) leaves [C_low, C]
-    DECOUPLED = "decoupled"  # decoupled PPO: ratio to pi_old (proximal), weight pi_old / mu per item
-
-
-class DecoupledCap(str, Enum):
-    TRUNCATE = "truncate"  # min(w, C)
-    MASK = "mask"  # w = 0 outside [mismatch_low or 0, C] (AReaL)
-    NONE = "none"  # untruncated
+from srpo_graph.srpo.options import DecoupledCap, LossConfig, Mismatch
 
 
 @dataclass
@@ -56,14 +44,14 @@ class ItemWeight:
 
 
 def item_weight(h_tok: torch.Tensor, *, token_set: torch.Tensor, num_sets: int, event: torch.Tensor,
-                aggregate: Callable[[torch.Tensor], torch.Tensor], cfg: Any) -> ItemWeight | None:
+                aggregate: Callable[[torch.Tensor], torch.Tensor], cfg: LossConfig) -> ItemWeight | None:
     """The importance weight of every item, or None when ``cfg.mismatch`` is ``none``.
 
     Args:
         h_tok: [C] token gaps log pi_old - log mu on completion tokens (detached).
         token_set: [C] the event of each completion token. num_sets: events in the batch.
         event: [I] the event of each item. aggregate: the ratio unit's token -> item map.
-        cfg: the :class:`~srpo_graph.srpo.loss.LossConfig`.
+        cfg: the loss options (``mismatch``, its threshold and cap).
     """
     mode = Mismatch(cfg.mismatch)
     if mode is Mismatch.NONE:
@@ -91,4 +79,4 @@ def item_weight(h_tok: torch.Tensor, *, token_set: torch.Tensor, num_sets: int, 
     return ItemWeight(keep.to(raw.dtype), raw, torch.zeros_like(keep), ~keep)
 
 
-__all__ = ["DecoupledCap", "ItemWeight", "Mismatch", "item_weight"]
+__all__ = ["ItemWeight", "item_weight"]

@@ -1,9 +1,9 @@
 """``OBJECTIVES``: the one table of named objectives (objective stage).
 
-A named objective is a row: the :class:`~srpo_graph.srpo.loss.LossConfig` options it sets
+A named objective is a row: the :class:`~srpo_graph.srpo.options.LossConfig` options it sets
 *and* the :class:`~srpo_graph.compiler.options.CompileConfig` options its advantages need
 (mode, std, grouping, dynamic sampling), with its paper. Everything else is derived from
-this table: ``LossConfig.preset``, the trainer's ``objective=NAME`` (and ``[objective]`` in a
+this table: :func:`loss_preset`, the trainer's ``objective=NAME`` (and ``[objective]`` in a
 TOML file; explicit ``loss.*`` / ``compile.*`` settings win over the row), and the table in
 docs/algorithm.md (:func:`objectives_table`, checked by a test). Adding an objective is one
 row here; a new surrogate is one function in ``loss.SURROGATES``.
@@ -26,7 +26,7 @@ from typing import Any
 
 from srpo_graph.compiler.options import CompileConfig
 from srpo_graph.errors import ConfigError
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,19 @@ def get_objective(name: str) -> Objective:
         raise ConfigError.at("field `objective`", f"unknown objective {name!r}",
                              fix=f"{hint}known: {', '.join(OBJECTIVES)} (docs/algorithm.md)")
     return OBJECTIVES[name]
+
+
+def loss_preset(name: str, **overrides: Any) -> LossConfig:
+    """The loss options of the named objective (its paper, its compile options and the docs'
+    table are in its row too), ``overrides`` on top.
+
+    Raises:
+        ConfigError: an unknown name, naming the known ones.
+
+    >>> loss_preset("dapo").eps_high
+    0.28
+    """
+    return get_objective(name).loss_config(**overrides)
 
 
 def _fmt(value: Any) -> str:

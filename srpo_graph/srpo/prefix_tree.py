@@ -217,7 +217,8 @@ def _run_tree(model: torch.nn.Module, b: SetBatch, tree: PrefixTree, overhead: i
             kept = (torch.cumsum(keep, 0) - 1).index_select(0, flat)  # each cell's row of the kept logits (row-major)
             has_kids = [any(needed[c] for c in tree.children[g]) for g in segs.tolist()]
             inputs: dict = {"input_ids": b.input_ids[grid].masked_fill(~valid, 0),  # pad: any id, hidden by the masks
-                            "position_ids": seg_start.unsqueeze(1) + col, "use_cache": cache is not None or any(has_kids)}
+                            "position_ids": seg_start.unsqueeze(1) + col,
+                            "use_cache": cache is not None or any(has_kids)}
             mask = valid
             if cache is not None:  # continue the parent rows: their cache, their mask, then this row
                 rows = torch.as_tensor([prow_all[i] for i in bucket], device=device)
@@ -246,13 +247,18 @@ def _can_repeat(cache) -> bool:
     except ImportError:  # transformers < 4.56: caches without layers
         return False
     layers = list(getattr(cache, "layers", None) or ())
-    return (type(cache) is DynamicCache and bool(layers)
-            and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers))
+    return (
+        type(cache) is DynamicCache
+        and bool(layers)
+        and all(type(layer) is DynamicLayer and layer.keys is not None for layer in layers)
+    )
 
 
 def _repeat_cache(cache, rows: torch.Tensor):
     """A new KV cache whose row r is ``cache``'s row ``rows[r]`` (a gather: gradients flow back to
     ``cache``, which is left as it was). Only for a cache that :func:`_can_repeat`."""
-    return type(cache)(ddp_cache_data=[(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
-                                       for layer in cache.layers])
-
+    return type(cache)(
+        ddp_cache_data=[
+            (layer.keys.index_select(0, rows), layer.values.index_select(0, rows)) for layer in cache.layers
+        ]
+    )

@@ -36,19 +36,55 @@ from srpo_graph.train.eval_command import eval_command
               help="Continue the run in this folder from its newest complete checkpoint.")
 @click.option("--tasks", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Training tasks (JSONL); default: the workflow's tasks/ file.")
-@click.option("--nproc", type=int, default=None, help="Data-parallel processes on this node (re-launches under torchrun).")
-@click.option("--nnodes", type=click.IntRange(1, 4096), default=1, show_default=True,
-              help="Nodes of a multi-node job; run the same command on each, with its --node-rank.")
-@click.option("--node-rank", type=click.IntRange(0), default=0, show_default=True, help="This node's index, 0..nnodes-1 "
-              "(node 0 holds rank 0 and the run folder).")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="Where the nodes meet: node 0's address and "
-              "a free port (torchrun's static rendezvous).")
-@click.option("--plan", "plan_gpus", type=click.IntRange(1, 1024), default=None, metavar="GPUS",
-              help="Print where SGLang servers and trainer ranks would go on GPUS GPUs of one node, and the "
-              "commands that start them; start nothing.")
+@click.option(
+    "--nproc", type=int, default=None, help="Data-parallel processes on this node (re-launches under torchrun)."
+)
+@click.option(
+    "--nnodes",
+    type=click.IntRange(1, 4096),
+    default=1,
+    show_default=True,
+    help="Nodes of a multi-node job; run the same command on each, with its --node-rank.",
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="This node's index, 0..nnodes-1 (node 0 holds rank 0 and the run folder).",
+)
+@click.option(
+    "--rdzv-endpoint",
+    default=None,
+    metavar="HOST:PORT",
+    help="Where the nodes meet: node 0's address and a free port (torchrun's static rendezvous).",
+)
+@click.option(
+    "--plan",
+    "plan_gpus",
+    type=click.IntRange(1, 1024),
+    default=None,
+    metavar="GPUS",
+    help="Print where SGLang servers and trainer ranks would go on GPUS GPUs of one node, and the "
+    "commands that start them; start nothing.",
+)
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an earlier run found in --run-dir.")
-def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume, tasks, nproc, nnodes, node_rank,
-                  rdzv_endpoint, plan_gpus, overwrite):
+def train_command(
+    workflow,
+    overrides,
+    steps,
+    seed,
+    run_dir,
+    config_path,
+    resume,
+    tasks,
+    nproc,
+    nnodes,
+    node_rank,
+    rdzv_endpoint,
+    plan_gpus,
+    overwrite,
+):
     """Train the workflow in WORKFLOW (.wf) with SRPO; KEY=VALUE pairs override config fields.
 
     Example: srpo-graph train workflows/coord_par3.wf --steps 50 optim.lr=2e-3 loss.eps_high=0.28
@@ -72,18 +108,19 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             # another node of a multi-node job: the run folder is on node 0, whose config this node follows
             from srpo_graph.train.parallel.multinode import FOLLOW_ENV
 
-            cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=resume, tasks=tasks,
-                               nproc=nproc)
+            cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=resume, tasks=tasks, nproc=nproc)
             os.environ[FOLLOW_ENV] = "1"
         else:
-            cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks,
-                               nproc=nproc, resume=resume)
+            cfg = build_config(
+                config_path, overrides, steps=steps, seed=seed, run_dir=run_dir, tasks=tasks, nproc=nproc, resume=resume
+            )
             if overwrite:
                 cfg = cfg.model_copy(update={"overwrite": True})
     except KeyboardInterrupt:  # while reading the configuration: nothing was touched
         exiting.decided()
-        click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again",
-                   err=True)
+        click.echo(
+            f"srpo-graph train: {_interrupt_name()} while starting, nothing was done; run the command again", err=True
+        )
         sys.exit(_interrupt_code())
     if (cfg.nproc > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
         if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
@@ -92,13 +129,17 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
 
             cfg = cfg.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow).name)})
         try:
-            code = _launch(workflow, cfg, resume is not None, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint)
+            code = _launch(
+                workflow, cfg, resume is not None, nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint
+            )
         except KeyboardInterrupt:  # the ranks have stopped; rank 0 has printed where the run stands
             exiting.decided()
             from srpo_graph.train.stops import continue_command
 
-            click.echo(f"srpo-graph train: {_interrupt_name()}; continue with: "
-                       f"{continue_command(workflow, cfg.run_dir)}", err=True)
+            click.echo(
+                f"srpo-graph train: {_interrupt_name()}; continue with: {continue_command(workflow, cfg.run_dir)}",
+                err=True,
+            )
             sys.exit(_interrupt_code())
         exiting.decided()
         sys.exit(code)
@@ -124,16 +165,21 @@ def train_command(workflow, overrides, steps, seed, run_dir, config_path, resume
             from srpo_graph.train.stops import continue_command
 
             folder = resume if resume is not None else cfg.run_dir
-            again = (f"resume: {continue_command(workflow, folder)}"
-                     if folder is not None and (Path(folder) / "config.toml").is_file()
-                     else "nothing was trained; run the command again to start")
-            click.echo(f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}",
-                       err=True)
+            again = (
+                f"resume: {continue_command(workflow, folder)}"
+                if folder is not None and (Path(folder) / "config.toml").is_file()
+                else "nothing was trained; run the command again to start"
+            )
+            click.echo(
+                f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}", err=True
+            )
         sys.exit(_interrupt_code())
     exiting.decided()
     if main_rank and resume is not None and summary.steps_this_run == 0:
-        click.echo(f"nothing to do: the run in {summary.run_dir} is already at step {summary.steps} "
-                   f"(extend it with --steps N, N > {summary.steps})")
+        click.echo(
+            f"nothing to do: the run in {summary.run_dir} is already at step {summary.steps} "
+            f"(extend it with --steps N, N > {summary.steps})"
+        )
         return
     if main_rank:
         evals = ", ".join(f"step {s}: {r:.3f}" for s, r in summary.eval_rewards[-3:]) or "-"
@@ -158,24 +204,34 @@ def _interrupt_code() -> int:
 
 def _after_a_lost_rank(workflow: Path, run_dir: Path) -> None:
     from srpo_graph.train import checkpoint as ckpt
+
     last = ckpt.latest_checkpoint(run_dir) if run_dir.is_dir() else None
     if last is None:
-        click.echo(f"srpo-graph train: no checkpoint yet; start again: srpo-graph train {workflow} --run-dir {run_dir} "
-                   "--overwrite", err=True)
+        click.echo(
+            f"srpo-graph train: no checkpoint yet; start again: srpo-graph train {workflow} --run-dir {run_dir} "
+            "--overwrite",
+            err=True,
+        )
     else:
-        click.echo(f"srpo-graph train: newest complete checkpoint: {last}; resume: srpo-graph train {workflow} "
-                   f"--resume {run_dir}", err=True)
+        click.echo(
+            f"srpo-graph train: newest complete checkpoint: {last}; resume: srpo-graph train {workflow} "
+            f"--resume {run_dir}",
+            err=True,
+        )
 
 
 def _print_plan(workflow: Path, gpus: int, overrides: tuple[str, ...]) -> None:
     """``--plan GPUS``: the placement of servers and trainer ranks, and the commands (placement.py)."""
-    from srpo_graph.backends import resolve_model
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.train.parallel.placement import plan
 
     wf = load_workflow(workflow)
-    p = plan(gpus, [(pol.name, str(resolve_model(pol.model))) for pol in wf.policies if pol.adapter is None],
-             train_args=[o for o in overrides if not o.startswith("rollout.sglang.urls")])
+    p = plan(
+        gpus,
+        [(pol.name, str(resolve_model(pol.model))) for pol in wf.policies if pol.adapter is None],
+        train_args=[o for o in overrides if not o.startswith("rollout.sglang.urls")],
+    )
     click.echo(f"{wf.name} on {gpus} GPU{'s' * (gpus > 1)} of one node:\n{p.table()}\n\ncommands:")
     for line in p.commands(str(workflow)):
         click.echo(f"  {line}")
@@ -185,7 +241,9 @@ LAUNCH_ENV = "SRPO_GRAPH_TRAIN_CONFIG"
 RESUME_ENV = "SRPO_GRAPH_TRAIN_RESUME"
 
 
-def _launch(workflow: Path, cfg, resume: bool, *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> int:
+def _launch(
+    workflow: Path, cfg, resume: bool, *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None
+) -> int:
     """Re-run this command under torchrun; the workers read the resolved config from a file.
 
     Passing a file (not the original flags) keeps torchrun's own option parser away from ours
@@ -206,8 +264,14 @@ def _launch(workflow: Path, cfg, resume: bool, *, nnodes: int = 1, node_rank: in
         write_config(cfg, path)
         os.environ[LAUNCH_ENV], os.environ[RESUME_ENV] = str(path), "1" if resume else "0"
         try:
-            code = launch(cfg.nproc, [str(workflow)], nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
-                          timeout=cfg.dist_timeout)
+            code = launch(
+                cfg.nproc,
+                [str(workflow)],
+                nnodes=nnodes,
+                node_rank=node_rank,
+                endpoint=endpoint,
+                timeout=cfg.dist_timeout,
+            )
             if code > 128 and node_rank == 0:  # a rank was killed: the survivors may not have said how to go on
                 _after_a_lost_rank(workflow, Path(cfg.run_dir))
             return code
@@ -253,15 +317,17 @@ def consolidate_command(source, out, step, policy):
 
     is_run = (source / "config.toml").is_file() and (source / "checkpoints").is_dir()
     if not (is_run or ((source / "COMPLETE").is_file() and source.parent.name == "checkpoints")):
-        raise ConfigError.at(str(source), "not a run folder (config.toml + checkpoints/) or one checkpoints/step_N "
-                             "folder", fix="give RUN_DIR or RUN_DIR/checkpoints/step_N")
+        raise ConfigError.at(
+            str(source),
+            "not a run folder (config.toml + checkpoints/) or one checkpoints/step_N folder",
+            fix="give RUN_DIR or RUN_DIR/checkpoints/step_N",
+        )
     src = resolve_source(str(source), step)
     assert src.checkpoint is not None
     policies = [policy] if policy else list(json.loads((src.checkpoint / "state.json").read_text())["policies"])
     for name in policies:
         written = consolidate(src.checkpoint, name, out if len(policies) == 1 else out / name)
         click.echo(f"wrote {written} ({name}, {src.checkpoint.name}; load it with from_pretrained)")
-
 
 
 COMMANDS: list = [train_command, export_adapter_command, consolidate_command, eval_command]

@@ -120,7 +120,8 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
         if r.eval_tasks is not None:
             tasks_path = Path(r.eval_tasks)
         else:
-            tasks_path = held_out_next_to(Path(r.tasks) if r.tasks is not None else default_task_file(workflow_path, wf))
+            train_file = Path(r.tasks) if r.tasks is not None else default_task_file(workflow_path, wf)
+            tasks_path = held_out_next_to(train_file)
     tasks = load_tasks(tasks_path, wf)[:num_tasks]
     t0 = time.perf_counter()
     device = device_of(cfg)
@@ -128,12 +129,29 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
         frozen_local, external = frozen_policies.load_frozen(wf, cfg, device)  # frozen / external policies
         slots = build_policies(wf, cfg, device, source.checkpoint, DistInfo())
         frozen = attach_backends(wf, cfg, slots, frozen_local, external, device, DistInfo())
-        res = run(wf, tasks, {**frozen, **{s.name: s.backend for s in slots}}, samples=samples, seed=seed,
-                  progress=progress, on_backend_error="fail" if backend_spec(cfg.rollout.backend).remote
-                  or any(p.external is not None for p in wf.policies) else "raise",
-                  scheduler=cfg.rollout.scheduler)
-    rep = score(wf, res.episodes, tasks, samples=samples, seed=seed, threshold=threshold, ks=ks, label=source.label,
-                seconds=time.perf_counter() - t0)
+        res = run(
+            wf,
+            tasks,
+            {**frozen, **{s.name: s.backend for s in slots}},
+            samples=samples,
+            seed=seed,
+            progress=progress,
+            on_backend_error="fail"
+            if backend_spec(cfg.rollout.backend).remote or any(p.external is not None for p in wf.policies)
+            else "raise",
+            scheduler=cfg.rollout.scheduler,
+        )
+    rep = score(
+        wf,
+        res.episodes,
+        tasks,
+        samples=samples,
+        seed=seed,
+        threshold=threshold,
+        ks=ks,
+        label=source.label,
+        seconds=time.perf_counter() - t0,
+    )
     return rep, list(res.episodes)
 
 
@@ -152,38 +170,69 @@ def markdown(reports: Sequence[EvalReport], comparisons: Sequence[Comparison]) -
         return ""
     ks = reports[0].ks
     k = reports[0].samples
-    lines = [f"Workflow `{reports[0].workflow}`: {reports[0].overall.problems} problems x {k} samples, seed "
-             f"{reports[0].seed}; correct = reward >= {reports[0].threshold:g}; [95% bootstrap interval over problems].",
-             "", "| source | Avg@" + str(k) + " | " + " | ".join(f"Pass@{x}" for x in ks)
-             + " | terminal reward | ok / truncated / failed |",
-             "|---|---|" + "---|" * len(ks) + "---|---|"]
+    lines = [
+        f"Workflow `{reports[0].workflow}`: {reports[0].overall.problems} problems x {k} samples, seed "
+        f"{reports[0].seed}; correct = reward >= {reports[0].threshold:g}; [95% bootstrap interval over problems].",
+        "",
+        "| source | Avg@"
+        + str(k)
+        + " | "
+        + " | ".join(f"Pass@{x}" for x in ks)
+        + " | terminal reward | ok / truncated / failed |",
+        "|---|---|" + "---|" * len(ks) + "---|---|",
+    ]
     for r in reports:
         st = r.statuses
-        lines.append(f"| {r.label} | {r.overall.avg.fmt()} | " + " | ".join(r.overall.pass_at[x].fmt() for x in ks)
-                     + f" | {r.terminal_reward:.3f} | {st.get('ok', 0)} / {st.get('truncated', 0)} / {st.get('failed', 0)} |")
-    for title, attr in (("task family", "by_family"), ("route (transitions fired)", "by_route"),
-                        ("answering agent", "by_agent")):
+        lines.append(
+            f"| {r.label} | {r.overall.avg.fmt()} | "
+            + " | ".join(r.overall.pass_at[x].fmt() for x in ks)
+            + f" | {r.terminal_reward:.3f} | {st.get('ok', 0)} / {st.get('truncated', 0)} / {st.get('failed', 0)} |"
+        )
+    for title, attr in (
+        ("task family", "by_family"),
+        ("route (transitions fired)", "by_route"),
+        ("answering agent", "by_agent"),
+    ):
         keys = sorted({g for r in reports for g in getattr(r, attr)})
         if len(keys) < 2 and attr != "by_family":
             continue
-        lines += ["", f"By {title}: Avg [95% interval] (share of episodes)", "",
-                  "| " + title.split(" (")[0] + " | " + " | ".join(r.label for r in reports) + " |",
-                  "|---|" + "---|" * len(reports)]
+        lines += [
+            "",
+            f"By {title}: Avg [95% interval] (share of episodes)",
+            "",
+            "| " + title.split(" (")[0] + " | " + " | ".join(r.label for r in reports) + " |",
+            "|---|" + "---|" * len(reports),
+        ]
         for key in keys:
             cells = [f"{g.avg.fmt()} ({g.share:.2f})" if (g := getattr(r, attr).get(key)) else "-" for r in reports]
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
     declared = sorted({t for r in reports for t in r.transition_rewards})
     if declared:
-        lines += ["", "Transition rewards: mean per firing (firings per episode)", "",
-                  "| transition | " + " | ".join(r.label for r in reports) + " |", "|---|" + "---|" * len(reports)]
+        lines += [
+            "",
+            "Transition rewards: mean per firing (firings per episode)",
+            "",
+            "| transition | " + " | ".join(r.label for r in reports) + " |",
+            "|---|" + "---|" * len(reports),
+        ]
         for t in declared:
-            cells = [f"{x.mean_reward:.3f} ({x.firings_per_episode:.2f})" if (x := r.transition_rewards.get(t)) else "-"
-                     for r in reports]
+            cells = [
+                f"{x.mean_reward:.3f} ({x.firings_per_episode:.2f})" if (x := r.transition_rewards.get(t)) else "-"
+                for r in reports
+            ]
             lines.append(f"| {t} | " + " | ".join(cells) + " |")
     for c in comparisons:
-        lines += ["", f"Paired difference `{c.b}` - `{c.a}` over {c.problems} problems (same seeds): mean "
-                  "[paired bootstrap 95% interval], sign-flip p", "", "| metric | difference |", "|---|---|"]
-        lines += [f"| {'Avg@%d' % k if m == 'avg' else m.replace('pass', 'Pass')} | {d.fmt()} |" for m, d in c.diffs.items()]
+        lines += [
+            "",
+            f"Paired difference `{c.b}` - `{c.a}` over {c.problems} problems (same seeds): mean "
+            "[paired bootstrap 95% interval], sign-flip p",
+            "",
+            "| metric | difference |",
+            "|---|---|",
+        ]
+        lines += [
+            f"| {'Avg@%d' % k if m == 'avg' else m.replace('pass', 'Pass')} | {d.fmt()} |" for m, d in c.diffs.items()
+        ]
         lines += [f"| Avg@{k}, {fam} | {d.fmt()} |" for fam, d in c.by_family.items() if len(c.by_family) > 1]
     return "\n".join(lines) + "\n"
 
@@ -196,19 +245,23 @@ def plot(reports: Sequence[EvalReport], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     metrics = [("Avg@%d" % reports[0].samples, lambda r: r.overall.avg)] + [
-        (f"Pass@{k}", lambda r, k=k: r.overall.pass_at[k]) for k in reports[0].ks]
+        (f"Pass@{k}", lambda r, k=k: r.overall.pass_at[k]) for k in reports[0].ks
+    ]
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(metrics) * max(1, len(reports)) / 2, 3.4))
     width = 0.8 / len(reports)
     for i, r in enumerate(reports):
         xs = [j + i * width for j in range(len(metrics))]
         ests = [f(r) for _, f in metrics]
-        err = [[max(0.0, e.value - e.low) if e.low == e.low else 0.0 for e in ests],
-               [max(0.0, e.high - e.value) if e.high == e.high else 0.0 for e in ests]]
+        err = [
+            [max(0.0, e.value - e.low) if e.low == e.low else 0.0 for e in ests],
+            [max(0.0, e.high - e.value) if e.high == e.high else 0.0 for e in ests],
+        ]
         ax.bar(xs, [e.value for e in ests], width, yerr=err, capsize=2, label=r.label, color=f"C{i}")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(metrics))], [m for m, _ in metrics], fontsize=8)
     ax.set_ylabel("mean over problems (95% CI)", fontsize=8)
-    ax.set_title(f"{reports[0].workflow}: {reports[0].overall.problems} problems x {reports[0].samples} samples",
-                 fontsize=9)
+    ax.set_title(
+        f"{reports[0].workflow}: {reports[0].overall.problems} problems x {reports[0].samples} samples", fontsize=9
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -217,15 +270,18 @@ def plot(reports: Sequence[EvalReport], path: Path) -> Path:
     return path
 
 
-def write_outputs(out: Path, reports: Sequence[EvalReport], comparisons: Sequence[Comparison],
-                  episodes: Sequence[Sequence[Any]] = ()) -> str:
+def write_outputs(
+    out: Path, reports: Sequence[EvalReport], comparisons: Sequence[Comparison], episodes: Sequence[Sequence[Any]] = ()
+) -> str:
     """``eval.json``, ``eval.md``, ``eval.png`` and ``traces/<n>.jsonl`` in ``out``; returns the markdown."""
     from srpo_graph.runtime.trace import write_traces
 
     out.mkdir(parents=True, exist_ok=True)
     # through pydantic's JSON (an undefined interval, nan, becomes null: strict JSON)
-    record = {"reports": [json.loads(r.model_dump_json()) for r in reports],
-              "comparisons": [json.loads(c.model_dump_json()) for c in comparisons]}
+    record = {
+        "reports": [json.loads(r.model_dump_json()) for r in reports],
+        "comparisons": [json.loads(c.model_dump_json()) for c in comparisons],
+    }
     (out / "eval.json").write_text(json.dumps(record, indent=1, allow_nan=False), encoding="utf-8")
     md = markdown(reports, comparisons)
     (out / "eval.md").write_text(md, encoding="utf-8")
@@ -237,8 +293,15 @@ def write_outputs(out: Path, reports: Sequence[EvalReport], comparisons: Sequenc
     return md
 
 
-def evaluate_all(workflow_path: Path, sources: Sequence[str], *, compare_pair: tuple[str, str] | None = None,
-                 step: int | None = None, out: Path, **kw: Any) -> tuple[list[EvalReport], list[Comparison]]:
+def evaluate_all(
+    workflow_path: Path,
+    sources: Sequence[str],
+    *,
+    compare_pair: tuple[str, str] | None = None,
+    step: int | None = None,
+    out: Path,
+    **kw: Any,
+) -> tuple[list[EvalReport], list[Comparison]]:
     """Evaluate every source (``compare_pair``'s two are added when missing) and write the outputs.
 
     ``kw`` goes to :func:`evaluate_source` (``tasks_path``, ``samples``, ``seed``, ...).
@@ -264,28 +327,82 @@ def evaluate_all(workflow_path: Path, sources: Sequence[str], *, compare_pair: t
 @click.command("eval")
 @click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("sources", nargs=-1)
-@click.option("--tasks", "tasks_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Task file (JSONL); default: the workflow's held-out split (<tasks>_eval.jsonl), else its task file.")
-@click.option("--samples", "-k", type=click.IntRange(1, 1024), default=16, show_default=True,
-              help="k: sampled episodes per problem (Avg@k; Pass@k for k' <= k).")
+@click.option(
+    "--tasks",
+    "tasks_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Task file (JSONL); default: the workflow's held-out split (<tasks>_eval.jsonl), else its task file.",
+)
+@click.option(
+    "--samples",
+    "-k",
+    type=click.IntRange(1, 1024),
+    default=16,
+    show_default=True,
+    help="k: sampled episodes per problem (Avg@k; Pass@k for k' <= k).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed: per-request seeds and the bootstrap.")
-@click.option("--step", type=int, default=None, help="Evaluate run folders at checkpoint step_N (default: newest good).")
-@click.option("--compare", "compare_pair", nargs=2, default=None, metavar="A B",
-              help="Paired differences B - A over the same problems and samples (A, B: sources, added if missing).")
-@click.option("--threshold", type=float, default=1.0, show_default=True,
-              help="An episode is correct (Pass@k) when its reward >= this.")
+@click.option(
+    "--step", type=int, default=None, help="Evaluate run folders at checkpoint step_N (default: newest good)."
+)
+@click.option(
+    "--compare",
+    "compare_pair",
+    nargs=2,
+    default=None,
+    metavar="A B",
+    help="Paired differences B - A over the same problems and samples (A, B: sources, added if missing).",
+)
+@click.option(
+    "--threshold",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="An episode is correct (Pass@k) when its reward >= this.",
+)
 @click.option("--pass-k", "pass_k", default=None, help="Comma-separated k for Pass@k (default 1, 2, 4, ..., samples).")
 @click.option("--num-tasks", type=click.IntRange(1), default=None, help="Evaluate only the first N tasks.")
 @click.option("--greedy", is_flag=True, default=False, help="Temperature 0 everywhere (default: sampled, as declared).")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A TOML TrainConfig (rollout.* chooses the backend; a run folder's own config comes first).")
-@click.option("--override", "-o", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Config overrides, e.g. -o rollout.backend=sglang -o rollout.sglang.launch=cpu.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder (default evals/<workflow>-<date-time>).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A TOML TrainConfig (rollout.* chooses the backend; a run folder's own config comes first).",
+)
+@click.option(
+    "--override",
+    "-o",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Config overrides, e.g. -o rollout.backend=sglang -o rollout.sglang.launch=cpu.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder (default evals/<workflow>-<date-time>).",
+)
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar per source.")
-def eval_command(workflow, sources, tasks_path, samples, seed, step, compare_pair, threshold, pass_k, num_tasks,
-                 greedy, config_path, overrides, out, progress):
+def eval_command(
+    workflow,
+    sources,
+    tasks_path,
+    samples,
+    seed,
+    step,
+    compare_pair,
+    threshold,
+    pass_k,
+    num_tasks,
+    greedy,
+    config_path,
+    overrides,
+    out,
+    progress,
+):
     """Evaluate SOURCES (run folders, checkpoints, model directories, `base`) on a task file.
 
     Example: srpo-graph eval workflows/tinysearch.wf base runs/tinysearch --samples 16 --compare base runs/tinysearch
@@ -299,8 +416,21 @@ def eval_command(workflow, sources, tasks_path, samples, seed, step, compare_pai
     if out is None:
         out = Path("evals") / f"{load_workflow(workflow).name}-{time.strftime('%Y%m%d-%H%M%S')}"
     reports, comparisons = evaluate_all(
-        workflow, sources, compare_pair=tuple(compare_pair) if compare_pair else None, step=step, out=out,
-        tasks_path=tasks_path, samples=samples, seed=seed, threshold=threshold, ks=ks, num_tasks=num_tasks,
-        greedy=greedy, config_path=config_path, overrides=overrides, progress=progress)
+        workflow,
+        sources,
+        compare_pair=tuple(compare_pair) if compare_pair else None,
+        step=step,
+        out=out,
+        tasks_path=tasks_path,
+        samples=samples,
+        seed=seed,
+        threshold=threshold,
+        ks=ks,
+        num_tasks=num_tasks,
+        greedy=greedy,
+        config_path=config_path,
+        overrides=overrides,
+        progress=progress,
+    )
     click.echo(markdown(reports, comparisons))
     click.echo(f"srpo-graph eval: wrote {out / 'eval.json'}, {out / 'eval.md'}, {out / 'eval.png'}")

@@ -78,17 +78,25 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
         except json.JSONDecodeError:
             holder = {}
         handle.close()
-        who = (f"process {holder.get('pid')} on {holder.get('host')} (since {holder.get('started')})"
-               if holder.get("pid") else "another process")
-        raise ConfigError.at(str(run_dir), f"the run folder is in use: {who} is training in it (lock {path})",
-                             why="two processes in one run folder would overwrite each other's checkpoints",
-                             fix="wait for it to finish or stop it, then resume; or train in another --run-dir") from None
+        who = (
+            f"process {holder.get('pid')} on {holder.get('host')} (since {holder.get('started')})"
+            if holder.get("pid")
+            else "another process"
+        )
+        raise ConfigError.at(
+            str(run_dir),
+            f"the run folder is in use: {who} is training in it (lock {path})",
+            why="two processes in one run folder would overwrite each other's checkpoints",
+            fix="wait for it to finish or stop it, then resume; or train in another --run-dir",
+        ) from None
     handle.seek(0)
     handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+    handle.write(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+    )
     handle.flush()
     return RunLock(path, handle, created)
+
 
 RUN_WORKFLOW = "workflow.json"
 
@@ -97,8 +105,14 @@ def record_workflow(run_dir: str | Path, workflow: Workflow, workflow_path: str 
     """Write which workflow this run trains (name, resolved file, source hash), atomically."""
     path = Path(run_dir) / RUN_WORKFLOW
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"name": workflow.name, "file": str(Path(workflow_path).resolve()),
-                               "source_hash": workflow.source_hash}, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(
+        json.dumps(
+            {"name": workflow.name, "file": str(Path(workflow_path).resolve()), "source_hash": workflow.source_hash},
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     tmp.replace(path)
 
 
@@ -117,8 +131,14 @@ def recorded_workflow(run_dir: str | Path) -> dict[str, str] | None:
     except (OSError, ValueError):
         pass
     root = run_dir / "checkpoints"
-    states = sorted(root.glob("step_*/state.json"), key=lambda p: int(p.parent.name.split("_")[-1])
-                    if p.parent.name.split("_")[-1].isdigit() else -1) if root.is_dir() else []
+    states = (
+        sorted(
+            root.glob("step_*/state.json"),
+            key=lambda p: int(p.parent.name.split("_")[-1]) if p.parent.name.split("_")[-1].isdigit() else -1,
+        )
+        if root.is_dir()
+        else []
+    )
     for state in reversed(states):
         try:
             name = json.loads(state.read_text(encoding="utf-8")).get("extra", {}).get("workflow")
@@ -141,13 +161,18 @@ def check_resumed_workflow(run_dir: str | Path, workflow: Workflow, workflow_pat
     file = f" (file {got['file']})" if got.get("file") else ""
     if got["name"] != workflow.name:
         raise ConfigError.at(
-            str(run_dir), f"this run trained workflow {got['name']!r}{file}, not {workflow.name!r} "
+            str(run_dir),
+            f"this run trained workflow {got['name']!r}{file}, not {workflow.name!r} "
             f"(file {Path(workflow_path).resolve()})",
             fix=f"resume with the .wf file the run was started with: srpo-graph train "
-            f"{got.get('file', '<its .wf>')} --resume {run_dir}")
+            f"{got.get('file', '<its .wf>')} --resume {run_dir}",
+        )
     if got.get("source_hash") and workflow.source_hash and got["source_hash"] != workflow.source_hash:
-        print(f"srpo-graph train: note: workflow {workflow.name!r} changed since this run started{file}; "
-              "resuming with the edited file", file=sys.stderr)
+        print(
+            f"srpo-graph train: note: workflow {workflow.name!r} changed since this run started{file}; "
+            "resuming with the edited file",
+            file=sys.stderr,
+        )
 
 
 def clear_previous_run(run_dir: Path, *, overwrite: bool, quiet: bool = False) -> None:
@@ -163,7 +188,8 @@ def clear_previous_run(run_dir: Path, *, overwrite: bool, quiet: bool = False) -
     old = [p for p in old if p.exists()]
     if old and not overwrite:
         raise ConfigError.at(
-            str(run_dir), f"the folder holds an earlier run ({', '.join(p.name for p in old)})",
+            str(run_dir),
+            f"the folder holds an earlier run ({', '.join(p.name for p in old)})",
             why="a fresh run there would mix with it or destroy it",
             fix=f"continue it with --resume {run_dir}, choose another --run-dir, or pass --overwrite to replace it",
         )

@@ -112,14 +112,26 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         return RunStopped(run_dir, steps_done, checkpoint, exc)
     if isinstance(exc, FailureBudgetExceeded):
-        return RunStopped(run_dir, steps_done, checkpoint, f"rollout stopped: {exc}", remedy="fix the cause named above")
+        return RunStopped(
+            run_dir, steps_done, checkpoint, f"rollout stopped: {exc}", remedy="fix the cause named above"
+        )
     if isinstance(exc, BackendError):
-        return RunStopped(run_dir, steps_done, checkpoint, str(exc).strip(),
-                          remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})")
+        return RunStopped(
+            run_dir,
+            steps_done,
+            checkpoint,
+            str(exc).strip(),
+            remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})",
+        )
     if isinstance(exc, RuntimeError) and distributed and collective_failed(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return RunStopped(run_dir, steps_done, checkpoint, f"another rank of the job stopped answering ({first[:200]})",
-                          remedy="check the other ranks' output")
+        return RunStopped(
+            run_dir,
+            steps_done,
+            checkpoint,
+            f"another rank of the job stopped answering ({first[:200]})",
+            remedy="check the other ranks' output",
+        )
     return None
 
 

@@ -162,10 +162,15 @@ class Trainer:
         resolved = {"tasks": task_path.resolve()}  # stored resolved, so `--resume` works from any working directory
         if r.eval_tasks is not None:
             resolved["eval_tasks"] = Path(r.eval_tasks).resolve()
-        self.config = config = config.model_copy(update={"run_dir": self.run_dir, "rollout": r.model_copy(update=resolved)})
-        self.checkpointer = Checkpointer(self.run_dir, every=config.checkpoint.every,
-                                         keep_last=config.checkpoint.keep_last, last_step=config.steps,
-                                         is_main=dist.is_main)
+        config = config.model_copy(update={"run_dir": self.run_dir, "rollout": r.model_copy(update=resolved)})
+        self.config = config
+        self.checkpointer = Checkpointer(
+            self.run_dir,
+            every=config.checkpoint.every,
+            keep_last=config.checkpoint.keep_last,
+            last_step=config.steps,
+            is_main=dist.is_main,
+        )
         resume_from = None
         if resume:  # rank 0 chooses; ranks that cannot read its run folder (other nodes) receive the files
             chosen = self.checkpointer.choose(announce=True) if dist.is_main else None
@@ -173,23 +178,31 @@ class Trainer:
         if resume_from is not None:  # before loading anything: the frozen policies must be the run's
             frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), self.workflow, resume_from)
         restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
-        frozen_local, external = load_frozen(self.workflow, config, self.device, dist)  # (a rollout worker loads its own)
+        # (a rollout worker loads its own)
+        frozen_local, external = load_frozen(self.workflow, config, self.device, dist)
         self.policies = build_policies(self.workflow, config, self.device, resume_from, dist)
         try:  # from here a rollout worker may run: set-up that fails must not leave it behind
-            self.frozen = attach_backends(self.workflow, config, self.policies, frozen_local, external, self.device,
-                                          dist)
+            self.frozen = attach_backends(
+                self.workflow, config, self.policies, frozen_local, external, self.device, dist
+            )
             self.syncer = Syncer(self.policies)
             self.state = LoopState(step=0, cursor=0)
             if resume_from is not None:
                 self.state = self.checkpointer.restore(resume_from, self.policies)
                 if self.state.workflow is not None and self.state.workflow != self.workflow.name:
-                    raise ConfigError.at(str(resume_from), f"this run trained workflow {self.state.workflow!r}, not "
-                                         f"{self.workflow.name!r} ({self.workflow_path})",
-                                         fix="resume with the .wf file the run was started with")
+                    raise ConfigError.at(
+                        str(resume_from),
+                        f"this run trained workflow {self.state.workflow!r}, not "
+                        f"{self.workflow.name!r} ({self.workflow_path})",
+                        fix="resume with the .wf file the run was started with",
+                    )
                 self.syncer.restore(self.state.versions, default=self.state.step)  # the checkpoint's weights
-            compile_config = config.compile.model_copy(update={
-                "policies": tuple(s.name for s in self.policies),
-                "frozen_policies": frozen_policies.frozen_policies(self.workflow)})
+            compile_config = config.compile.model_copy(
+                update={
+                    "policies": tuple(s.name for s in self.policies),
+                    "frozen_policies": frozen_policies.frozen_policies(self.workflow),
+                }
+            )
             self.learner = Learner(self.policies, config, compile_config, dist)
             self.evaluator = Evaluator(self.workflow_eval, eval_tasks, config, dist, self.policies, self.frozen)
             self.observer = Observer(self.run_dir, config, is_main=dist.is_main, start=self.state.step)
@@ -228,7 +241,8 @@ class Trainer:
             try:
                 with self.observer.bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
                     for step in range(self.state.step + 1, self.config.steps + 1):
-                        exiting.raise_if_stopped()  # a SIGTERM whose exception a finalizer swallowed still stops the run
+                        # a SIGTERM whose exception a finalizer swallowed still stops the run
+                        exiting.raise_if_stopped()
                         # 1. rollout: the step's episodes (sampled ahead when rollouts overlap the update)
                         rolled = self.rollouts.get(step)
                         # 2. compile + update, from the weights every policy has now
@@ -252,7 +266,9 @@ class Trainer:
                 exiting.decided()  # the run stops: no second signal raises into the handling and cleanup below
                 raise
         except BaseException as exc:
-            stop = as_stop(exc, self.run_dir, self.state.step, self.checkpointer.newest(), distributed=self.dist.enabled)
+            stop = as_stop(
+                exc, self.run_dir, self.state.step, self.checkpointer.newest(), distributed=self.dist.enabled
+            )
             if stop is None:
                 raise
             raise stop from None
@@ -262,13 +278,23 @@ class Trainer:
             shutdown(self.dist, barrier=completed)
         return self._summary()
 
-    def _record(self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float) -> StepRecord:
+    def _record(
+        self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float
+    ) -> StepRecord:
         """Step ``step``'s record, with its evaluation when due; the loop state moves on to it."""
         if learned.update is not None:
             self.state.skipped_updates += learned.update.skipped_updates
-        record = self.observer.record(step, self.workflow, rolled, learned, versions, sync_seconds=sync_seconds,
-                                      skipped_updates=self.state.skipped_updates,
-                                      lr=self.policies[0].scheduler.get_last_lr()[0], device=self.device)
+        record = self.observer.record(
+            step,
+            self.workflow,
+            rolled,
+            learned,
+            versions,
+            sync_seconds=sync_seconds,
+            skipped_updates=self.state.skipped_updates,
+            lr=self.policies[0].scheduler.get_last_lr()[0],
+            device=self.device,
+        )
         s = self.state
         s.step, s.cursor = step, self.rollouts.state_dict()["cursor"]
         s.rewards.append(record.reward)
@@ -281,13 +307,20 @@ class Trainer:
 
     def _summary(self) -> RunSummary:
         rewards = self.state.rewards
-        tail = rewards[-min(10, len(rewards)):] if rewards else [float("nan")]
+        tail = rewards[-min(10, len(rewards)) :] if rewards else [float("nan")]
         latest = self.checkpointer.latest
-        summary = RunSummary(run_dir=str(self.run_dir), workflow=self.workflow.name, steps=self.state.step,
-                             first_reward=rewards[0] if rewards else float("nan"), final_reward=sum(tail) / len(tail),
-                             eval_rewards=list(self.state.evals), skipped_updates=self.state.skipped_updates,
-                             seconds=time.perf_counter() - self._t_start, checkpoint=str(latest) if latest else None,
-                             steps_this_run=self.state.step - self._first_step)
+        summary = RunSummary(
+            run_dir=str(self.run_dir),
+            workflow=self.workflow.name,
+            steps=self.state.step,
+            first_reward=rewards[0] if rewards else float("nan"),
+            final_reward=sum(tail) / len(tail),
+            eval_rewards=list(self.state.evals),
+            skipped_updates=self.state.skipped_updates,
+            seconds=time.perf_counter() - self._t_start,
+            checkpoint=str(latest) if latest else None,
+            steps_this_run=self.state.step - self._first_step,
+        )
         if self.dist.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
         return summary

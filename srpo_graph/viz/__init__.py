@@ -58,7 +58,13 @@ def to_png(workflow: Workflow, dpi: int = 110, engine: str = "auto") -> bytes:
     return _png(workflow, dpi, engine=engine)
 
 
-FORMATS: dict[str, Callable[[Workflow], str | bytes]] = {".svg": to_svg, ".png": to_png, ".dot": to_dot, ".gv": to_dot, ".mmd": to_mermaid}
+FORMATS: dict[str, Callable[[Workflow], str | bytes]] = {
+    ".svg": to_svg,
+    ".png": to_png,
+    ".dot": to_dot,
+    ".gv": to_dot,
+    ".mmd": to_mermaid,
+}
 
 
 def write_graph(workflow: Workflow, path: str | Path, engine: str = "auto") -> Path:

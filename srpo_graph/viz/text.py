@@ -65,17 +65,25 @@ def to_dot(w: Workflow) -> str:
            '  "start" [shape=circle, label="", style=filled, fillcolor=black, width=0.2];',
            f'  {_q(END)} [shape=doublecircle, label="", style=filled, fillcolor=black, width=0.15];']
     for a in w.agents:
-        out.append(f"  {_q(a.name)} [shape=box, style=\"rounded,filled\", fillcolor={_q(colors.get(a.policy, '#cccccc'))},"
-                   f" label={_q(a.name + chr(10) + policy_caption(w, a.policy))}];")
+        out.append(
+            f'  {_q(a.name)} [shape=box, style="rounded,filled", fillcolor={_q(colors.get(a.policy, "#cccccc"))},'
+            f" label={_q(a.name + chr(10) + policy_caption(w, a.policy))}];"
+        )
     for t in w.transitions:
         label = f"{t.name}\\n{sizes_label(t.set_sizes)}" + (f"\\nmax_rounds {t.max_rounds}" if t.max_rounds else "")
         label += "".join(f"\\ntool {tc.name} = {tc.call.qualname}" for tc in t.tools)  # tools on their transition
-        out.append(f'  {_q(t.name)} [shape=box, style=filled, fillcolor="#333333", fontcolor=white, height=0.25,'
-                   f' label="{label}"];')
+        out.append(
+            f'  {_q(t.name)} [shape=box, style=filled, fillcolor="#333333", fontcolor=white, height=0.25,'
+            f' label="{label}"];'
+        )
     for u, v, data in w.graph().edges(data=True):
         kind = data["kind"]
-        attrs = {"start": "style=dotted", "consume": 'color="#777777"', "activate": "color=black",
-                 "route": f"style=dashed, label={_q(data.get('label', ''))}"}[kind]
+        attrs = {
+            "start": "style=dotted",
+            "consume": 'color="#777777"',
+            "activate": "color=black",
+            "route": f"style=dashed, label={_q(data.get('label', ''))}",
+        }[kind]
         out.append(f"  {_q(u)} -> {_q(v)} [{attrs}];")
     out.append("}")
     return "\n".join(out) + "\n"
@@ -91,7 +99,9 @@ def to_mermaid(w: Workflow) -> str:
     'flowchart TD'
     """
     colors = policy_colors(w)
-    ident = {n: f"n{i}" for i, n in enumerate(["start", END] + [a.name for a in w.agents] + [t.name for t in w.transitions])}
+    ident = {
+        n: f"n{i}" for i, n in enumerate(["start", END] + [a.name for a in w.agents] + [t.name for t in w.transitions])
+    }
     out = ["flowchart TD", f"  {ident['start']}((start))", f"  {ident[END]}(((end)))"]
     for a in w.agents:
         out.append(f'  {ident[a.name]}("{a.name}<br/><small>{policy_caption(w, a.policy)}</small>")')

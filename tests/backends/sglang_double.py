@@ -103,7 +103,9 @@ class FakeSGLang:
                 route = {"/generate": double.generate, "/update_weights_from_disk": double.update,
                          "/flush_cache": double.flush}
                 if double.pause_routes:
-                    route.update({"/pause_generation": lambda b: (200, {}), "/continue_generation": lambda b: (200, {})})
+                    route.update(
+                        {"/pause_generation": lambda b: (200, {}), "/continue_generation": lambda b: (200, {})}
+                    )
                 path = self.path.split("?")[0]
                 if path not in route:
                     return self._send(404, {"detail": "Not Found"})
@@ -145,9 +147,14 @@ class FakeSGLang:
                 finish = {"type": "stop", "matched": tok}
                 break
         meta = {
-            "id": "x", "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
-            "completion_tokens": len(out), "cached_tokens": 0, "weight_version": self.weight_version,
-            "output_token_logprobs": [[toy_logprob(t), t, None] for t in out], self.retraction_key: 1,
+            "id": "x",
+            "finish_reason": finish,
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(out),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "output_token_logprobs": [[toy_logprob(t), t, None] for t in out],
+            self.retraction_key: 1,
         }
         return 200, {"text": "", "output_ids": out, "meta_info": meta}
 

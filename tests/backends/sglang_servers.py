@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 
-def _free_port(lo: int = 30010, hi: int = 30100, count: int = 2, exclude: frozenset[int] | set[int] = frozenset()) -> int:
+def _free_port(
+    lo: int = 30010, hi: int = 30100, count: int = 2, exclude: frozenset[int] | set[int] = frozenset()
+) -> int:
     """A port p in [lo, hi) with p .. p+count-1 free now and not in ``exclude`` (ports already
     handed to servers that have not bound them yet), tried in random order (two test runs on one
     machine rarely pick the same one; a launched server binds it ~20 s later)."""
@@ -46,11 +48,15 @@ def sglang_unavailable() -> str | None:
         return None
     if not (os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG") or os.environ.get("SRPO_GRAPH_SGLANG") == "1"):
         # they start ~10 real servers (~10 min on 2 shared cores): CI runs them, a developer opts in
-        return ("the real-SGLang tests are opt-in outside CI: set SRPO_GRAPH_SGLANG=1 to run them here "
-                "(.ci/run sets SRPO_GRAPH_REQUIRE_SGLANG=1 after installing SGLang)")
+        return (
+            "the real-SGLang tests are opt-in outside CI: set SRPO_GRAPH_SGLANG=1 to run them here "
+            "(.ci/run sets SRPO_GRAPH_REQUIRE_SGLANG=1 after installing SGLang)"
+        )
     if not Path(sglang_python()).exists():
-        return (f"SGLang is not installed ({sglang_python()} does not exist; set SRPO_GRAPH_SGLANG_PYTHON or run "
-                "../shared/sglang-cpu/install.sh, as .ci/run does)")
+        return (
+            f"SGLang is not installed ({sglang_python()} does not exist; set SRPO_GRAPH_SGLANG_PYTHON or run "
+            "../shared/sglang-cpu/install.sh, as .ci/run does)"
+        )
     return None
 
 
@@ -75,9 +81,14 @@ def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0) -> li
         for model_dir in model_dirs:
             port = _free_port(exclude=taken)
             taken.update((port, port + 1))
-            servers.append(SGLangServer(launch_command("cpu", str(model_dir), port), port,
-                                        log_path=log_dir / f"sglang-{port}.log",
-                                        env=recipe_env("cpu")).start())
+            servers.append(
+                SGLangServer(
+                    launch_command("cpu", str(model_dir), port),
+                    port,
+                    log_path=log_dir / f"sglang-{port}.log",
+                    env=recipe_env("cpu"),
+                ).start()
+            )
         for server in servers:
             server.wait_healthy(health_timeout)
     except BaseException:
@@ -97,15 +108,15 @@ def stop_servers(servers) -> None:
         t.join()
 
 
-
-
 def require_sglang() -> None:
     """Skip (or, under SRPO_GRAPH_REQUIRE_SGLANG, fail) a test that starts its own servers."""
     import os
 
     why = sglang_unavailable() or (
         "this test starts its own servers; SRPO_GRAPH_SGLANG_URL names a server elsewhere"
-        if os.environ.get("SRPO_GRAPH_SGLANG_URL") else None)
+        if os.environ.get("SRPO_GRAPH_SGLANG_URL")
+        else None
+    )
     if why:
         if os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG") and not os.environ.get("SRPO_GRAPH_SGLANG_URL"):
             pytest.fail(f"SRPO_GRAPH_REQUIRE_SGLANG is set but {why}")

@@ -115,9 +115,26 @@ def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
         wf.write_text(WF.format(url=server.url, timeout=0.5, retries=0))
         tasks = tmp_path / "tasks.jsonl"
         tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
-        res = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "run", str(wf), "--tasks", str(tasks), "--samples",
-                              "1", "--out", str(tmp_path / "t.jsonl"), "--quiet"], capture_output=True, text=True,
-                             timeout=120, cwd=ROOT)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "srpo_graph.cli",
+                "run",
+                str(wf),
+                "--tasks",
+                str(tasks),
+                "--samples",
+                "1",
+                "--out",
+                str(tmp_path / "t.jsonl"),
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
     finally:
         server.stop()
     assert res.returncode == 5, res.stderr[-2000:]
@@ -140,12 +157,19 @@ def chat_server(tmp_path_factory):
     from srpo_graph.models.tiny import ensure_tiny_model
 
     require_sglang()
-    recipe = CPU_TEMPLATE + f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"
+    recipe = (
+        CPU_TEMPLATE
+        + f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"
+    )
     old = os.environ.get("SGLANG_USE_CPU_ENGINE")
     os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # what the "cpu" preset sets; a custom recipe inherits it
     try:
-        server = start_server(str(ensure_tiny_model()), _free_port(), recipe=recipe,
-                              log_path=tmp_path_factory.mktemp("sglang-chat-logs") / "sglang.log")
+        server = start_server(
+            str(ensure_tiny_model()),
+            _free_port(),
+            recipe=recipe,
+            log_path=tmp_path_factory.mktemp("sglang-chat-logs") / "sglang.log",
+        )
     finally:
         if old is None:
             os.environ.pop("SGLANG_USE_CPU_ENGINE")
@@ -182,10 +206,17 @@ def test_real_sglang_endpoint_runs_compiles_and_trains(chat_server, tiny_backend
     wf_file.write_text(WF.format(url=url, timeout=60, retries=1))
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
-    cfg = validate({"run_dir": str(tmp_path / "run"), "steps": 2, "seed": 1,
-                    "rollout": {"tasks_per_step": 2, "samples": 4, "tasks": str(tasks)},
-                    "checkpoint": {"every": 2}, "eval": {"every": 0},
-                    "logging": {"tensorboard": False, "plots": False, "progress": False}})
+    cfg = validate(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "steps": 2,
+            "seed": 1,
+            "rollout": {"tasks_per_step": 2, "samples": 4, "tasks": str(tasks)},
+            "checkpoint": {"every": 2},
+            "eval": {"every": 0},
+            "logging": {"tensorboard": False, "plots": False, "progress": False},
+        }
+    )
     summary = train(wf_file, cfg)
     assert summary.steps == 2
     step2 = tmp_path / "run" / "checkpoints" / "step_2"
@@ -207,9 +238,23 @@ def test_the_external_example_trains_with_one_command(chat_server, tmp_path):
     (tmp_path / "tasks").mkdir()
     for name in ("tinymath.jsonl", "tinymath_eval.jsonl"):
         (tmp_path / "tasks" / name).write_text((ROOT / "workflows" / "tasks" / name).read_text())
-    cmd = [sys.executable, "-m", "srpo_graph.cli", "train", str(wf), "--steps", "2", "--run-dir", str(tmp_path / "run"),
-           "rollout.tasks_per_step=2", "rollout.samples=2", "logging.plots=false", "logging.tensorboard=false",
-           "eval.every=0", 'rollout.models={m="tiny"}']
+    cmd = [
+        sys.executable,
+        "-m",
+        "srpo_graph.cli",
+        "train",
+        str(wf),
+        "--steps",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "rollout.tasks_per_step=2",
+        "rollout.samples=2",
+        "logging.plots=false",
+        "logging.tensorboard=false",
+        "eval.every=0",
+        'rollout.models={m="tiny"}',
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -226,15 +271,35 @@ def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_
     server = _Server("echo")
     try:
         wf = tmp_path / "plain.wf"
-        wf.write_text('workflow plain\nimport std\ntask { target: int }\npolicy p = "m1"\n'
-                      'agent a { policy: p prompt: "say {task.target}" sample { max_tokens: 4 } output: text }\n'
-                      "transition t { consume: a activate: end }\nstart: a\n")
+        wf.write_text(
+            'workflow plain\nimport std\ntask { target: int }\npolicy p = "m1"\n'
+            'agent a { policy: p prompt: "say {task.target}" sample { max_tokens: 4 } output: text }\n'
+            "transition t { consume: a activate: end }\nstart: a\n"
+        )
         tasks = tmp_path / "tasks.jsonl"
         tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
-        base = [sys.executable, "-m", "srpo_graph.cli", "run", "--tasks", str(tasks), "--samples", "1", "--quiet",
-                "--backend", "openai", "--openai-url", server.url]
-        res = subprocess.run(base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t.jsonl")],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        base = [
+            sys.executable,
+            "-m",
+            "srpo_graph.cli",
+            "run",
+            "--tasks",
+            str(tasks),
+            "--samples",
+            "1",
+            "--quiet",
+            "--backend",
+            "openai",
+            "--openai-url",
+            server.url,
+        ]
+        res = subprocess.run(
+            base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t.jsonl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         eps = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
         outs = [e["outputs"][0] for e in eps]
@@ -242,8 +307,13 @@ def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_
         assert all(o["source"] == "text" and o["prompt_ids"] == [] for o in outs)
         assert server.calls[0][0]["model"] == "m1"
         wf.write_text(wf.read_text().replace("max_tokens: 4", 'max_tokens: 1, allow: ["1"]'))
-        res = subprocess.run(base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t2.jsonl")],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        res = subprocess.run(
+            base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t2.jsonl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert res.returncode != 0 and "plain.wf:5:" in res.stderr and "cannot honour" in res.stderr
         assert "Traceback" not in res.stderr
     finally:

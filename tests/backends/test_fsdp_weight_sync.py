@@ -80,7 +80,7 @@ def test_fsdp_streaming_sync_serves_the_trainers_weights(sglang_url, tiny_dir, t
     gets its original weights back at the end."""
     from test_sglang_real import client
 
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     proc = _torchrun(tiny_dir, tmp_path, sglang_url, route)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -70,7 +70,14 @@ def test_a_chat_agent_runs_token_in_token_out_on_sglang(qwen3_server):
         batch.old_logprobs, _ = packed_logprobs([model], batch)
     gaps = agent_mismatch(batch)
     print(gaps)
-    assert set(gaps) == {"mean_abs", "max_abs", "talker/mean_abs", "talker/max_abs", "critic/mean_abs", "critic/max_abs"}
+    assert set(gaps) == {
+        "mean_abs",
+        "max_abs",
+        "talker/mean_abs",
+        "talker/max_abs",
+        "critic/mean_abs",
+        "critic/max_abs",
+    }
     assert gaps["talker/max_abs"] < ATOL and gaps["critic/max_abs"] < ATOL, gaps
     backend.close()
 
@@ -91,13 +98,29 @@ def test_the_chat_workflow_trains_with_one_command_on_sglang(qwen3_server, tmp_p
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     run = tmp_path / "run"
     try:
-        res = CliRunner().invoke(app, [
-            "train", "workflows/chat_search_qwen3.wf", "--steps", "2", "--run-dir", str(run),
-            f'rollout.models={{"*"={json.dumps(str(path))}}}', "rollout.backend=sglang",
-            f"rollout.sglang.url={json.dumps(server.url)}", "rollout.sglang.update_connected=true",
-            "rollout.sglang.sync=disk", f"rollout.sglang.weight_dir={json.dumps(str(tmp_path / 'w'))}",
-            "rollout.max_staleness=1", "rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0",
-            "logging.tensorboard=false", "logging.plots=false"])
+        res = CliRunner().invoke(
+            app,
+            [
+                "train",
+                "workflows/chat_search_qwen3.wf",
+                "--steps",
+                "2",
+                "--run-dir",
+                str(run),
+                f'rollout.models={{"*"={json.dumps(str(path))}}}',
+                "rollout.backend=sglang",
+                f"rollout.sglang.url={json.dumps(server.url)}",
+                "rollout.sglang.update_connected=true",
+                "rollout.sglang.sync=disk",
+                f"rollout.sglang.weight_dir={json.dumps(str(tmp_path / 'w'))}",
+                "rollout.max_staleness=1",
+                "rollout.tasks_per_step=2",
+                "rollout.samples=2",
+                "eval.every=0",
+                "logging.tensorboard=false",
+                "logging.plots=false",
+            ],
+        )
         assert res.exit_code == 0, res.output
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [1, 2] and all(r["tokens"] > 0 for r in rows)

@@ -187,7 +187,8 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
         assert b.generate([GenerationRequest((1, 2), 1)])[0].weight_version == 3  # the server's tag
         b.sync_weights(model, 4)
         b.sync_weights(model, 5)
-        assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [".srpo-graph-weights.json", "v4", "v5", "v99", "venv"]
+        names = sorted(p.name for p in (tmp_path / "w").iterdir())
+        assert names == [".srpo-graph-weights.json", "v4", "v5", "v99", "venv"]
         with pytest.raises(BackendError, match="v99: error: exists and was not written by srpo-graph"):
             b.sync_weights(model, 99)
         assert (tmp_path / "w" / "v99").is_dir()

@@ -24,10 +24,23 @@ def test_selfplay_with_a_frozen_opponent_trains_on_sglang(tmp_path):
     require_sglang()
     torch.set_num_threads(1)
     run = tmp_path / "run"
-    cfg = load_config(None, ["steps=2", f"run_dir={json.dumps(str(run))}", "rollout.backend=sglang",
-                             "rollout.sglang.launch=cpu", f"rollout.sglang.port={_free_port(30040, 30090)}",
-                             "rollout.tasks_per_step=2", "rollout.samples=4", "eval.every=0", "logging.tensorboard=false",
-                             "logging.progress=false", "logging.plots=false", "logging.traces_every=1"])
+    cfg = load_config(
+        None,
+        [
+            "steps=2",
+            f"run_dir={json.dumps(str(run))}",
+            "rollout.backend=sglang",
+            "rollout.sglang.launch=cpu",
+            f"rollout.sglang.port={_free_port(30040, 30090)}",
+            "rollout.tasks_per_step=2",
+            "rollout.samples=4",
+            "eval.every=0",
+            "logging.tensorboard=false",
+            "logging.progress=false",
+            "logging.plots=false",
+            "logging.traces_every=1",
+        ],
+    )
     summary = train(ROOT / "workflows" / "selfplay_frozen.wf", cfg)
     assert summary.steps == 2
     assert (run / "sglang" / "me.log").is_file() and (run / "sglang" / "past.log").is_file()  # a server each

@@ -118,7 +118,7 @@ def test_adapters_refuse_a_process_group_sync_before_any_server_starts(tmp_path)
     """`rollout.sglang.sync=distributed` with adapters: a config error naming the field and why (SGLang
     0.5.23 streams base weights only), before anything is launched; `auto` keeps disk for them."""
     from srpo_graph.backends.options import SGLangOptions
-    from srpo_graph.backends.sglang_lora import serve_adapters
+    from srpo_graph.backends.sglang_fleet import serve_adapters
     from srpo_graph.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"field `rollout.sglang.sync`") as info:

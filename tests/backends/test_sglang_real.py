@@ -99,8 +99,14 @@ def test_allow_samples_only_allowed_tokens_with_renormalized_logprobs(sglang_url
     reqs = []
     for i in range(12):  # two different allowed sets in flight together (separate processor groups)
         allowed = digits if i % 2 else evens
-        reqs.append(GenerationRequest(tuple(tok(f"<b>{i}")["input_ids"]), max_new_tokens=3, temperature=(1.0, 0.7)[i % 3 == 0],
-                                      allowed_token_ids=allowed))
+        reqs.append(
+            GenerationRequest(
+                tuple(tok(f"<b>{i}")["input_ids"]),
+                max_new_tokens=3,
+                temperature=(1.0, 0.7)[i % 3 == 0],
+                allowed_token_ids=allowed,
+            )
+        )
     comps = b.generate(reqs)
     worst_renorm, best_full = 0.0, float("inf")
     for r, c in zip(reqs, comps):
@@ -118,8 +124,10 @@ def test_allow_samples_only_allowed_tokens_with_renormalized_logprobs(sglang_url
 def test_unconstrained_and_constrained_requests_share_a_batch(sglang_url, tiny_dir, tok):
     b = client(sglang_url, tiny_dir)
     digits = tuple(tok.convert_tokens_to_ids(str(d)) for d in range(10))
-    reqs = [GenerationRequest(tuple(tok("<a>3")["input_ids"]), 4, allowed_token_ids=digits if i % 2 else None)
-            for i in range(16)]
+    reqs = [
+        GenerationRequest(tuple(tok("<a>3")["input_ids"]), 4, allowed_token_ids=digits if i % 2 else None)
+        for i in range(16)
+    ]
     comps = b.generate(reqs)
     assert all(set(c.completion_ids) <= set(digits) for c in comps[1::2])
     assert any(not set(c.completion_ids) <= set(digits) for c in comps[0::2])
@@ -140,8 +148,9 @@ def test_samples_follow_the_policy_distribution_at_each_temperature(sglang_url, 
         with torch.no_grad():
             logits = model(torch.tensor([prompt])).logits[0, -1, list(digits)].double()
         for temperature in (1.0, 0.25):
-            comps = b.generate([GenerationRequest(prompt, 1, temperature=temperature, allowed_token_ids=digits)
-                                for _ in range(n)])
+            comps = b.generate(
+                [GenerationRequest(prompt, 1, temperature=temperature, allowed_token_ids=digits) for _ in range(n)]
+            )
             counts = torch.zeros(len(digits), dtype=torch.float64)
             for c in comps:
                 counts[digits.index(c.completion_ids[0])] += 1
@@ -214,9 +223,18 @@ def test_qwen2_shaped_model_with_biased_layers_syncs(tmp_path, tiny_dir, tok):
 
     require_sglang()
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     m0 = Qwen2ForCausalLM(cfg).eval()
     assert m0.model.layers[0].self_attn.q_proj.bias is not None
     with torch.no_grad():
@@ -246,7 +264,9 @@ def test_qwen2_shaped_model_with_biased_layers_syncs(tmp_path, tiny_dir, tok):
         for p, ci in zip(prompts, c):
             assert ci.weight_version == 1
             assert (torch.tensor(ci.logprobs) - reference_logprobs(m1, p, ci.completion_ids, 1.0)).abs().max() < ATOL
-            to_old = max(to_old, (torch.tensor(ci.logprobs) - reference_logprobs(m0, p, ci.completion_ids, 1.0)).abs().max())
+            to_old = max(
+                to_old, (torch.tensor(ci.logprobs) - reference_logprobs(m0, p, ci.completion_ids, 1.0)).abs().max()
+            )
         assert to_old > 3 * ATOL  # the new weights (biases included) are what it samples from
         b.close()
     finally:
@@ -334,13 +354,35 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
     from sglang_servers import _free_port
 
     port = _free_port(30091, 30100, exclude={w1.port, w2.port})
-    router = SGLangServer([sglang_python(), "-m", "sglang_router.launch_router", "--worker-urls", w1.url, w2.url,
-                           "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)], port,
-                          log_path=tmp_path / "router.log")
+    router = SGLangServer(
+        [
+            sglang_python(),
+            "-m",
+            "sglang_router.launch_router",
+            "--worker-urls",
+            w1.url,
+            w2.url,
+            "--policy",
+            "round_robin",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        port,
+        log_path=tmp_path / "router.log",
+    )
     try:
         router.start().wait_healthy(120)
-        b = load_backend("sglang", str(tiny_dir), url=router.url, worker_urls=[w1.url, w2.url],
-                         weight_dir=tmp_path / "w", backoff=0.05, sync="distributed")  # a group per worker
+        b = load_backend(
+            "sglang",
+            str(tiny_dir),
+            url=router.url,
+            worker_urls=[w1.url, w2.url],
+            weight_dir=tmp_path / "w",
+            backoff=0.05,
+            sync="distributed",
+        )  # a group per worker
         prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(16)]
         _until_the_router_uses_both(b, prompts[0], (w1, w2))
         other = _perturbed(tiny_dir, tmp_path, scale=0.05)

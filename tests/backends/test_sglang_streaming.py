@@ -36,7 +36,9 @@ def test_auto_streams_episodes_to_a_real_server(sglang_url, tiny_dir):
     for s, k in zip(streamed.episodes, lock.episodes):
         assert (s.task_id, s.sample) == (k.task_id, k.sample)
         assert [o.agent for o in s.outputs] == [o.agent for o in k.outputs] == ["a", "b", "c"]
-        assert [(t.name, list(t.consumed)) for t in s.transitions] == [(t.name, list(t.consumed)) for t in k.transitions]
+        assert [(t.name, list(t.consumed)) for t in s.transitions] == [
+            (t.name, list(t.consumed)) for t in k.transitions
+        ]
         for o in s.outputs:
             assert len(o.completion_ids) == 1 and o.value is not None and o.logprobs[0] <= 0.0
             assert o.id == f"o{s.outputs.index(o)}"

@@ -113,11 +113,17 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     assert all(r["rollout/backend_failures"] == 0 and r["rollout/stale_outputs"] == 0 for r in rows)
     # bf16 sampler vs fp32 trainer: small on average; the largest single token gap grows with how unlikely
     # the token is (over 0.05 in one CI run, as the policy sharpened), while weights out of sync are off by far more
-    gaps = [(r["mismatch/a/mean_abs"], r["mismatch/b/mean_abs"], r["mismatch/a/max_abs"], r["mismatch/b/max_abs"]) for r in rows]
+    gaps = [
+        (r["mismatch/a/mean_abs"], r["mismatch/b/mean_abs"], r["mismatch/a/max_abs"], r["mismatch/b/max_abs"])
+        for r in rows
+    ]
     assert all(max(g[:2]) < 0.02 and max(g[2:]) < 0.2 for g in gaps), gaps
     assert 'mismatch = "tis"' in (run / "config.toml").read_text()  # on by default for sglang
-    versions = {o["policy_version"] for line in (run / "traces" / "step_25.jsonl").read_text().splitlines()
-                for o in json.loads(line)["outputs"]}
+    versions = {
+        o["policy_version"]
+        for line in (run / "traces" / "step_25.jsonl").read_text().splitlines()
+        for o in json.loads(line)["outputs"]
+    }
     assert versions == {24}  # sampled by the weights of the previous update, as the server reported
     assert not (run / "weights").exists()  # the default sync (auto) streamed them over a gloo group: no disk
 
@@ -129,11 +135,21 @@ def test_two_policies_get_two_servers_each_synced(tmp_path, no_servers_left):
     wf = tmp_path / "duo.wf"
     wf.write_text(TWO_POLICIES)
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "duo.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "target": i % 10}) + "\n"
-                                                           for i in range(40)))
+    (tmp_path / "tasks" / "duo.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "target": i % 10}) + "\n" for i in range(40))
+    )
     run = tmp_path / "run"
-    train(wf, _config(run, 3, f"rollout.tasks={json.dumps(str(tmp_path / 'tasks' / 'duo.jsonl'))}",
-                      "rollout.tasks_per_step=4", "logging.traces_every=1", "rollout.sglang.sync=disk"))
+    train(
+        wf,
+        _config(
+            run,
+            3,
+            f"rollout.tasks={json.dumps(str(tmp_path / 'tasks' / 'duo.jsonl'))}",
+            "rollout.tasks_per_step=4",
+            "logging.traces_every=1",
+            "rollout.sglang.sync=disk",
+        ),
+    )
     no_servers_left()
     logs = sorted(p.name for p in (run / "sglang").iterdir())
     assert logs == ["left.log", "right.log"]  # one server per policy
@@ -196,21 +212,52 @@ def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_serv
 
     require_sglang()
     run = tmp_path / "fsdp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(ROOT / "workflows" / "coord_par2.wf"),
-                           "--nproc", "2", "--steps", "2", "--run-dir", str(run), "strategy=fsdp",
-                           "rollout.backend=sglang", "rollout.sglang.launch=cpu", "rollout.sglang.sync=distributed",
-                           "rollout.sglang.sync_bucket_mb=0.01", "rollout.tasks_per_step=4", "checkpoint.every=1",
-                           "eval.every=0", "logging.tensorboard=false", "logging.plots=false", "logging.traces_every=1"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "srpo_graph.cli",
+            "train",
+            str(ROOT / "workflows" / "coord_par2.wf"),
+            "--nproc",
+            "2",
+            "--steps",
+            "2",
+            "--run-dir",
+            str(run),
+            "strategy=fsdp",
+            "rollout.backend=sglang",
+            "rollout.sglang.launch=cpu",
+            "rollout.sglang.sync=distributed",
+            "rollout.sglang.sync_bucket_mb=0.01",
+            "rollout.tasks_per_step=4",
+            "checkpoint.every=1",
+            "eval.every=0",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "logging.traces_every=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1, 2]
     gap = [rows[1][f"mismatch/{a}/{k}"] for a in "ab" for k in ("mean_abs", "max_abs")]
     assert gap[0] < 0.02 and gap[2] < 0.02 and gap[1] < 0.2 and gap[3] < 0.2, gap  # bf16 vs fp32 (see above)
-    versions = {o["policy_version"] for line in (run / "traces" / "step_2.jsonl").read_text().splitlines()
-                for o in json.loads(line)["outputs"]}
+    versions = {
+        o["policy_version"]
+        for line in (run / "traces" / "step_2.jsonl").read_text().splitlines()
+        for o in json.loads(line)["outputs"]
+    }
     assert versions == {1}  # the server reported the version streamed after step 1
     assert not (run / "weights").exists()
     ck = run / "checkpoints" / "step_2"

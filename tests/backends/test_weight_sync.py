@@ -114,7 +114,7 @@ def test_distributed_sync_serves_the_new_weights_in_one_bucket_or_many(sglang_ur
     written to disk. The session server gets its original weights back at the end."""
     from test_sglang_real import client
 
-    from srpo_graph.backends.tiny import load_tokenizer
+    from srpo_graph.models.tiny import load_tokenizer
 
     tok = load_tokenizer(str(tiny_dir))
     prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(4)]

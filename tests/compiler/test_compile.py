@@ -112,9 +112,21 @@ def test_failed_episodes_are_excluded_and_counted():
 
 
 BAD = [
-    ("logprobs length", lambda ep: _with_output(ep, 0, logprobs=ep.outputs[0].logprobs + [-1.0]), r"outputs\[0\]\.logprobs"),
-    ("nan logprob", lambda ep: _with_output(ep, 1, logprobs=[math.nan] * len(ep.outputs[1].logprobs)), r"outputs\[1\]\.logprobs\[0\]"),
-    ("positive logprob", lambda ep: _with_output(ep, 0, logprobs=[0.5] * len(ep.outputs[0].logprobs)), r"outputs\[0\]\.logprobs\[0\]"),
+    (
+        "logprobs length",
+        lambda ep: _with_output(ep, 0, logprobs=ep.outputs[0].logprobs + [-1.0]),
+        r"outputs\[0\]\.logprobs",
+    ),
+    (
+        "nan logprob",
+        lambda ep: _with_output(ep, 1, logprobs=[math.nan] * len(ep.outputs[1].logprobs)),
+        r"outputs\[1\]\.logprobs\[0\]",
+    ),
+    (
+        "positive logprob",
+        lambda ep: _with_output(ep, 0, logprobs=[0.5] * len(ep.outputs[0].logprobs)),
+        r"outputs\[0\]\.logprobs\[0\]",
+    ),
     ("schema", lambda ep: ep.model_copy(update={"schema_": "srpo-graph.trace/0"}), r"field schema"),
     ("reward", lambda ep: ep.model_copy(update={"reward": math.inf}), r"field reward"),
     ("negative id", lambda ep: _with_output(ep, 0, prompt_ids=[-3, 1]), r"outputs\[0\]\.prompt_ids"),
@@ -122,15 +134,22 @@ BAD = [
     ("empty prompt", lambda ep: _with_output(ep, 0, prompt_ids=[]), r"outputs\[0\]\.prompt_ids"),
     ("outside allowed", lambda ep: _with_output(ep, 0, allowed_token_ids=[999]), r"outputs\[0\]\.completion_ids"),
     ("duplicate id", lambda ep: _with_output(ep, 1, id=ep.outputs[0].id), r"outputs\[1\]\.id"),
-    ("consumed twice", lambda ep: _with_transition(ep, 1, consumed=[ep.transitions[0].consumed[0]]), r"transitions\[1\]\.consumed"),
+    (
+        "consumed twice",
+        lambda ep: _with_transition(ep, 1, consumed=[ep.transitions[0].consumed[0]]),
+        r"transitions\[1\]\.consumed",
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,corrupt,field", BAD, ids=[b[0] for b in BAD])
 def test_bad_traces_are_rejected_naming_the_episode_and_field(name, corrupt, field):
     eps = synthetic_episodes(1, 2, seed=9, max_events=2, max_set=3)
-    eps = [e for e in synthetic_episodes(3, 2, seed=9, max_events=3, max_set=3)
-           if len(e.outputs) >= 2 and len(e.transitions) >= 2][:1] or eps
+    eps = [
+        e
+        for e in synthetic_episodes(3, 2, seed=9, max_events=3, max_set=3)
+        if len(e.outputs) >= 2 and len(e.transitions) >= 2
+    ][:1] or eps
     ep = eps[0]
     with pytest.raises(CompileError, match=field) as info:
         compile([ep, corrupt(ep)], where=["t.jsonl:1", "t.jsonl:2"])

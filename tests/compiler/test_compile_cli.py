@@ -73,7 +73,11 @@ BAD = [  # (mutation of the second episode, exit code, field named in the messag
     (_set(["schema"], "srpo-graph.trace/9"), 4, "schema"),
     (_set(["outputs", 0, "logprobs"], [float("nan")]), 4, "outputs.0"),
     (_set(["outputs", 0, "logprobs"], [-1.0] * 40), 4, "outputs.0"),
-    (_set(["transitions", 0, "consumed"], ["nope"]), 4, "field transitions[0].consumed: transition 't0' consumes unknown output ids"),
+    (
+        _set(["transitions", 0, "consumed"], ["nope"]),
+        4,
+        "field transitions[0].consumed: transition 't0' consumes unknown output ids",
+    ),
     (_set(["sample"], 0), 6, "field sample"),
     (_set(["workflow", "name"], "other"), 6, "field workflow.name"),
     (_set(["workflow", "hash"], "f" * 64), 6, "field workflow.hash"),
@@ -106,14 +110,42 @@ def test_every_compile_option_is_a_cli_option_that_reaches_the_config(tmp_path):
     traces = tmp_path / "t.jsonl"
     eps = synthetic_episodes(3, 4, seed=5)
     write_traces(traces, eps)
-    args = ["--advantage", "agent", "--returns", "episode", "--grouping", "turn", "--singleton-baseline", "episode",
-            "--no-std", "--gamma", "0.5", "--failed", "zero", "--truncated", "penalize", "--micro-batch-tokens", "0"]
+    args = [
+        "--advantage",
+        "agent",
+        "--returns",
+        "episode",
+        "--grouping",
+        "turn",
+        "--singleton-baseline",
+        "episode",
+        "--no-std",
+        "--gamma",
+        "0.5",
+        "--failed",
+        "zero",
+        "--truncated",
+        "penalize",
+        "--micro-batch-tokens",
+        "0",
+    ]
     r = CliRunner().invoke(app, ["compile", str(traces), "-o", str(tmp_path / "b.safetensors"), *args])
     assert r.exit_code == 0, r.output
     got = SetBatch.load(tmp_path / "b.safetensors")
-    want = compile(eps, CompileConfig(advantage="agent", returns="episode", grouping="turn",
-                                      singleton_baseline="episode", use_std=False, gamma=0.5, failed="zero",
-                                      truncated="penalize", micro_batch_tokens=0))
+    want = compile(
+        eps,
+        CompileConfig(
+            advantage="agent",
+            returns="episode",
+            grouping="turn",
+            singleton_baseline="episode",
+            use_std=False,
+            gamma=0.5,
+            failed="zero",
+            truncated="penalize",
+            micro_batch_tokens=0,
+        ),
+    )
     assert got.member_advantage.tolist() == want.member_advantage.tolist()
     help_text = CliRunner().invoke(app, ["compile", "--help"]).output
     for name in Fields.model_fields:

@@ -24,7 +24,14 @@ from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_WORKFLOWS = ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch", "tinysearch_k5")
+CPU_WORKFLOWS = (
+    "tinymath_pipeline",
+    "tinymath_mixed",
+    "tinymath_routed",
+    "tinymath_select",
+    "tinysearch",
+    "tinysearch_k5",
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +48,18 @@ def reason_model(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SRPO_GRAPH_HOME", str(tmp_path_factory.mktemp("home")))
         for name in ("tiny-reason", "tiny-search"):
-            small = replace(recipes.RECIPES[name], hidden=32, intermediate=64, layers=1, heads=2,
-                            num_examples=400, steps=20, batch_size=8, version=10_002,
-                            stages=tuple(replace(s, num_examples=40, steps=3) for s in recipes.RECIPES[name].stages))
+            small = replace(
+                recipes.RECIPES[name],
+                hidden=32,
+                intermediate=64,
+                layers=1,
+                heads=2,
+                num_examples=400,
+                steps=20,
+                batch_size=8,
+                version=10_002,
+                stages=tuple(replace(s, num_examples=40, steps=3) for s in recipes.RECIPES[name].stages),
+            )
             mp.setitem(recipes.RECIPES, name, small)
         yield {name: recipes.ensure_recipe_model(name) for name in ("tiny-reason", "tiny-search")}
 
@@ -67,11 +83,21 @@ def test_cpu_workflow_trains_one_step_on_the_pretrained_model(name, reason_model
     import torch
     from safetensors.torch import load_file
 
-    cfg = load_config(None, [
-        "steps=1", f"run_dir={tmp_path / 'run'}", "rollout.tasks_per_step=3", "rollout.samples=2",
-        "eval.every=1", "eval.num_tasks=3", "eval.mode=sampled", "logging.progress=false",
-        "logging.tensorboard=false", "logging.plots=false",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "steps=1",
+            f"run_dir={tmp_path / 'run'}",
+            "rollout.tasks_per_step=3",
+            "rollout.samples=2",
+            "eval.every=1",
+            "eval.num_tasks=3",
+            "eval.mode=sampled",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+        ],
+    )
     summary = train(ROOT / "workflows" / f"{name}.wf", cfg)
     (row,) = read_metrics(Path(summary.run_dir) / "metrics.jsonl")
     # the mean set size of every transition that fired (the trainer's set_size/<transition>)
@@ -110,13 +136,16 @@ def test_study_statistics():
     assert lo <= d <= hi and p > 0.5  # no difference
     better = [0.8, 0.7, 0.9, 0.75, 0.8, 0.85, 0.7, 0.9]
     d, lo, hi, p = study.paired_comparison(better, [0.2, 0.3, 0.25, 0.2, 0.3, 0.25, 0.2, 0.3])
-    assert lo > 0.4 and p == 2 / 2 ** 8  # every one of 8 seeds better: only all-signs-kept and all-flipped as extreme
+    assert lo > 0.4 and p == 2 / 2**8  # every one of 8 seeds better: only all-signs-kept and all-flipped as extreme
     # the exact sign-flip p against brute force over every sign assignment
     import itertools
+
     diffs = [0.1, -0.05, 0.2, 0.03, -0.01, 0.07]
     obs = abs(sum(diffs))
-    brute = sum(abs(sum(s * x for s, x in zip(signs, diffs))) >= obs - 1e-12
-                for signs in itertools.product((1, -1), repeat=len(diffs))) / 2 ** len(diffs)
+    brute = sum(
+        abs(sum(s * x for s, x in zip(signs, diffs))) >= obs - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(diffs))
+    ) / 2 ** len(diffs)
     assert study.sign_flip_p(diffs) == brute
     assert study.PLANS["quick"].key("tinymath_mixed") != study.PLANS["math"].key("tinymath_mixed")
     # a record is tied to the versions of the models its workflow runs, and only to those
@@ -126,8 +155,16 @@ def test_study_statistics():
     every = {"srpo", "srpo_sum", "srpo_mean", "independent", "grpo", "gspo", "dr_mas"}
     assert all(set(study.PLANS[name].objectives) >= every and study.PLANS[name].seeds >= 5 for name in study.FULL)
     assert {wf for name in study.FULL for wf in study.PLANS[name].workflows} >= {
-        "tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select", "tinysearch",
-        "coord_par2", "coord_par3", "coord_par4", "coord_par5"}
+        "tinymath_pipeline",
+        "tinymath_mixed",
+        "tinymath_routed",
+        "tinymath_select",
+        "tinysearch",
+        "coord_par2",
+        "coord_par3",
+        "coord_par4",
+        "coord_par5",
+    }
 
 
 def test_study_reuses_a_record_only_for_the_same_workflow_and_task_files(tmp_path):
@@ -182,9 +219,11 @@ def test_study_skips_only_objectives_that_are_another_ones_run():
             assert {"srpo", "grpo", "gspo"} <= set(cells)
             skipped = {o: study.same_as(wf, o, plan.objectives) for o in plan.objectives if o not in cells}
             assert all(src in cells for src in skipped.values())
-            want = {**({o: "srpo" for o in study.SAME_AT_K1} if wf in study.K1_WORKFLOWS else {}),
-                    **({"dr_mas": "grpo"} if wf in once else {}),
-                    **({"independent": "grpo"} if wf in study.COORD else {})}
+            want = {
+                **({o: "srpo" for o in study.SAME_AT_K1} if wf in study.K1_WORKFLOWS else {}),
+                **({"dr_mas": "grpo"} if wf in once else {}),
+                **({"independent": "grpo"} if wf in study.COORD else {}),
+            }
             assert skipped == want, wf
 
 
@@ -201,14 +240,26 @@ def _rollout(workflow: str, reason_model, samples: int = 4):
     backends = {}
     for p in wf.policies:
         path = str(reason_model.get(p.model) or ensure_tiny_model())
-        backends[p.name] = TransformersBackend(AutoModelForCausalLM.from_pretrained(path).eval(),
-                                               AutoTokenizer.from_pretrained(path))
+        backends[p.name] = TransformersBackend(
+            AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+        )
     tasks = load_tasks(ROOT / "workflows" / "tasks" / f"{workflow.split('_')[0]}.jsonl", wf)[:4]
     return run(wf, tasks, backends, samples=samples, seed=5).episodes
 
 
-@pytest.mark.parametrize("workflow", ("tinymath_pipeline", "tinymath_mixed", "tinymath_routed", "tinymath_select",
-                                      "tinysearch", "tinysearch_k5", "coord_par2", "coord_par4"))
+@pytest.mark.parametrize(
+    "workflow",
+    (
+        "tinymath_pipeline",
+        "tinymath_mixed",
+        "tinymath_routed",
+        "tinymath_select",
+        "tinysearch",
+        "tinysearch_k5",
+        "coord_par2",
+        "coord_par4",
+    ),
+)
 def test_the_studys_identities_hold_on_real_rollouts(workflow, reason_model):
     """Where the study says an objective is another one's run, the two compile to the same advantages and
     give the same loss and gradient on a real rollout (so training is the same, bit for bit); the
@@ -221,14 +272,18 @@ def test_the_studys_identities_hold_on_real_rollouts(workflow, reason_model):
 
     study = _study()
     # the shrunk models rarely earn a reward: the rollouts' structure is real, their rewards are made to vary
-    episodes = [e.model_copy(update={"reward": float((7 * i) % 5) / 4}) for i, e in enumerate(_rollout(workflow, reason_model))]
+    episodes = [
+        e.model_copy(update={"reward": float((7 * i) % 5) / 4}) for i, e in enumerate(_rollout(workflow, reason_model))
+    ]
     assert all(e.status == "ok" for e in episodes)
 
     def loss_and_grad(name):
         obj = get_objective(name)
         b = compile(episodes, obj.compile_config())
-        new = (b.old_logprobs.double() + 0.3 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(1),
-                                                           dtype=torch.float64)).requires_grad_()
+        new = (
+            b.old_logprobs.double()
+            + 0.3 * torch.randn(b.num_tokens, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        ).requires_grad_()
         cfg = obj.loss_config()
         loss, _ = srpo_loss(new, b, cfg, denominator=loss_denominator(b, cfg))
         (grad,) = torch.autograd.grad(loss, new)
@@ -252,8 +307,17 @@ def test_the_studys_identities_hold_on_real_rollouts(workflow, reason_model):
 def test_study_runs_in_parallel_as_it_runs_alone(tmp_path):
     """``--jobs 2`` (spawned workers) saves the same records as one process: same seeds, same numbers."""
     study = _study()
-    plan = study.Plan("par", ("coord_par2",), ("srpo", "grpo"), seeds=2, steps=2, coord_steps=3, eval_every=3,
-                      eval_tasks=4, tasks_per_step=4)
+    plan = study.Plan(
+        "par",
+        ("coord_par2",),
+        ("srpo", "grpo"),
+        seeds=2,
+        steps=2,
+        coord_steps=3,
+        eval_every=3,
+        eval_tasks=4,
+        tasks_per_step=4,
+    )
     one = study.run_study(plan, tmp_path / "one", jobs=1, log=lambda *_: None)
     two = study.run_study(plan, tmp_path / "two", jobs=2, log=lambda *_: None)
     assert one["start"] == two["start"]
@@ -261,9 +325,11 @@ def test_study_runs_in_parallel_as_it_runs_alone(tmp_path):
         differ = sorted(k for k in a.keys() | b.keys() if k != "seconds" and a.get(k) != b.get(k))
         assert not differ, (a["objective"], a["seed"], differ, [(a.get(k), b.get(k)) for k in differ][:2])
     assert sorted(p.relative_to(tmp_path / "two").as_posix() for p in (tmp_path / "two").rglob("seed*.json")) == [
-        "coord_par2/grpo/seed0.json", "coord_par2/grpo/seed1.json", "coord_par2/srpo/seed0.json",
-        "coord_par2/srpo/seed1.json"]
-
+        "coord_par2/grpo/seed0.json",
+        "coord_par2/grpo/seed1.json",
+        "coord_par2/srpo/seed0.json",
+        "coord_par2/srpo/seed1.json",
+    ]
 
 
 def test_study_runs_seed_by_seed_and_reports_a_partial_table(tmp_path):
@@ -273,21 +339,37 @@ def test_study_runs_seed_by_seed_and_reports_a_partial_table(tmp_path):
     from dataclasses import replace
 
     study = _study()
-    plan = study.Plan("part", ("coord_par2",), ("srpo", "grpo"), seeds=1, steps=2, coord_steps=2, eval_every=2,
-                      eval_tasks=4, tasks_per_step=4)
+    plan = study.Plan(
+        "part",
+        ("coord_par2",),
+        ("srpo", "grpo"),
+        seeds=1,
+        steps=2,
+        coord_steps=2,
+        eval_every=2,
+        eval_tasks=4,
+        tasks_per_step=4,
+    )
     logged: list[str] = []
     runs, out = tmp_path / "runs", tmp_path / "results.md"
     study.run_study(plan, runs, log=logged.append)
     assert [m.split()[2:4] for m in logged if m.startswith("seed 0")] == [
-        ["coord_par2", "held-out"], ["coord_par2", "srpo"], ["coord_par2", "grpo"]]
+        ["coord_par2", "held-out"],
+        ["coord_par2", "srpo"],
+        ["coord_par2", "grpo"],
+    ]
     two = replace(plan, seeds=2)
     assert two.key("coord_par2") == plan.key("coord_par2")  # the same records serve the bigger plan
     before = sorted(p.name for p in runs.rglob("*.json"))
     rows = study.run_plan(two, runs, out, "python benchmarks/study.py --plan part", run=False)
-    assert sorted(p.name for p in runs.rglob("seed*.json")) == [n for n in before if n.startswith("seed")]  # ran nothing
+    # ran nothing
+    assert sorted(p.name for p in runs.rglob("seed*.json")) == [n for n in before if n.startswith("seed")]
     text = out.read_text()
     assert "**PARTIAL: the study is still running.** 2 of 4 runs done" in text
-    assert "- coord_par2 `srpo`: seeds 0 done (of 0..1)" in text and "- coord_par2 before RL: 1 of 2 seeds evaluated" in text
+    assert (
+        "- coord_par2 `srpo`: seeds 0 done (of 0..1)" in text
+        and "- coord_par2 before RL: 1 of 2 seeds evaluated" in text
+    )
     assert [r["seed_list"] for r in rows] == [[0], [0]] and rows[1]["paired_seeds"] == 1
     assert (runs / "summary-part-partial.json").is_file() and not (runs / "summary.json").exists()
     study.run_plan(plan, runs, out, "python benchmarks/study.py --plan part", run=False)  # all done: not partial
@@ -301,35 +383,61 @@ def test_k5_table_beside_the_papers_numbers():
     study = _study()
     plan = study.PLANS["k5"]
     assert [v for _, _, v in study.PAPER["k5"]] == [40.1, 38.6, 37.2, 34.7]
-    acc = {("tinysearch_k5", "srpo"): [0.50, 0.52, 0.51, 0.49, 0.50, 0.53],      # sqrt K
-           ("tinysearch_k5", "srpo_sum"): [0.40, 0.41, 0.42, 0.40, 0.39, 0.41],  # sum: 10 points below on every seed
-           ("tinysearch", "srpo"): [0.51, 0.50, 0.50, 0.52, 0.48, 0.52]}         # K = 1: mixed signs vs sqrt K
-    runs = [{"workflow": wf, "objective": obj, "seed": s, "eval": [[20, v]]}
-            for (wf, obj), vs in acc.items() for s, v in enumerate(vs)]
+    acc = {
+        ("tinysearch_k5", "srpo"): [0.50, 0.52, 0.51, 0.49, 0.50, 0.53],  # sqrt K
+        ("tinysearch_k5", "srpo_sum"): [0.40, 0.41, 0.42, 0.40, 0.39, 0.41],  # sum: 10 points below on every seed
+        ("tinysearch", "srpo"): [0.51, 0.50, 0.50, 0.52, 0.48, 0.52],
+    }  # K = 1: mixed signs vs sqrt K
+    runs = [
+        {"workflow": wf, "objective": obj, "seed": s, "eval": [[20, v]]}
+        for (wf, obj), vs in acc.items()
+        for s, v in enumerate(vs)
+    ]
     pairs = study.beside_paper(plan, {"runs": runs})
     assert [(q["a"].split()[0], q["b"].split()[0]) for q in pairs] == [
-        ("sqrt", "sum"), ("sqrt", "single"), ("sqrt", "mean"), ("sum", "single"), ("sum", "mean"), ("single", "mean")]
+        ("sqrt", "sum"),
+        ("sqrt", "single"),
+        ("sqrt", "mean"),
+        ("sum", "single"),
+        ("sum", "mean"),
+        ("single", "mean"),
+    ]
     by = {(q["a"].split()[0], q["b"].split()[0]): q for q in pairs}
     q = by[("sqrt", "sum")]
     assert q["paper"] == 1.5 and q["seeds"] == 6 and q["verdict"] == "reproduces"
-    assert math.isclose(q["ours"][0], 100 * (sum(acc[("tinysearch_k5", "srpo")]) - sum(acc[("tinysearch_k5", "srpo_sum")])) / 6)
-    assert q["ours"][3] == 2 / 2 ** 6  # every seed the same sign: the exact sign-flip test's smallest p
+    assert math.isclose(
+        q["ours"][0], 100 * (sum(acc[("tinysearch_k5", "srpo")]) - sum(acc[("tinysearch_k5", "srpo_sum")])) / 6
+    )
+    assert q["ours"][3] == 2 / 2**6  # every seed the same sign: the exact sign-flip test's smallest p
     assert by[("sum", "single")]["paper"] == 1.4 and by[("sum", "single")]["verdict"] == "reversed"
     diffs = [a - b for a, b in zip(acc[("tinysearch_k5", "srpo")], acc[("tinysearch", "srpo")])]
     assert sum(diffs) > 0 and by[("sqrt", "single")]["verdict"] == "same sign, not significant"
-    assert by[("sqrt", "mean")] == {"a": q["a"], "b": "mean (alpha = 1)", "paper": 5.4, "seeds": 0, "verdict": "not run yet"}
-    rows = [{"workflow": "tinysearch_k5", "objective": "srpo", "acc": 0.5083, "acc_ci": 0.015, "start": 0.3, "seeds": 6}]
+    assert by[("sqrt", "mean")] == {
+        "a": q["a"],
+        "b": "mean (alpha = 1)",
+        "paper": 5.4,
+        "seeds": 0,
+        "verdict": "not run yet",
+    }
+    rows = [
+        {"workflow": "tinysearch_k5", "objective": "srpo", "acc": 0.5083, "acc_ci": 0.015, "start": 0.3, "seeds": 6}
+    ]
     lines = study.paper_lines(plan, rows, pairs)
     assert "| sqrt K (alpha = 1/2) (`srpo` on tinysearch_k5) | 40.1 | 50.8 ± 1.5 | 30.0 | 6 |" in lines
     assert "| mean (alpha = 1) (`srpo_mean` on tinysearch_k5) | 34.7 | not run yet | - | 0 |" in lines
     # the replication on fresh seeds names every significant contrast and paper ordering of the first seeds
-    first = {"contrasts": [{"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": [0.05, 0.01, 0.09, 0.01]},
-                           {"a": ["tinysearch_k5", "srpo"], "b": ["tinysearch_k5", "srpo_sum"], "diff": [0.01, -0.1, 0.1, 0.6]}],
-             "paper": json.loads(json.dumps(pairs))}  # as the summary saves them
+    first = {
+        "contrasts": [
+            {"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": [0.05, 0.01, 0.09, 0.01]},
+            {"a": ["tinysearch_k5", "srpo"], "b": ["tinysearch_k5", "srpo_sum"], "diff": [0.01, -0.1, 0.1, 0.6]},
+        ],
+        "paper": json.loads(json.dumps(pairs)),
+    }  # as the summary saves them
     again = [{"a": ["tinysearch", "srpo"], "b": ["tinysearch_k5", "srpo"], "diff": (-0.02, -0.05, 0.01, 0.3)}]
     new_pairs = [{"a": q["a"], "b": q["b"], "ours": (0.5, -1.0, 2.0, 0.4)} for q in pairs[:1]]
     rep = study.replication_pair_lines(first, again, new_pairs)
-    assert len(rep) == 3, rep  # the contrast with p 0.01, sqrt K - sum and sum - single K (p 0.03125); not the p 0.6 one
+    # the contrast with p 0.01, sqrt K - sum and sum - single K (p 0.03125); not the p 0.6 one
+    assert len(rep) == 3, rep
     assert rep[0].startswith("- `srpo` on tinysearch_k5 - `srpo` on tinysearch: +0.050") and "(reversed)" in rep[0]
     assert rep[1].startswith("- sqrt K (alpha = 1/2) - sum (alpha = 0)") and "same sign, not significant" in rep[1]
     assert rep[2].startswith("- sum (alpha = 0) - single searcher") and rep[2].endswith("not rerun here")
@@ -345,8 +453,11 @@ def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     assert study.main(["--smoke", "--runs-dir", str(runs), "--out", str(out)]) == 0
     records = sorted(runs.glob("tinymath_mixed/*/seed*.json"))
     assert [p.relative_to(runs).as_posix() for p in records] == [
-        "tinymath_mixed/grpo/seed0.json", "tinymath_mixed/grpo/seed1.json",
-        "tinymath_mixed/srpo/seed0.json", "tinymath_mixed/srpo/seed1.json"]
+        "tinymath_mixed/grpo/seed0.json",
+        "tinymath_mixed/grpo/seed1.json",
+        "tinymath_mixed/srpo/seed0.json",
+        "tinymath_mixed/srpo/seed1.json",
+    ]
     rec = json.loads(records[-1].read_text())
     assert [s for s, _ in rec["eval"]] == [2] and len(rec["reward"]) == 2 and isinstance(rec["grad_norm"], list)
     assert all(k.startswith("loss/") and k.rsplit("/k", 1)[1].isdigit() for k in rec["diagnostics"])
@@ -359,7 +470,9 @@ def test_study_smoke_runs_and_resumes(reason_model, tmp_path):
     assert [p.stat().st_mtime_ns for p in records] == stamps
     assert out.read_text().count("<!-- study:smoke -->") == 1
     # a disjoint set of seeds, then every saved seed pooled (a report: nothing runs)
-    assert study.main(["--smoke", "--seed-offset", "5", "--seeds", "1", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    assert (
+        study.main(["--smoke", "--seed-offset", "5", "--seeds", "1", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    )
     summary = (runs / "summary.json").read_text()
     assert study.main(["--smoke", "--pool", "--runs-dir", str(runs), "--out", str(out)]) == 0
     assert [p.stat().st_mtime_ns for p in records] == stamps and (runs / "summary.json").read_text() == summary
@@ -386,8 +499,10 @@ def test_bench_objectives_writes_only_its_own_section(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "results.md"
-    page = ("# Results\n\n<!-- study:learn -->\nstudy text\n<!-- end study:learn -->\n\n"
-            f"{bench.BEGIN}\nold table\n{bench.END}\n\n<!-- lora -->\nlora text\n<!-- end lora -->\n")
+    page = (
+        "# Results\n\n<!-- study:learn -->\nstudy text\n<!-- end study:learn -->\n\n"
+        f"{bench.BEGIN}\nold table\n{bench.END}\n\n<!-- lora -->\nlora text\n<!-- end lora -->\n"
+    )
     out.write_text(page)
     bench.write_section(out, "new table")
     assert out.read_text() == page.replace("old table", "new table")
@@ -414,8 +529,15 @@ def test_k5_search_evaluates_by_route_and_reader(reason_model, tmp_path):
     agent; routes count the rounds. (The real model's starting accuracy is measured by the study.)"""
     from srpo_graph.train.eval_command import Source, evaluate_source
 
-    rep, eps = evaluate_source(ROOT / "workflows" / "tinysearch_k5.wf", Source("base", "base"), None, samples=2,
-                               seed=0, num_tasks=4, out=tmp_path)
+    rep, eps = evaluate_source(
+        ROOT / "workflows" / "tinysearch_k5.wf",
+        Source("base", "base"),
+        None,
+        samples=2,
+        seed=0,
+        num_tasks=4,
+        out=tmp_path,
+    )
     assert rep.overall.episodes == 8 and rep.statuses.get("failed", 0) == 0
     for e in eps:
         first = min(e.transitions, key=lambda t: t.step)
@@ -433,9 +555,19 @@ def test_study_replicates_on_disjoint_seeds_with_contrasts_and_power(tmp_path):
     from dataclasses import replace
 
     study = _study()
-    plan = study.Plan("rep", ("coord_par2", "coord_par3"), ("srpo", "grpo"), seeds=2, steps=2, coord_steps=2,
-                      eval_every=2, eval_tasks=4, tasks_per_step=4, objectives_on=(("coord_par3", ("srpo",)),),
-                      contrasts=((("coord_par2", "srpo"), ("coord_par3", "srpo")),))
+    plan = study.Plan(
+        "rep",
+        ("coord_par2", "coord_par3"),
+        ("srpo", "grpo"),
+        seeds=2,
+        steps=2,
+        coord_steps=2,
+        eval_every=2,
+        eval_tasks=4,
+        tasks_per_step=4,
+        objectives_on=(("coord_par3", ("srpo",)),),
+        contrasts=((("coord_par2", "srpo"), ("coord_par3", "srpo")),),
+    )
     again = replace(plan, seed_offset=100)
     assert again.seed_list == [100, 101] and again.section == "rep-seeds100-101"
     assert plan.key("coord_par2") == replace(plan, objectives_on=(), contrasts=(), seed_offset=7).key("coord_par2")
@@ -444,22 +576,45 @@ def test_study_replicates_on_disjoint_seeds_with_contrasts_and_power(tmp_path):
     study.run_plan(plan, runs, out, "first")
     study.run_plan(again, runs, out, "again")
     assert sorted(p.name for p in (runs / "coord_par2" / "srpo").glob("seed*.json")) == [
-        "seed0.json", "seed1.json", "seed100.json", "seed101.json"]
+        "seed0.json",
+        "seed1.json",
+        "seed100.json",
+        "seed101.json",
+    ]
     assert not (runs / "coord_par3" / "grpo").exists()
     text = out.read_text()
     assert text.count("<!-- study:rep -->") == 1 and text.count("<!-- study:rep-seeds100-101 -->") == 1
-    second = text[text.index("<!-- study:rep-seeds100-101 -->"):]
+    second = text[text.index("<!-- study:rep-seeds100-101 -->") :]
     assert "Seeds 100..101" in second and "Paired by seed: `srpo` on coord_par3 - `srpo` on coord_par2" in second
     assert "Replication of the comparisons the first seeds (0..1)" in second
     summary = json.loads((runs / "summary-rep-seeds100-101.json").read_text())
     assert summary["contrasts"][0]["seeds"] == 2 and summary["rows"][1]["seeds_needed"] >= 6
     # the verdicts, on made-up rows: held, same sign but not significant, reversed, not significant at first
-    first = [{"workflow": "w", "objective": o, "vs_srpo": v} for o, v in
-             (("a", (0.1, 0, 0.2, 0.01)), ("b", (0.1, 0, 0.2, 0.01)), ("c", (-0.1, -0.2, 0, 0.02)), ("d", (0.1, 0, 0.2, 0.3)))]
-    rerun = [{"workflow": "w", "objective": o, "vs_srpo": v} for o, v in
-             (("a", (0.05, 0, 0.1, 0.02)), ("b", (0.01, -0.1, 0.1, 0.4)), ("c", (0.05, 0, 0.1, 0.5)), ("d", (0.0, 0, 0, 1.0)))]
+    first = [
+        {"workflow": "w", "objective": o, "vs_srpo": v}
+        for o, v in (
+            ("a", (0.1, 0, 0.2, 0.01)),
+            ("b", (0.1, 0, 0.2, 0.01)),
+            ("c", (-0.1, -0.2, 0, 0.02)),
+            ("d", (0.1, 0, 0.2, 0.3)),
+        )
+    ]
+    rerun = [
+        {"workflow": "w", "objective": o, "vs_srpo": v}
+        for o, v in (
+            ("a", (0.05, 0, 0.1, 0.02)),
+            ("b", (0.01, -0.1, 0.1, 0.4)),
+            ("c", (0.05, 0, 0.1, 0.5)),
+            ("d", (0.0, 0, 0, 1.0)),
+        )
+    ]
     lines = study.replication_lines(first, rerun)
-    assert len(lines) == 3 and "**held**" in lines[0] and "same sign, not significant" in lines[1] and "reversed" in lines[2]
+    assert (
+        len(lines) == 3
+        and "**held**" in lines[0]
+        and "same sign, not significant" in lines[1]
+        and "reversed" in lines[2]
+    )
 
 
 def test_power_estimate_against_the_t_distribution():
@@ -467,10 +622,16 @@ def test_power_estimate_against_the_t_distribution():
     stats = pytest.importorskip("scipy.stats")
     study = _study()
     for df in range(1, 31):
-        assert abs(stats.t.ppf(0.8, df) - study.T80[df - 1]) < 6e-4 and abs(stats.t.ppf(0.975, df) - study.T975[df - 1]) < 6e-4
+        assert (
+            abs(stats.t.ppf(0.8, df) - study.T80[df - 1]) < 6e-4
+            and abs(stats.t.ppf(0.975, df) - study.T975[df - 1]) < 6e-4
+        )
     for sd in (0.005, 0.02, 0.05, 0.16):
-        n = next(n for n in range(6, 100_000)
-                 if n >= ((stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / 0.015) ** 2)
+        n = next(
+            n
+            for n in range(6, 100_000)
+            if n >= ((stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / 0.015) ** 2
+        )
         assert abs(study.seeds_needed(sd) - n) <= 1, (sd, n, study.seeds_needed(sd))
 
 
@@ -481,8 +642,17 @@ def test_k5_plan_smoke(reason_model, tmp_path):
     from dataclasses import replace
 
     study = _study()
-    plan = replace(study.PLANS["k5"], seeds=1, steps=1, eval_every=1, eval_tasks=2, eval_samples=2, tasks_per_step=2,
-                   samples=2, epochs=1)
+    plan = replace(
+        study.PLANS["k5"],
+        seeds=1,
+        steps=1,
+        eval_every=1,
+        eval_tasks=2,
+        eval_samples=2,
+        tasks_per_step=2,
+        samples=2,
+        epochs=1,
+    )
     assert plan.cells("tinysearch") == ("srpo",)
     assert plan.cells("tinysearch_k5") == ("srpo", "srpo_sum", "srpo_mean", "grpo", "dr_mas")
     out = tmp_path / "results.md"

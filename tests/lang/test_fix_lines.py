@@ -23,7 +23,11 @@ GOLDEN = Path(__file__).parent / "golden"
 def _calls():
     for path in sorted(LANG.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("err", "error", "warning"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("err", "error", "warning")
+            ):
                 owner = ast.unparse(node.func.value)
                 if node.func.attr == "err" or owner.endswith("sink"):
                     yield f"{path.name}:{node.lineno}", node

@@ -51,23 +51,30 @@ def test_viz_labels_frozen_policies():
 def test_format_round_trips():
     once = format_source(OK)
     assert 'policy judge = "tiny" frozen' in once
-    assert 'openai("http://127.0.0.1:30000/v1", model="m", api_key_env="KEY", timeout=5, retries=1, concurrency=2)' in once
+    assert (
+        'openai("http://127.0.0.1:30000/v1", model="m", api_key_env="KEY", timeout=5, retries=1, concurrency=2)' in once
+    )
     assert format_source(once) == once
     assert check(parse(once)).policy_by_name["api"].external == check(parse(OK)).policy_by_name["api"].external
 
 
 BAD = [
     # (replace in OK, the text the error points at (its first occurrence), words of the message)
-    ('policy api = openai("http://127.0.0.1:30000/v1", model="m", api_key_env="KEY", timeout=5, retries=1, concurrency=2)',
-     'policy api = openai("ftp://x", model="m")', "\"ftp", "is not an http(s) URL"),
+    (
+        'policy api = openai("http://127.0.0.1:30000/v1", model="m", api_key_env="KEY", timeout=5, retries=1, '
+        'concurrency=2)',
+        'policy api = openai("ftp://x", model="m")',
+        '"ftp',
+        "is not an http(s) URL",
+    ),
     ('api_key_env="KEY"', 'api_key="sk-123"', "api_key=", "never written in a workflow file"),
-    ('timeout=5', 'tmeout=5', "tmeout", "unknown openai argument 'tmeout'"),
-    ('retries=1', 'retries=-1', "-1", "`retries` must be"),
-    ('concurrency=2', 'concurrency=0', "0)", "`concurrency` must be"),
-    ('model="m"', 'model=3', "3,", "`model` must be"),
-    ('sample { temperature', 'sample { allow: ["a"], temperature', "allow", "cannot honour `allow`"),
-    ('sample { temperature', 'sample { top_k: 3, temperature', "top_k", "cannot honour `top_k`"),
-    ('policy judge = "tiny" frozen', 'policy judge = lora("api", r=4)', "\"api", "cannot be the base of adapter"),
+    ("timeout=5", "tmeout=5", "tmeout", "unknown openai argument 'tmeout'"),
+    ("retries=1", "retries=-1", "-1", "`retries` must be"),
+    ("concurrency=2", "concurrency=0", "0)", "`concurrency` must be"),
+    ('model="m"', "model=3", "3,", "`model` must be"),
+    ("sample { temperature", 'sample { allow: ["a"], temperature', "allow", "cannot honour `allow`"),
+    ("sample { temperature", "sample { top_k: 3, temperature", "top_k", "cannot honour `top_k`"),
+    ('policy judge = "tiny" frozen', 'policy judge = lora("api", r=4)', '"api', "cannot be the base of adapter"),
     ('policy judge = "tiny" frozen', 'policy judge = lora("solver", r=4) frozen', "frozen", "cannot be frozen"),
 ]
 

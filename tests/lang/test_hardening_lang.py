@@ -26,16 +26,22 @@ HEAD = 'workflow w\nimport std\npolicy p = "tiny"\n'
 def _pathological() -> dict[str, str]:
     """Graphs built to stress every analysis: duplicate names in cycles, long chains, wide joins."""
     n = 150
-    chain = "".join(f'agent a{i} {{ policy: p prompt: "{{a{i - 1}}}" }}\n' if i else 'agent a0 { policy: p prompt: "x" }\n'
-                    for i in range(n))
-    chain += "".join(f"transition t{i} {{ consume: a{i} activate: {f'a{i + 1}' if i + 1 < n else 'end'} }}\n"
-                     for i in range(n))
+    chain = "".join(
+        f'agent a{i} {{ policy: p prompt: "{{a{i - 1}}}" }}\n' if i else 'agent a0 { policy: p prompt: "x" }\n'
+        for i in range(n)
+    )
+    chain += "".join(
+        f"transition t{i} {{ consume: a{i} activate: {f'a{i + 1}' if i + 1 < n else 'end'} }}\n" for i in range(n)
+    )
     dup = "".join(f'agent a{i} {{ policy: p prompt: "{{a{(i + 1) % 8}}}" }}\n' for i in range(8))
     dup += "".join(f"transition t {{ consume: a{i} activate: a{(i + 1) % 8}, a{(i + 3) % 8} }}\n" for i in range(8))
     wide = "".join(f'agent w{i} {{ policy: p prompt: "x" }}\n' for i in range(60))
     wide += f"transition j {{ consume: {', '.join(f'w{i}' for i in range(60))} activate: end }}\n"
-    return {"chain.wf": HEAD + chain + "start: a0\n", "dup_cycles.wf": HEAD + dup + "start: a0\n",
-            "wide.wf": HEAD + wide + f"start: {', '.join(f'w{i}' for i in range(60))}\n"}
+    return {
+        "chain.wf": HEAD + chain + "start: a0\n",
+        "dup_cycles.wf": HEAD + dup + "start: a0\n",
+        "wide.wf": HEAD + wide + f"start: {', '.join(f'w{i}' for i in range(60))}\n",
+    }
 
 
 def test_every_analysis_ends_on_every_file(tmp_path):
@@ -57,8 +63,9 @@ def test_every_analysis_ends_on_every_file(tmp_path):
                 out[f] = type(exc).__name__
         print(json.dumps(out))
     """)
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, files)], capture_output=True, text=True,
-                          env=ENV, timeout=180)  # guards against a hang; asserts nothing about speed
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, files)], capture_output=True, text=True, env=ENV, timeout=180
+    )  # guards against a hang; asserts nothing about speed
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
     assert len(result) == len(files)
@@ -86,14 +93,22 @@ def test_any_nesting_depth_is_a_located_error(depth):
 
 
 def test_32_levels_are_fine():
-    text = HEAD + 'agent a { policy: p prompt: "x" output: ' + "list[" * 32 + "int" + "]" * 32 + " via std.json_record }"
+    text = (
+        HEAD + 'agent a { policy: p prompt: "x" output: ' + "list[" * 32 + "int" + "]" * 32 + " via std.json_record }"
+    )
     parse(text + "\nstart: a\n")
 
 
 @pytest.mark.parametrize("sep", ["\r\n", "\r", "\n"])
 def test_line_ends_are_counted_the_same_by_parser_and_printer(sep):
-    lines = ["workflow w", "import std", 'policy p = "tiny"', 'agent a { policy: p prompt: "x\u2028y\fz\vw" }',
-             "transition t { consume: a activate: nobody }", "start: a"]
+    lines = [
+        "workflow w",
+        "import std",
+        'policy p = "tiny"',
+        'agent a { policy: p prompt: "x\u2028y\fz\vw" }',
+        "transition t { consume: a activate: nobody }",
+        "start: a",
+    ]
     text = sep.join(lines) + sep
     from srpo_graph.errors import WorkflowCheckError
 
@@ -106,7 +121,9 @@ def test_line_ends_are_counted_the_same_by_parser_and_printer(sep):
 
 def test_the_printer_shows_invisible_characters_visibly_and_keeps_the_caret():
     src = 'x = "a\u2028b\fc"  bad'
-    d = Diagnostic("here", Span(path="f.wf", line=1, col=src.index("bad") + 1, end_line=1, end_col=src.index("bad") + 4))
+    d = Diagnostic(
+        "here", Span(path="f.wf", line=1, col=src.index("bad") + 1, end_line=1, end_col=src.index("bad") + 4)
+    )
     _, line, caret = render_diagnostic(d, src).splitlines()
     assert "\u2028" not in line and "\f" not in line
     assert line.index("bad") == caret.index("^")
@@ -115,12 +132,14 @@ def test_the_printer_shows_invisible_characters_visibly_and_keeps_the_caret():
 
 def _semantics(text: str) -> dict:
     """The checked workflow without spans and source hash (what running it depends on)."""
+
     def strip(v):
         if isinstance(v, dict):
             return {k: strip(x) for k, x in v.items() if k not in ("span", "source_hash", "path")}
         if isinstance(v, list):
             return [strip(x) for x in v]
         return v
+
     return strip(check(parse(text, "f.wf"), text).model_dump(mode="json"))
 
 
@@ -144,8 +163,12 @@ TRICKY = HEAD + textwrap.dedent('''\
     ''')
 
 
-@pytest.mark.parametrize("name", ["tricky"] + sorted(p.name for p in (ROOT / "workflows").glob("*.wf"))
-                         + sorted(f"golden/{p.name}" for p in (GOLDEN / "ok").glob("*.wf")))
+@pytest.mark.parametrize(
+    "name",
+    ["tricky"]
+    + sorted(p.name for p in (ROOT / "workflows").glob("*.wf"))
+    + sorted(f"golden/{p.name}" for p in (GOLDEN / "ok").glob("*.wf")),
+)
 def test_fmt_never_changes_what_a_valid_file_means(name, monkeypatch):
     if name == "tricky":
         text = TRICKY

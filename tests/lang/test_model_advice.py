@@ -31,7 +31,11 @@ def test_lora_on_tiny_and_greedy_on_tiny_are_warned_on_their_lines():
 
 
 def test_an_agent_on_the_frozen_base_is_warned():
-    text = (ROOT / "workflows" / "coord_lora2.wf").read_text().replace('policy base = "tiny"', 'policy base = "tiny-reason"')
+    text = (
+        (ROOT / "workflows" / "coord_lora2.wf")
+        .read_text()
+        .replace('policy base = "tiny"', 'policy base = "tiny-reason"')
+    )
     text = text.replace("  policy: role_b\n", "  policy: base\n")
     text = text.replace('policy role_b = lora("base", r=8, alpha=16, targets=[q_proj, k_proj, v_proj, o_proj])\n', "")
     line = next(i for i, s in enumerate(text.splitlines(), 1) if s.startswith("agent b"))
@@ -43,8 +47,12 @@ def test_an_agent_on_the_frozen_base_is_warned():
 def test_greedy_warning_only_when_the_prompt_ends_with_a_reference():
     text = (ROOT / "workflows" / "coord_routed.wf").read_text()
     assert [c for c, _ in _codes(text)] == ["tiny-greedy"]  # once per workflow, at the first such agent
-    ended = text.replace('"<r>{task.route}"', '"<r>{task.route}<sep>"').replace('"<a>{task.target}"', '"<a>{task.target}<sep>"')
-    ended = ended.replace('"<b>{task.target}"', '"<b>{task.target}<sep>"').replace('"<c>{task.target}"', '"<c>{task.target}<sep>"')
+    ended = text.replace('"<r>{task.route}"', '"<r>{task.route}<sep>"').replace(
+        '"<a>{task.target}"', '"<a>{task.target}<sep>"'
+    )
+    ended = ended.replace('"<b>{task.target}"', '"<b>{task.target}<sep>"').replace(
+        '"<c>{task.target}"', '"<c>{task.target}<sep>"'
+    )
     assert _codes(ended) == []
 
 
@@ -66,4 +74,7 @@ def test_the_tiny_model_copies_the_prompts_last_token_greedily():
 
 def test_check_prints_the_warnings_and_succeeds():
     res = CliRunner().invoke(app, ["check", str(ROOT / "workflows" / "coord_lora2.wf")])
-    assert res.exit_code == 0 and "warning: policy 'role_a' is a LoRA adapter on the random-init `tiny` model" in res.output
+    assert (
+        res.exit_code == 0
+        and "warning: policy 'role_a' is a LoRA adapter on the random-init `tiny` model" in res.output
+    )

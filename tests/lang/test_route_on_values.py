@@ -85,16 +85,31 @@ def _loop(tmp_path, activate="route verdict { stop -> end, again -> a }", rounds
 def test_a_loop_routed_by_a_python_check_checks(tmp_path):
     wf = load_workflow(_loop(tmp_path))
     judge = wf.transition_by_name["judge"]
-    assert isinstance(judge.activate, ActivateRoute) and dict(judge.activate.cases) == {"stop": ("end",), "again": ("a",)}
+    assert isinstance(judge.activate, ActivateRoute) and dict(judge.activate.cases) == {
+        "stop": ("end",),
+        "again": ("a",),
+    }
     assert judge.tools[0].type.options == ("stop", "again") and judge.set_sizes == (1,)
 
 
-@pytest.mark.parametrize("activate, rounds, message", [
-    ("route verdict { stop -> end, again -> a }", "", "unbounded cycle: a -> judge -> a"),
-    ("route verdict { stopp -> end, again -> a }", "  max_rounds: 3\n", "'stopp' is not a label of choice[stop, again]"),
-    ("route verdict { stop -> end, again -> zz }", "  max_rounds: 3\n", "route case 'again' names 'zz', which is not an agent"),
-    ("route verdict", "  max_rounds: 3\n", "router choice 'stop' is not an agent"),
-], ids=["unbounded", "bad-label", "bad-target", "labels-not-agents"])
+@pytest.mark.parametrize(
+    "activate, rounds, message",
+    [
+        ("route verdict { stop -> end, again -> a }", "", "unbounded cycle: a -> judge -> a"),
+        (
+            "route verdict { stopp -> end, again -> a }",
+            "  max_rounds: 3\n",
+            "'stopp' is not a label of choice[stop, again]",
+        ),
+        (
+            "route verdict { stop -> end, again -> zz }",
+            "  max_rounds: 3\n",
+            "route case 'again' names 'zz', which is not an agent",
+        ),
+        ("route verdict", "  max_rounds: 3\n", "router choice 'stop' is not an agent"),
+    ],
+    ids=["unbounded", "bad-label", "bad-target", "labels-not-agents"],
+)
 def test_the_graph_rules_hold_for_a_tool_route(tmp_path, activate, rounds, message):
     with pytest.raises(WorkflowCheckError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         load_workflow(_loop(tmp_path, activate, rounds))

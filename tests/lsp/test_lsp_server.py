@@ -159,7 +159,8 @@ async def test_utf16_columns_after_non_ascii_prompt_text(client, docs, tmp_path)
     assert d.range.end == pos(text, "{task.nope}", delta=len("{task.nope}"))
     assert d.range.start.character == len(text.split("\n")[4][: text.split("\n")[4].index("{task.nope}")]) + 2
     assert got(diags) == expected(text, str(path))
-    hover = await client.text_document_hover_async(lsp.HoverParams(text_document=doc_id(uri), position=pos(text, "{b}", delta=1)))
+    where = lsp.HoverParams(text_document=doc_id(uri), position=pos(text, "{b}", delta=1))
+    hover = await client.text_document_hover_async(where)
     assert hover is not None and "**agent** `b`" in hover.contents.value
     assert hover.range.start == pos(text, "{b}", delta=1)
     docs.close(uri)
@@ -167,9 +168,11 @@ async def test_utf16_columns_after_non_ascii_prompt_text(client, docs, tmp_path)
 
 async def test_the_token_rule_of_check(client, docs, tmp_path):
     """`allow` entries that are not single tokens of the tiny tokenizer: check's error, on the agent."""
-    text = ('workflow w\nimport std\npolicy p = "tiny"\n'
-            'agent a { policy: p  prompt: "<judge>x"  sample { allow: ["0", "10"] } }\n'
-            'transition t { consume: a  activate: end }\nstart: a\n')
+    text = (
+        'workflow w\nimport std\npolicy p = "tiny"\n'
+        'agent a { policy: p  prompt: "<judge>x"  sample { allow: ["0", "10"] } }\n'
+        "transition t { consume: a  activate: end }\nstart: a\n"
+    )
     uri, diags = await docs.open(tmp_path / "tokens.wf", text)
     docs.close(uri)
     assert {d.code for d in diags} == {"bad-token", "unknown-token"}
@@ -201,7 +204,9 @@ async def test_debounced_diagnostics_publish_the_last_version(client, docs, tmp_
     uri, _ = await docs.open(path)
     # a debounce far longer than the gaps between the edits, even on a loaded machine
     client.publish_log.clear()
-    client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"srpoGraph": {"debounce": 1.0}}))
+    client.workspace_did_change_configuration(
+        lsp.DidChangeConfigurationParams(settings={"srpoGraph": {"debounce": 1.0}})
+    )
     while (uri, 1) not in client.publish_log:  # new settings: the open documents are checked again
         await asyncio.wait_for(client.wait_for_notification(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS), 60)
     client.publish_log.clear()
@@ -214,8 +219,9 @@ async def test_debounced_diagnostics_publish_the_last_version(client, docs, tmp_
         version = docs.change(uri, text)
         assert got(await docs.diagnostics_of(uri, version)) == expected(text, str(path))
     finally:
-        client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
-            settings={"srpoGraph": {"debounce": 0.05}}))
+        client.workspace_did_change_configuration(
+            lsp.DidChangeConfigurationParams(settings={"srpoGraph": {"debounce": 0.05}})
+        )
         docs.close(uri)
 
 
@@ -230,12 +236,13 @@ async def test_hover_agent_transition_std_function_and_field(client, docs):
     uri, _ = await docs.open(SEARCH)
 
     async def hover(needle, nth=0, delta=0):
-        h = await client.text_document_hover_async(lsp.HoverParams(text_document=doc_id(uri),
-                                                                   position=pos(text, needle, nth, delta)))
+        h = await client.text_document_hover_async(
+            lsp.HoverParams(text_document=doc_id(uri), position=pos(text, needle, nth, delta))
+        )
         return h.contents.value if h is not None else None
 
     reader = await hover("agent reader", delta=7)
-    assert "policy: `qwen` = \"Qwen/Qwen2.5-3B-Instruct\"" in reader
+    assert 'policy: `qwen` = "Qwen/Qwen2.5-3B-Instruct"' in reader
     assert "output: `{action: choice[search, answer], query: text}` via `std.search_action`" in reader
     assert "consumed by: `read`" in reader and "activated by: `search`" in reader
     q1 = await hover("consume: q1", delta=9)
@@ -259,19 +266,23 @@ async def test_hover_agent_transition_std_function_and_field(client, docs):
 async def test_definition_and_references(client, docs, tmp_path):
     (tmp_path / "mytools.py").write_text(
         'import time\n\n\ndef lookup(query: str, k: int = 2) -> str:\n    """Look it up."""\n    return query\n',
-        encoding="utf-8")
-    text = ('workflow w\nimport std\nimport mytools\ntask { q: text }\npolicy p = "tiny"\n'
-            'agent a { policy: p  prompt: "{task.q}" }\n'
-            'agent b { policy: p  prompt: "{a} {docs}" }\n'
-            'transition t { consume: a  tool docs = mytools.lookup(a, k=3)  activate: b }\n'
-            'transition u { consume: b  reward: std.exact_match(b, task.q)  activate: end }\nstart: a\n')
+        encoding="utf-8",
+    )
+    text = (
+        'workflow w\nimport std\nimport mytools\ntask { q: text }\npolicy p = "tiny"\n'
+        'agent a { policy: p  prompt: "{task.q}" }\n'
+        'agent b { policy: p  prompt: "{a} {docs}" }\n'
+        "transition t { consume: a  tool docs = mytools.lookup(a, k=3)  activate: b }\n"
+        "transition u { consume: b  reward: std.exact_match(b, task.q)  activate: end }\nstart: a\n"
+    )
     path = tmp_path / "nav.wf"
     uri, diags = await docs.open(path, text)
     assert not [d for d in diags if d.severity == lsp.DiagnosticSeverity.Error]
 
     async def definition(needle, delta=0):
-        return await client.text_document_definition_async(lsp.DefinitionParams(
-            text_document=doc_id(uri), position=pos(text, needle, delta=delta)))
+        return await client.text_document_definition_async(
+            lsp.DefinitionParams(text_document=doc_id(uri), position=pos(text, needle, delta=delta))
+        )
 
     (loc,) = await definition("consume: a", delta=9)
     assert loc.uri == uri and loc.range.start == pos(text, "agent a", delta=6)
@@ -289,15 +300,30 @@ async def test_definition_and_references(client, docs, tmp_path):
 
     assert loc.uri == Path(std.__file__).resolve().as_uri()
     assert loc.range.start.line == inspect.getsourcelines(std.exact_match)[1] - 1
-    refs = await client.text_document_references_async(lsp.ReferenceParams(
-        text_document=doc_id(uri), position=pos(text, "agent a", delta=6),
-        context=lsp.ReferenceContext(include_declaration=True)))
-    want = [pos(text, "agent a", delta=6), pos(text, "{a}", delta=1), pos(text, "consume: a", delta=9),
-            pos(text, "lookup(a", delta=7), pos(text, "start: a", delta=7)]
-    assert sorted((r.range.start.line, r.range.start.character) for r in refs) == \
-        sorted((p.line, p.character) for p in want)
-    refs = await client.text_document_references_async(lsp.ReferenceParams(
-        text_document=doc_id(uri), position=pos(text, "{a}", delta=1), context=lsp.ReferenceContext(include_declaration=False)))
+    refs = await client.text_document_references_async(
+        lsp.ReferenceParams(
+            text_document=doc_id(uri),
+            position=pos(text, "agent a", delta=6),
+            context=lsp.ReferenceContext(include_declaration=True),
+        )
+    )
+    want = [
+        pos(text, "agent a", delta=6),
+        pos(text, "{a}", delta=1),
+        pos(text, "consume: a", delta=9),
+        pos(text, "lookup(a", delta=7),
+        pos(text, "start: a", delta=7),
+    ]
+    assert sorted((r.range.start.line, r.range.start.character) for r in refs) == sorted(
+        (p.line, p.character) for p in want
+    )
+    refs = await client.text_document_references_async(
+        lsp.ReferenceParams(
+            text_document=doc_id(uri),
+            position=pos(text, "{a}", delta=1),
+            context=lsp.ReferenceContext(include_declaration=False),
+        )
+    )
     assert len(refs) == 4
     docs.close(uri)
 
@@ -307,8 +333,22 @@ async def test_document_symbols(client, docs):
     syms = await client.text_document_document_symbol_async(lsp.DocumentSymbolParams(text_document=doc_id(uri)))
     docs.close(uri)
     names = [s.name for s in syms]
-    assert names == ["std", "task", "qwen", "q1", "q2", "q3", "q4", "q5", "reader", "search", "read", "start",
-                     "reward", "max_steps"]
+    assert names == [
+        "std",
+        "task",
+        "qwen",
+        "q1",
+        "q2",
+        "q3",
+        "q4",
+        "q5",
+        "reader",
+        "search",
+        "read",
+        "start",
+        "reward",
+        "max_steps",
+    ]
     by = {s.name: s for s in syms}
     assert [c.name for c in by["task"].children] == ["question", "answer"]
     assert [c.name for c in by["reader"].children] == ["action", "query"]
@@ -322,9 +362,12 @@ async def test_document_symbols(client, docs):
 async def _complete(client, uri, text, offset):
     line = text.count("\n", 0, offset)
     start = text.rfind("\n", 0, offset) + 1
-    res = await client.text_document_completion_async(lsp.CompletionParams(
-        text_document=doc_id(uri),
-        position=lsp.Position(line=line, character=len(text[start:offset].encode("utf-16-le")) // 2)))
+    res = await client.text_document_completion_async(
+        lsp.CompletionParams(
+            text_document=doc_id(uri),
+            position=lsp.Position(line=line, character=len(text[start:offset].encode("utf-16-le")) // 2),
+        )
+    )
     return [i.label for i in res.items]
 
 
@@ -358,10 +401,26 @@ async def test_completion_lists(client, docs, tmp_path):
 
     assert await at_edit("  sample { ", "") == list(SAMPLING_KEYS)
     assert await at_edit("  output: text via std.text\n", "  output: ") == [
-        "text", "int", "float", "bool", "choice[", "choices[", "list[", "{"]
+        "text",
+        "int",
+        "float",
+        "bool",
+        "choice[",
+        "choices[",
+        "list[",
+        "{",
+    ]
     assert await at_edit("  policy: qwen\n", "  policy: ") == ["qwen"]
-    assert await at_edit("max_steps: 6\n", "") == ["import", "task", "policy", "agent", "transition", "start:",
-                                                    "reward:", "max_steps:"]
+    assert await at_edit("max_steps: 6\n", "") == [
+        "import",
+        "task",
+        "policy",
+        "agent",
+        "transition",
+        "start:",
+        "reward:",
+        "max_steps:",
+    ]
     assert await at_edit("transition read {\n", "  ") == ["consume:", "tool", "reward:", "activate:", "max_rounds:"]
     assert await at_edit("# The paper", "") == []  # inside a comment
     docs.close(uri)
@@ -377,34 +436,45 @@ def _apply(text: str, edits: list[lsp.TextEdit]) -> str:
         return offsets[p.line] + p.character
 
     for e in sorted(edits, key=lambda e: off(e.range.start), reverse=True):
-        text = text[:off(e.range.start)] + e.new_text + text[off(e.range.end):]
+        text = text[: off(e.range.start)] + e.new_text + text[off(e.range.end) :]
     return text
 
 
-@pytest.mark.parametrize("needle,delta,old,new,count", [
-    ("agent reader", 7, "reader", "judge", 5),  # decl, activate, consume, route, reward (chat agents: no prompt reads it)
-    ("transition search", 11, "search", "lookup", 1),  # not the `search` choice label of the reader
-    ("policy qwen", 7, "qwen", "base", 7), ("tool d3", 5, "d3", "docs3", 2), ("{task.question}", 6, "question", "query", 7),
-])
+@pytest.mark.parametrize(
+    "needle,delta,old,new,count",
+    [
+        # decl, activate, consume, route, reward (chat agents: no prompt reads it)
+        ("agent reader", 7, "reader", "judge", 5),
+        ("transition search", 11, "search", "lookup", 1),  # not the `search` choice label of the reader
+        ("policy qwen", 7, "qwen", "base", 7),
+        ("tool d3", 5, "d3", "docs3", 2),
+        ("{task.question}", 6, "question", "query", 7),
+    ],
+)
 async def test_rename_edits(client, docs, tmp_path, needle, delta, old, new, count):
     text = SEARCH.read_text(encoding="utf-8")
     path = tmp_path / "rename.wf"
     uri, _ = await docs.open(path, text)
     at = pos(text, needle, delta=delta)
-    prep = await client.text_document_prepare_rename_async(lsp.PrepareRenameParams(text_document=doc_id(uri), position=at))
+    prep = await client.text_document_prepare_rename_async(
+        lsp.PrepareRenameParams(text_document=doc_id(uri), position=at)
+    )
     assert prep is not None and _apply(text, []) == text
-    edit = await client.text_document_rename_async(lsp.RenameParams(text_document=doc_id(uri), position=at, new_name=new))
+    edit = await client.text_document_rename_async(
+        lsp.RenameParams(text_document=doc_id(uri), position=at, new_name=new)
+    )
     edits = edit.changes[uri]
     assert len(edits) == count
     lines = text.split("\n")
-    assert all(lines[e.range.start.line][e.range.start.character:e.range.end.character] == old for e in edits)
+    assert all(lines[e.range.start.line][e.range.start.character : e.range.end.character] == old for e in edits)
     renamed = _apply(text, edits)
     # the renamed file checks to the same workflow under the new name
     a = check_module(parse(text, "x.wf"), text, imports=ImportPolicy(no_import=True)).workflow
     b = check_module(parse(renamed, "x.wf"), renamed, imports=ImportPolicy(no_import=True)).workflow
-    rn = (lambda x: new if x == old else x)  # noqa: E731
-    assert [(t.name if t.name != old else new, t.set_sizes, tuple(map(rn, t.consume))) for t in a.transitions] == \
-        [(t.name, t.set_sizes, t.consume) for t in b.transitions]
+    rn = lambda x: new if x == old else x  # noqa: E731
+    assert [(t.name if t.name != old else new, t.set_sizes, tuple(map(rn, t.consume))) for t in a.transitions] == [
+        (t.name, t.set_sizes, t.consume) for t in b.transitions
+    ]
     assert [rn(x.name) for x in a.agents] == [x.name for x in b.agents]
     assert [rn(x.name) for x in a.policies] == [x.name for x in b.policies]
     docs.close(uri)
@@ -414,12 +484,20 @@ async def test_rename_refuses_a_taken_or_bad_name(client, docs, tmp_path):
     text = SEARCH.read_text(encoding="utf-8")
     uri, _ = await docs.open(tmp_path / "rename_bad.wf", text)
     at = pos(text, "agent reader", delta=7)
-    for bad, why in (("q1", "already names an agent"), ("search", "already names a transition"),
-                     ("d1", "already names a tool"), ("2x", "is not a name"), ("end", "is reserved")):
+    for bad, why in (
+        ("q1", "already names an agent"),
+        ("search", "already names a transition"),
+        ("d1", "already names a tool"),
+        ("2x", "is not a name"),
+        ("end", "is reserved"),
+    ):
         with pytest.raises(Exception, match=why):
-            await client.text_document_rename_async(lsp.RenameParams(text_document=doc_id(uri), position=at, new_name=bad))
-    prep = await client.text_document_prepare_rename_async(lsp.PrepareRenameParams(
-        text_document=doc_id(uri), position=pos(text, "std.retrieve", delta=5)))
+            await client.text_document_rename_async(
+                lsp.RenameParams(text_document=doc_id(uri), position=at, new_name=bad)
+            )
+    prep = await client.text_document_prepare_rename_async(
+        lsp.PrepareRenameParams(text_document=doc_id(uri), position=pos(text, "std.retrieve", delta=5))
+    )
     assert prep is None  # a std function is not the file's to rename
     docs.close(uri)
 
@@ -429,12 +507,18 @@ async def test_formatting_edits_are_fmt(client, docs, tmp_path, path):
     text = path.read_text(encoding="utf-8")
     messy = re.sub(r"\n\n+", "\n", text).replace("  ", "    ").replace(": ", " :  ")
     uri, _ = await docs.open(tmp_path / path.name, messy)
-    edits = await client.text_document_formatting_async(lsp.DocumentFormattingParams(
-        text_document=doc_id(uri), options=lsp.FormattingOptions(tab_size=2, insert_spaces=True)))
+    edits = await client.text_document_formatting_async(
+        lsp.DocumentFormattingParams(
+            text_document=doc_id(uri), options=lsp.FormattingOptions(tab_size=2, insert_spaces=True)
+        )
+    )
     assert _apply(messy, edits) == format_source(messy)
     docs.change(uri, format_source(messy))
-    assert await client.text_document_formatting_async(lsp.DocumentFormattingParams(
-        text_document=doc_id(uri), options=lsp.FormattingOptions(tab_size=2, insert_spaces=True))) in ([], ())
+    assert await client.text_document_formatting_async(
+        lsp.DocumentFormattingParams(
+            text_document=doc_id(uri), options=lsp.FormattingOptions(tab_size=2, insert_spaces=True)
+        )
+    ) in ([], ())
     docs.close(uri)
 
 
@@ -455,8 +539,11 @@ async def test_typing_a_file_character_by_character(client, docs, tmp_path):
             await client.text_document_definition_async(lsp.DefinitionParams(text_document=ident, position=cursor))
         if end % 97 == 0:
             await client.text_document_document_symbol_async(lsp.DocumentSymbolParams(text_document=doc_id(uri)))
-            await client.text_document_formatting_async(lsp.DocumentFormattingParams(
-                text_document=doc_id(uri), options=lsp.FormattingOptions(tab_size=2, insert_spaces=True)))
+            await client.text_document_formatting_async(
+                lsp.DocumentFormattingParams(
+                    text_document=doc_id(uri), options=lsp.FormattingOptions(tab_size=2, insert_spaces=True)
+                )
+            )
     diags = await docs.diagnostics_of(uri, docs.versions[uri])
     assert got(diags) == expected(text, str(tmp_path / "typed.wf"))
     assert client.error is None
@@ -465,13 +552,15 @@ async def test_typing_a_file_character_by_character(client, docs, tmp_path):
 
 async def test_graph_command_returns_the_viz_svg(client, docs):
     uri, _ = await docs.open(SEARCH)
-    out = await client.workspace_execute_command_async(lsp.ExecuteCommandParams(
-        command="srpo-graph.graphSvg", arguments=[uri]))
+    out = await client.workspace_execute_command_async(
+        lsp.ExecuteCommandParams(command="srpo-graph.graphSvg", arguments=[uri])
+    )
     assert out["error"] is None and out["svg"].lstrip().startswith("<?xml") and "reader" in out["svg"]
     broken = ROOT / "tests/lang/golden/bad/duplicate_name.wf"
     uri2, _ = await docs.open(broken)
-    out = await client.workspace_execute_command_async(lsp.ExecuteCommandParams(
-        command="srpo-graph.graphSvg", arguments=[uri2]))
+    out = await client.workspace_execute_command_async(
+        lsp.ExecuteCommandParams(command="srpo-graph.graphSvg", arguments=[uri2])
+    )
     assert out["svg"] is None and "duplicate node name 'a'" in out["error"]
     docs.close(uri)
     docs.close(uri2)

@@ -105,7 +105,9 @@ def test_every_token_of_a_shipped_example_has_its_class(highlighted, path):
             ok = any(inner.startswith(w) for w in want.split("|")) or (
                 want in ("string.", "comment.") and any(s.startswith(want) for s in scopes))
         if not ok:
-            wrong.append(f"{path.name}:{tok.line}:{tok.column} {tok.type} {str(tok.value)[:20]!r}: {scopes} (want {want})")
+            wrong.append(
+                f"{path.name}:{tok.line}:{tok.column} {tok.type} {str(tok.value)[:20]!r}: {scopes} (want {want})"
+            )
     assert not wrong, "\n".join(wrong[:20])
 
 
@@ -114,8 +116,15 @@ def test_prompt_holes_are_template_expressions(highlighted, path):
     text = path.read_text(encoding="utf-8")
     lines = highlighted[str(path)]
     text_lines = text.split("\n")
-    holes = [p for it in parse(text, str(path)).items if isinstance(it, ast.AgentDecl) for i in it.items
-             if isinstance(i, ast.PromptItem) for p in i.template.parts if isinstance(p, ast.Ref)]
+    holes = [
+        p
+        for it in parse(text, str(path)).items
+        if isinstance(it, ast.AgentDecl)
+        for i in it.items
+        if isinstance(i, ast.PromptItem)
+        for p in i.template.parts
+        if isinstance(p, ast.Ref)
+    ]
     for ref in holes:
         for line, col in ((ref.span.line, ref.span.col), (ref.span.end_line, ref.span.end_col - 1)):
             scopes = _scope_at(lines, line, col, text_lines)
@@ -128,7 +137,17 @@ def test_prompt_holes_are_template_expressions(highlighted, path):
 def test_the_assertion_tests_of_the_grammar_pass():
     """``npm run test:grammar``: vscode-tmgrammar-test on editors/vscode/test/*.wf (scopes
     asserted by hand, character by character)."""
-    run = subprocess.run(["node", str(EXT / "node_modules/vscode-tmgrammar-test/dist/unit.js"), "-g",
-                          "syntaxes/wf.tmLanguage.json", "test/*.wf"], cwd=EXT, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [
+            "node",
+            str(EXT / "node_modules/vscode-tmgrammar-test/dist/unit.js"),
+            "-g",
+            "syntaxes/wf.tmLanguage.json",
+            "test/*.wf",
+        ],
+        cwd=EXT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr

@@ -1,4 +1,5 @@
-"""Fixtures for the locally built models' tests: the real tiny model, in a temporary directory (a copy: tests/conftest.py::tiny_copy)."""
+"""Fixtures for the locally built models' tests: the real tiny model, in a temporary directory (a copy:
+tests/conftest.py::tiny_copy)."""
 
 from __future__ import annotations
 

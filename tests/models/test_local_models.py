@@ -77,7 +77,8 @@ def test_qwen3_think_blocks(tmp_path):
     msgs = [{"role": "user", "content": "2+2?"}, earlier, {"role": "user", "content": "3+3?"},
             {"role": "assistant", "content": "<think>\nsecond thought\n</think>\n\n6"}]
     text = tok.apply_chat_template(msgs, tokenize=False)
-    assert "first thought" not in text and "<|im_start|>assistant\n4<|im_end|>" in text  # stripped before the last query
+    # stripped before the last query
+    assert "first thought" not in text and "<|im_start|>assistant\n4<|im_end|>" in text
     assert "<|im_start|>assistant\n<think>\nsecond thought\n</think>\n\n6<|im_end|>" in text  # kept after it
     off = tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -129,8 +130,8 @@ def test_sizes_have_the_shapes_they_claim():
 def test_names_resolve_and_the_cli_builds_them(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from srpo_graph.backends import resolve_model
     from srpo_graph.cli import app as cli
+    from srpo_graph.models import resolve_model
 
     monkeypatch.setenv("SRPO_GRAPH_HOME", str(tmp_path))
     res = CliRunner().invoke(cli, ["init-model", "--model", "llama3-test"])

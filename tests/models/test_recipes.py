@@ -149,8 +149,8 @@ def test_unknown_recipe_is_a_clear_error():
 def test_init_model_recipe_cli_and_resolve_model(tmp_path, small_recipe, monkeypatch):
     from click.testing import CliRunner
 
-    from srpo_graph.backends import resolve_model
     from srpo_graph.cli import app
+    from srpo_graph.models import resolve_model
 
     res = CliRunner().invoke(app, ["init-model", str(tmp_path / "m"), "--recipe", "tiny-reason"])
     assert res.exit_code == 0, res.output
@@ -177,7 +177,8 @@ def test_word_tokenizer_keeps_every_corpus_text_and_makes_a_word_one_token():
 
     tok = R.build_tokenizer(R.RECIPES["tiny-search"])
     texts = [f"{d['title']}: {d['text']}" for d in D.corpus_docs()] + [q.question for q in D.search_questions()]
-    texts += [f"search: {q.queries[0]}" for q in D.search_questions()] + [f"answer: {q.answer}" for q in D.search_questions()]
+    texts += [f"search: {q.queries[0]}" for q in D.search_questions()]
+    texts += [f"answer: {q.answer}" for q in D.search_questions()]
     for text in texts:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert tok.unk_token_id not in ids and tok.decode(ids) == text, text
@@ -224,9 +225,17 @@ def test_search_sft_data_is_deterministic_never_held_out_and_reads_renamed_world
 def test_tiny_search_builds_and_loads_like_any_model(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    small = replace(R.RECIPES["tiny-search"], hidden=32, intermediate=64, layers=1, heads=2, num_examples=200,
-                    steps=4, batch_size=8,
-                    stages=tuple(replace(s, num_examples=40, steps=2) for s in R.RECIPES["tiny-search"].stages))
+    small = replace(
+        R.RECIPES["tiny-search"],
+        hidden=32,
+        intermediate=64,
+        layers=1,
+        heads=2,
+        num_examples=200,
+        steps=4,
+        batch_size=8,
+        stages=tuple(replace(s, num_examples=40, steps=2) for s in R.RECIPES["tiny-search"].stages),
+    )
     monkeypatch.setitem(R.RECIPES, "tiny-search", small)
     path = R.ensure_recipe_model("tiny-search", tmp_path / "s")
     assert [s["steps"] for s in R.recipe_info(path)["stages"]] == [4, 2, 2]  # the read and the refresh stages

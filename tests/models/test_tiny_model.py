@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from srpo_graph.backends import resolve_model
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import VOCAB, ensure_tiny_model, is_tiny_dir, load_tokenizer
 
 
@@ -37,7 +37,12 @@ def test_model_loads_like_any_causal_lm(tiny_dir):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dir))
     cfg = model.config
     assert isinstance(cfg, LlamaConfig)
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.tie_word_embeddings) == (64, 2, 4, True)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.tie_word_embeddings) == (
+        64,
+        2,
+        4,
+        True,
+    )
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     assert torch.isfinite(model(torch.tensor([[1, 4, 14]])).logits).all()
 

@@ -1,4 +1,5 @@
-"""Fixtures for the runtime tests: the real tiny model (copied into a temporary directory: tests/conftest.py::tiny_copy)."""
+"""Fixtures for the runtime tests: the real tiny model (copied into a temporary directory:
+tests/conftest.py::tiny_copy)."""
 
 from __future__ import annotations
 

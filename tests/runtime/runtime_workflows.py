@@ -109,12 +109,17 @@ def coord_routed(max_rounds: int | None = None) -> Workflow:
         "coord_routed",
         [router, digit_agent("a", "<a>", "{task.target}"), digit_agent("b", "<b>", "{task.target}")],
         [
-            Transition(name="route", consume=("r",), max_rounds=max_rounds,
-                       activate=ActivateRoute(on=Ref(path=("r",)), cases=(("a", ("a",)), ("b", ("b",)), ("end", ("end",)))),
-                       set_sizes=(1,)),
+            Transition(
+                name="route",
+                consume=("r",),
+                max_rounds=max_rounds,
+                activate=ActivateRoute(on=Ref(path=("r",)), cases=(("a", ("a",)), ("b", ("b",)), ("end", ("end",)))),
+                set_sizes=(1,),
+            ),
             Transition(name="back", consume=("a", "b"), activate=ActivateAgents(agents=("r",)), set_sizes=(1,)),
         ],
-        ["r"], max_steps=12,
+        ["r"],
+        max_steps=12,
     )
 
 
@@ -124,11 +129,19 @@ def with_tool(module: str, fn: str) -> Workflow:
         "with_tool",
         [digit_agent("a", "<a>", "{task.target}"), digit_agent("b", "<b>", "{task.target}", "<sep>", "{note}")],
         [
-            Transition(name="look", consume=("a",), tools=(ToolCall(name="note", call=call(fn, "a", "task.target", module=module, alias="tools"), type=TextType()),),
-                       activate=ActivateAgents(agents=("b",)), set_sizes=(1,)),
+            Transition(
+                name="look",
+                consume=("a",),
+                tools=(
+                    ToolCall(
+                        name="note", call=call(fn, "a", "task.target", module=module, alias="tools"), type=TextType()
+                    ),
+                ),
+                activate=ActivateAgents(agents=("b",)),
+                set_sizes=(1,),
+            ),
             Transition(name="done", consume=("b",), activate=ActivateEnd(), set_sizes=(1,)),
         ],
-        ["a"], reward=call("digits_sum_to", "task.target", "a", "b"),
+        ["a"],
+        reward=call("digits_sum_to", "task.target", "a", "b"),
     )
-
-

@@ -103,15 +103,18 @@ def _reference_prompts(tok, ep, think: str) -> dict[str, list[int]]:
         if o.agent != "talker":
             continue
         if prev is None:
-            ids = enc(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nQ: {TASKS[int(ep.task_id[1])].fields['question']}"
-                      "<|im_end|>\n<|im_start|>assistant\n")
+            ids = enc(
+                f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nQ: "
+                f"{TASKS[int(ep.task_id[1])].fields['question']}"
+                "<|im_end|>\n<|im_start|>assistant\n"
+            )
         else:
             said = list(prev.completion_ids)
             if think == "strip" and close in said:
-                said = said[len(said) - said[::-1].index(close):]
+                said = said[len(said) - said[::-1].index(close) :]
                 while said and set(tok.decode([said[0]])) == {"\n"}:
                     said = said[1:]
-            fired = [r for r in ep.transitions[prev.step:] if prev.id in r.consumed or r.id == o.activated_by]
+            fired = [r for r in ep.transitions[prev.step :] if prev.id in r.consumed or r.id == o.activated_by]
             tail = "" if said and said[-1] == eot else "<|im_end|>"
             for r in fired:
                 for oid in r.consumed:
@@ -120,7 +123,9 @@ def _reference_prompts(tok, ep, think: str) -> dict[str, list[int]]:
                         text = other.text.split("</think>")[-1].lstrip("\n") if "</think>" in other.text else other.text
                         tail += f"\n<|im_start|>user\n{text}<|im_end|>"
                 if r.tool_results:
-                    tail += f"\n<|im_start|>user\n<tool_response>\n{r.tool_results['passage']}\n</tool_response><|im_end|>"
+                    tail += (
+                        f"\n<|im_start|>user\n<tool_response>\n{r.tool_results['passage']}\n</tool_response><|im_end|>"
+                    )
             ids = out[prev.id] + said + enc(tail + "\n<|im_start|>assistant\n")
         out[o.id] = ids
         prev = o
@@ -146,9 +151,11 @@ def test_every_trained_id_is_an_id_the_sampler_produced_and_saw(qwen3, think):
             req, comp = raw[f"{ep.group_id}/{ep.sample}/{o.id}"]
             # the trace holds what was sent and what came back: the kept ids are a prefix of the sampled ones
             assert o.prompt_ids == list(req.prompt_ids) == reference[o.id]
-            assert o.completion_ids == list(comp.completion_ids[:len(o.completion_ids)])
-            assert o.logprobs == list(comp.logprobs[:len(o.logprobs)])
-            if len(o.completion_ids) < len(comp.completion_ids) or (o.completion_ids and o.completion_ids[-1] == cut_in_token):
+            assert o.completion_ids == list(comp.completion_ids[: len(o.completion_ids)])
+            assert o.logprobs == list(comp.logprobs[: len(o.logprobs)])
+            if len(o.completion_ids) < len(comp.completion_ids) or (
+                o.completion_ids and o.completion_ids[-1] == cut_in_token
+            ):
                 # the stop string "ans" ends inside ` answer`: cut after that token, the rest dropped
                 assert o.completion_ids[-1] == cut_in_token and o.finish_reason == "stop"
                 assert o.text.endswith(" answer") and o.text.count("ans") == 1
@@ -162,8 +169,10 @@ def test_every_trained_id_is_an_id_the_sampler_produced_and_saw(qwen3, think):
                 if close in before.completion_ids:
                     seen["think_in_earlier_turn"] += 1
                 # keep: the earlier turn goes on exactly as sampled; strip: its think block is gone
-                assert (o.prompt_ids[:len(history)] == history) == (think == "keep" or close not in before.completion_ids)
-                assert o.prompt_ids[:len(before.prompt_ids)] == before.prompt_ids
+                assert (o.prompt_ids[: len(history)] == history) == (
+                    think == "keep" or close not in before.completion_ids
+                )
+                assert o.prompt_ids[: len(before.prompt_ids)] == before.prompt_ids
     assert all(seen.values()), seen
     # the compiled batch trains exactly these ids, each turn given its own prompt
     batch = compile_batch(episodes, CompileConfig(micro_batch_tokens=0))
@@ -172,22 +181,26 @@ def test_every_trained_id_is_an_id_the_sampler_produced_and_saw(qwen3, think):
     by_member = []
     for m, oid in enumerate(batch.member_ids):
         o = outputs[(batch.episode_ids[int(batch.set_episode[int(batch.member_set[m])])], oid)]
-        ids = batch.input_ids[off[m]:off[m + 1]].tolist()
-        mask = batch.loss_mask[off[m]:off[m + 1]].bool()
+        ids = batch.input_ids[off[m] : off[m + 1]].tolist()
+        mask = batch.loss_mask[off[m] : off[m + 1]].bool()
         assert ids == o.prompt_ids + o.completion_ids
-        assert batch.input_ids[off[m]:off[m + 1]][mask].tolist() == o.completion_ids
-        assert torch.equal(batch.sampler_logprobs[off[m]:off[m + 1]][mask], torch.tensor(o.logprobs))
+        assert batch.input_ids[off[m] : off[m + 1]][mask].tolist() == o.completion_ids
+        assert torch.equal(batch.sampler_logprobs[off[m] : off[m + 1]][mask], torch.tensor(o.logprobs))
         by_member.append(o)
     assert {o.id for o in by_member if o.agent == "talker"}
     # and the trainer's forward over those ids gives the sampler's log-probs (same weights)
     lp, _ = packed_logprobs([backend.model], batch, layout="prefix")
     done = batch.loss_mask.bool()
-    assert torch.allclose(lp[done], batch.sampler_logprobs[done], atol=1e-4), (lp[done] - batch.sampler_logprobs[done]).abs().max()
+    assert torch.allclose(lp[done], batch.sampler_logprobs[done], atol=1e-4), (
+        (lp[done] - batch.sampler_logprobs[done]).abs().max()
+    )
 
 
 # a template that writes the number of messages first: every new message re-renders the start
-COUNTING = ("{{ messages|length }} messages\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+COUNTING = (
+    "{{ messages|length }} messages\n{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def test_a_template_that_rewrites_earlier_turns_fails_the_episode_clearly(qwen3):
@@ -208,11 +221,21 @@ def test_a_chat_agent_on_a_tokenizer_without_a_chat_template_is_refused_at_start
     """A hub name the checker cannot look at, run on the tiny model (no chat template)."""
     from srpo_graph.errors import RuntimeFailure
 
-    wf = check(parse(WF.format(model="some-org/not-here", system=SYSTEM, think="keep").replace(
-        ', stop: ["ans"],\n           allow: ["<think>", "</think>", "\\n", " no", " answer", ".", ":", " search", '
-        '"<|im_end|>"]', "")))
-    with pytest.raises(RuntimeFailure, match=r"<string>:5:1: error: chat agent 'talker': the tokenizer of policy "
-                                             r"'m' has no chat template"):
+    wf = check(
+        parse(
+            WF.format(model="some-org/not-here", system=SYSTEM, think="keep").replace(
+                ', stop: ["ans"],\n           allow: ["<think>", "</think>", "\\n", " no", " answer", ".", ":", " '
+                'search", '
+                '"<|im_end|>"]',
+                "",
+            )
+        )
+    )
+    with pytest.raises(
+        RuntimeFailure,
+        match=r"<string>:5:1: error: chat agent 'talker': the tokenizer of policy "
+        r"'m' has no chat template",
+    ):
         run(wf, TASKS[:1], {"m": tiny_backend}, samples=1)
 
 
@@ -242,9 +265,16 @@ def test_llama3_turns_extend_the_sampled_ids_with_its_own_headers(tmp_path):
     path = ensure_local_model("llama3-test", tmp_path / "llama3-test")
     backend = TransformersBackend.from_pretrained(str(path))
     tok = backend.tokenizer
-    wf = check(parse(WF.format(model=path, system=SYSTEM, think="keep").replace(
-        ', stop: ["ans"],\n           allow: ["<think>", "</think>", "\\n", " no", " answer", ".", ":", " search", '
-        '"<|im_end|>"]', "")))
+    wf = check(
+        parse(
+            WF.format(model=path, system=SYSTEM, think="keep").replace(
+                ', stop: ["ans"],\n           allow: ["<think>", "</think>", "\\n", " no", " answer", ".", ":", " '
+                'search", '
+                '"<|im_end|>"]',
+                "",
+            )
+        )
+    )
     ep = run(wf, TASKS[:1], {"m": backend}, samples=1, seed=2).episodes[0]
     assert ep.status != "failed", ep.error
     t1, t2 = [o for o in ep.outputs if o.agent == "talker"][:2]
@@ -252,9 +282,11 @@ def test_llama3_turns_extend_the_sampled_ids_with_its_own_headers(tmp_path):
     passage = ep.transitions[0].tool_results["passage"]
     eot = tok.convert_tokens_to_ids("<|eot_id|>")
     end = "" if t1.completion_ids[-1] == eot else "<|eot_id|>"
-    delta = (f"{end}<|start_header_id|>ipython<|end_header_id|>\n\n{passage.strip()}<|eot_id|>"
-             f"<|start_header_id|>user<|end_header_id|>\n\n{critic.text.strip()}<|eot_id|>"
-             "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    delta = (
+        f"{end}<|start_header_id|>ipython<|end_header_id|>\n\n{passage.strip()}<|eot_id|>"
+        f"<|start_header_id|>user<|end_header_id|>\n\n{critic.text.strip()}<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert t2.prompt_ids == t1.prompt_ids + t1.completion_ids + tok(delta, add_special_tokens=False)["input_ids"]
     assert t2.prompt_ids.count(tok.convert_tokens_to_ids("<|begin_of_text|>")) == 1
 
@@ -263,8 +295,12 @@ def test_check_reports_a_chat_agent_on_the_tiny_model(tiny_backend):
     """`srpo-graph check`'s token rule (runtime/tokens.py) sees the tiny tokenizer even before tiny is built."""
     from srpo_graph.runtime.tokens import token_diagnostics
 
-    wf = check(parse('workflow w\nimport std\npolicy p = "some-org/not-here"\nagent a {\n  policy: p\n  memory: chat\n'
-                     '  prompt: "x"\n}\ntransition t { consume: a activate: end }\nstart: a\n'))
+    wf = check(
+        parse(
+            'workflow w\nimport std\npolicy p = "some-org/not-here"\nagent a {\n  policy: p\n  memory: chat\n'
+            '  prompt: "x"\n}\ntransition t { consume: a activate: end }\nstart: a\n'
+        )
+    )
     diags = token_diagnostics(wf, {"p": tiny_backend.tokenizer})
     assert [(d.code, d.span.line) for d in diags] == [("no-chat-template", 4)]
 
@@ -323,8 +359,10 @@ def test_a_chat_turn_activated_twice_hears_both_firings(qwen3):
     said_a, said_b = (next(o for o in ep.outputs if o.agent == x) for x in ("a", "b"))
     assert t2.activated_by == ep.transitions[1].id  # provenance keeps the first firing
     end = "" if t1.completion_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") else "<|im_end|>"
-    delta = (f"{end}\n<|im_start|>user\n{said_a.text}<|im_end|>\n<|im_start|>user\n{said_b.text}<|im_end|>\n"
-             "<|im_start|>assistant\n")
+    delta = (
+        f"{end}\n<|im_start|>user\n{said_a.text}<|im_end|>\n<|im_start|>user\n{said_b.text}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert t2.prompt_ids == t1.prompt_ids + t1.completion_ids + tok(delta, add_special_tokens=False)["input_ids"]
 
 
@@ -332,8 +370,14 @@ def _strip_plan(tok):
     from srpo_graph.runtime.chat import ChatPlan
 
     close = tok.convert_tokens_to_ids("</think>")
-    return ChatPlan(None, tok, tok.eos_token_id, tok.eos_token, "tool",
-                    close if isinstance(close, int) and close != tok.unk_token_id else None)
+    return ChatPlan(
+        None,
+        tok,
+        tok.eos_token_id,
+        tok.eos_token,
+        "tool",
+        close if isinstance(close, int) and close != tok.unk_token_id else None,
+    )
 
 
 def _check_strip(tok, ids):
@@ -343,7 +387,7 @@ def _check_strip(tok, ids):
     text = tok.decode(ids)
     want = text.split("</think>")[-1].lstrip("\n") if "</think>" in text else text
     assert tok.decode(list(got)) == want, (ids, got)
-    assert not got or tuple(ids[len(ids) - len(got) + 1:]) == tuple(got[1:]), (ids, got)
+    assert not got or tuple(ids[len(ids) - len(got) + 1 :]) == tuple(got[1:]), (ids, got)
     return got
 
 
@@ -353,10 +397,17 @@ def test_think_strip_cuts_by_text_whatever_pieces_the_close_was_sampled_as(qwen3
     import random
 
     tok = qwen3[1].tokenizer
-    pieces = [[tok.convert_tokens_to_ids("</think>")], tok("</", add_special_tokens=False)["input_ids"],
-              tok("think", add_special_tokens=False)["input_ids"], tok(">", add_special_tokens=False)["input_ids"],
-              tok("\n", add_special_tokens=False)["input_ids"], [266], tok("The", add_special_tokens=False)["input_ids"],
-              tok(" answer", add_special_tokens=False)["input_ids"], [tok.convert_tokens_to_ids("<think>")]]
+    pieces = [
+        [tok.convert_tokens_to_ids("</think>")],
+        tok("</", add_special_tokens=False)["input_ids"],
+        tok("think", add_special_tokens=False)["input_ids"],
+        tok(">", add_special_tokens=False)["input_ids"],
+        tok("\n", add_special_tokens=False)["input_ids"],
+        [266],
+        tok("The", add_special_tokens=False)["input_ids"],
+        tok(" answer", add_special_tokens=False)["input_ids"],
+        [tok.convert_tokens_to_ids("<think>")],
+    ]
     assert tok.decode([266]) == "\n \n"  # a token that starts with newlines and goes on
     rng = random.Random(0)
     by_pieces = 0
@@ -364,7 +415,9 @@ def test_think_strip_cuts_by_text_whatever_pieces_the_close_was_sampled_as(qwen3
         ids = [i for _ in range(rng.randint(1, 14)) for i in rng.choice(pieces)]
         if rng.random() < 0.5:  # a whole close written in pieces
             at = rng.randint(0, len(ids))
-            ids[at:at] = tok("</", add_special_tokens=False)["input_ids"] + tok("think>", add_special_tokens=False)["input_ids"]
+            ids[at:at] = (
+                tok("</", add_special_tokens=False)["input_ids"] + tok("think>", add_special_tokens=False)["input_ids"]
+            )
         got = _check_strip(tok, ids)
         by_pieces += "</think>" in tok.decode(ids) and 1536 not in ids and got != tuple(ids)
     assert by_pieces > 50
@@ -379,9 +432,12 @@ def test_think_strip_re_encodes_a_token_the_cut_falls_inside(tmp_path):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(["</think>\n\nThe answer is 3. <think>hmm</think>\n\nThe end"] * 50,
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|im_end|>"],
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        ["</think>\n\nThe answer is 3. <think>hmm</think>\n\nThe end"] * 50,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|im_end|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>")
     ids = tok("<think>hmm</think>\n\nThe answer", add_special_tokens=False)["input_ids"]
     inside = [i for i in ids if tok.decode([i]).count(">") and not tok.decode([i]).endswith(">")]
@@ -398,9 +454,11 @@ def test_a_conversation_that_outgrows_the_context_fails_naming_the_agent_and_tur
 
     path, backend = qwen3
     tok = backend.tokenizer
-    first = tok.apply_chat_template([{"role": "system", "content": SYSTEM},
-                                     {"role": "user", "content": f"Q: {TASKS[0].fields['question']}"}],
-                                    tokenize=False, add_generation_prompt=True)
+    first = tok.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Q: {TASKS[0].fields['question']}"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     limit = len(tok(first, add_special_tokens=False)["input_ids"]) + 10  # the talker's max_tokens
     model = AutoModelForCausalLM.from_pretrained(str(path), max_position_embeddings=limit)
     small = Recorder(TransformersBackend(model, tok))

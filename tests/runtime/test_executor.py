@@ -128,7 +128,8 @@ def test_episodes_do_not_mix(tiny_backend):
         a, b = ep.outputs
         assert tok.decode(a.prompt_ids, skip_special_tokens=True) == f"<a>{target}"
         # b's prompt holds its own task's target and its own episode's `a` output
-        assert tok.decode(b.prompt_ids, skip_special_tokens=True) == f"<a>{target}".replace("<a>", "<b>") + f"<sep>{a.text}"
+        want = f"<a>{target}".replace("<a>", "<b>") + f"<sep>{a.text}"
+        assert tok.decode(b.prompt_ids, skip_special_tokens=True) == want
 
 
 def test_tools_run_and_join_the_state(tiny_backend, coord_tasks):
@@ -166,7 +167,9 @@ def test_missing_backend_and_bad_allow_are_errors(tiny_backend, coord_tasks):
     with pytest.raises(RuntimeFailure, match="no backend for policies"):
         run(wfs.coord_seq(), coord_tasks, {}, samples=1)
     wf = wfs.coord_seq()
-    bad = wf.model_copy(update={"agents": (wf.agents[0].model_copy(update={"sampling": Sampling(allow=("10",))}), wf.agents[1])})
+    bad = wf.model_copy(
+        update={"agents": (wf.agents[0].model_copy(update={"sampling": Sampling(allow=("10",))}), wf.agents[1])}
+    )
     with pytest.raises(RuntimeFailure, match="not single tokens"):
         run(bad, coord_tasks, {"tiny": tiny_backend}, samples=1)
 

@@ -30,8 +30,21 @@ def test_run_every_example_with_the_tiny_model(tmp_path, monkeypatch, wf, tasks,
         tiny_copy(home / "tiny")
     out = tmp_path / "tr.jsonl"
     small = wf.startswith(("math", "search"))
-    args = ["run", str(ROOT / "workflows" / f"{wf}.wf"), "--tasks", str(ROOT / "workflows" / "tasks" / f"{tasks}.jsonl"),
-            "--samples", "2", "--limit", "2" if small else "4", "--out", str(out), "--model", "tiny", "--quiet"]
+    args = [
+        "run",
+        str(ROOT / "workflows" / f"{wf}.wf"),
+        "--tasks",
+        str(ROOT / "workflows" / "tasks" / f"{tasks}.jsonl"),
+        "--samples",
+        "2",
+        "--limit",
+        "2" if small else "4",
+        "--out",
+        str(out),
+        "--model",
+        "tiny",
+        "--quiet",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     episodes = read_traces(out)
@@ -46,15 +59,26 @@ def test_run_every_example_with_the_tiny_model(tmp_path, monkeypatch, wf, tasks,
 def test_bad_task_file_exits_with_a_located_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"target": 1}\n{"target": "x"}\n')
-    res = CliRunner().invoke(app, ["run", str(ROOT / "workflows" / "coord_seq.wf"), "--tasks", str(bad),
-                                   "--out", str(tmp_path / "o.jsonl")])
+    res = CliRunner().invoke(
+        app, ["run", str(ROOT / "workflows" / "coord_seq.wf"), "--tasks", str(bad), "--out", str(tmp_path / "o.jsonl")]
+    )
     assert res.exit_code == 5 and "bad.jsonl:2: error: field target" in res.output
 
 
 def test_model_override_names_a_real_policy(tmp_path):
-    res = CliRunner().invoke(app, ["run", str(ROOT / "workflows" / "coord_seq.wf"), "--tasks",
-                                   str(ROOT / "workflows" / "tasks" / "coord.jsonl"), "--out", str(tmp_path / "o.jsonl"),
-                                   "--model", "nosuch=tiny"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(ROOT / "workflows" / "coord_seq.wf"),
+            "--tasks",
+            str(ROOT / "workflows" / "tasks" / "coord.jsonl"),
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--model",
+            "nosuch=tiny",
+        ],
+    )
     assert res.exit_code == 7 and "no policy 'nosuch'" in res.output
 
 

@@ -46,7 +46,9 @@ def _run(tmp_path: Path) -> tuple[Path, Path, list]:
     tasks = tmp_path / "t.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{i}", "target": i + 3}) + "\n" for i in range(2)))
     out = tmp_path / "tr.jsonl"
-    res = CliRunner().invoke(app, ["run", str(wf), "--tasks", str(tasks), "--samples", "2", "--out", str(out), "--quiet"])
+    res = CliRunner().invoke(
+        app, ["run", str(wf), "--tasks", str(tasks), "--samples", "2", "--out", str(out), "--quiet"]
+    )
     assert res.exit_code == 0, res.output
     return wf, out, read_traces(out)
 
@@ -64,8 +66,11 @@ def test_show_prints_the_decoded_prompt_and_hides_it_on_request(tmp_path):
     wf, out, episodes = _run(tmp_path)
     ep = episodes[1]
     expect = _expected(ep)
-    res = CliRunner().invoke(app, ["show", str(out), "--episode", "1", "--workflow", str(wf),
-                                   "--html", str(tmp_path / "e.html")], terminal_width=200)
+    res = CliRunner().invoke(
+        app,
+        ["show", str(out), "--episode", "1", "--workflow", str(wf), "--html", str(tmp_path / "e.html")],
+        terminal_width=200,
+    )
     assert res.exit_code == 0, res.output
     lines = [line for line in res.output.splitlines() if "prompt │" in line]
     shown = [line.split("prompt │", 1)[1].strip(" │") for line in lines]
@@ -73,8 +78,11 @@ def test_show_prints_the_decoded_prompt_and_hides_it_on_request(tmp_path):
     page = (tmp_path / "e.html").read_text()
     assert page.count("<summary>prompt</summary>") == len(ep.outputs)
     assert f"<code>{expect['b'].replace('<', '&lt;').replace('>', '&gt;')}</code>" in page
-    hidden = CliRunner().invoke(app, ["show", str(out), "--episode", "1", "--workflow", str(wf), "--no-prompt",
-                                      "--html", str(tmp_path / "h.html")], terminal_width=200)
+    hidden = CliRunner().invoke(
+        app,
+        ["show", str(out), "--episode", "1", "--workflow", str(wf), "--no-prompt", "--html", str(tmp_path / "h.html")],
+        terminal_width=200,
+    )
     assert hidden.exit_code == 0 and "prompt │" not in hidden.output
     assert "<summary>prompt</summary>" not in (tmp_path / "h.html").read_text()
 

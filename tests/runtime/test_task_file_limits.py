@@ -63,7 +63,9 @@ def test_train_refuses_a_damaged_first_line_of_its_default_task_file(tmp_path, n
                                    "--steps", "1"])
     assert isinstance(res.exception, SystemExit) and res.exit_code == 7, (res.exception, res.output[-800:])
     first = expected.replace(":2:", ":1:").replace(":2", ":1", 1)
-    assert f"{default}{first.split(': error: ')[0]}: error: the workflow's default task file: " in res.output, res.output
+    assert f"{default}{first.split(': error: ')[0]}: error: the workflow's default task file: " in res.output, (
+        res.output
+    )
     assert "Traceback" not in res.output
 
 
@@ -72,7 +74,18 @@ def test_train_refuses_a_bad_line_of_its_task_file(tmp_path, name):
     line, expected = BAD[name]
     path = tmp_path / "t.jsonl"
     path.write_bytes(GOOD + line)
-    res = CliRunner().invoke(app, ["train", str(ROOT / "workflows" / "coord_seq.wf"), "--tasks", str(path),
-                                   "--run-dir", str(tmp_path / "run"), "--steps", "1"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(ROOT / "workflows" / "coord_seq.wf"),
+            "--tasks",
+            str(path),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--steps",
+            "1",
+        ],
+    )
     assert isinstance(res.exception, SystemExit) and res.exit_code == 5, (res.exception, res.output[-800:])
     assert f"{path}{expected}" in res.output

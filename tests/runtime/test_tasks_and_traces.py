@@ -60,7 +60,9 @@ def test_committed_data_files_are_current():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, str(root / "scripts" / "make_data.py"), "--check"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(root / "scripts" / "make_data.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -69,8 +71,14 @@ def test_shipped_task_files_fit_their_workflows():
 
     root = Path(__file__).resolve().parents[2]
     lang = pytest.importorskip("srpo_graph.lang")
-    pairs = {"coord_seq": "coord", "coord_mixed": "coord", "coord_par3": "coord", "coord_routed": "routed",
-             "math_pipeline": "math", "search": "search"}
+    pairs = {
+        "coord_seq": "coord",
+        "coord_mixed": "coord",
+        "coord_par3": "coord",
+        "coord_routed": "routed",
+        "math_pipeline": "math",
+        "search": "search",
+    }
     for wf_name, tasks in pairs.items():
         wf = lang.load_workflow(root / "workflows" / f"{wf_name}.wf")
         for split in ("", "_eval"):

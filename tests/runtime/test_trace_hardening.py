@@ -38,10 +38,16 @@ def _nest(depth: int):
 
 BAD_FIELDS = {  # mutation of line 2 -> what the message must say
     "numeric string for a float": (_set("reward", value="1.0"), "field reward: Input should be a valid number"),
-    "numeric string for an int": (_set("outputs", 0, "step", value="0"), "field outputs.0.step: Input should be a valid integer"),
+    "numeric string for an int": (
+        _set("outputs", 0, "step", value="0"),
+        "field outputs.0.step: Input should be a valid integer",
+    ),
     "bool for an int": (_set("sample", value=True), "field sample: Input should be a valid integer"),
     "numeric string token id": (_set("outputs", 0, "prompt_ids", value=["5"]), "field outputs.0.prompt_ids.0"),
-    "token id 2^63": (_set("outputs", 0, "completion_ids", 0, value=2**63), "field outputs.0.completion_ids.0: Input should be less than"),
+    "token id 2^63": (
+        _set("outputs", 0, "completion_ids", 0, value=2**63),
+        "field outputs.0.completion_ids.0: Input should be less than",
+    ),
     "token id 2^64 + 1": (_set("outputs", 0, "prompt_ids", 0, value=2**64 + 1), "field outputs.0.prompt_ids.0"),
     "negative token id": (_set("outputs", 0, "prompt_ids", 0, value=-1), "greater than or equal to 0"),
     "seed 2^63": (_set("seed", value=2**63), "field seed"),
@@ -52,16 +58,28 @@ BAD_FIELDS = {  # mutation of line 2 -> what the message must say
     "NaN temperature": (_set("outputs", 0, "temperature", value=float("nan")), "field outputs.0.temperature"),
     "negative temperature": (_set("outputs", 0, "temperature", value=-1.0), "field outputs.0.temperature"),
     "empty allowed set": (_set("outputs", 0, "allowed_token_ids", value=[]), "allowed_token_ids is empty"),
-    "token outside the allowed set": (_set("outputs", 0, "allowed_token_ids", value=[31]), "are outside its allowed_token_ids"),
+    "token outside the allowed set": (
+        _set("outputs", 0, "allowed_token_ids", value=[31]),
+        "are outside its allowed_token_ids",
+    ),
     "more tokens than max_tokens": (_set("outputs", 0, "max_tokens", value=1), "completion tokens for max_tokens 1"),
-    "duplicate transition id": (lambda ep: ep["transitions"].append(dict(ep["transitions"][0], consumed=[])),
-                                "field transitions[1].id: duplicate transition id"),
-    "output consumed twice": (lambda ep: ep["transitions"].append(dict(ep["transitions"][0], id="tX")),
-                              "is consumed by both"),
-    "output consumed and superseded": (lambda ep: ep["transitions"][-1].update(
-        superseded=[ep["transitions"][0]["consumed"][0]]), "is superseded by"),
+    "duplicate transition id": (
+        lambda ep: ep["transitions"].append(dict(ep["transitions"][0], consumed=[])),
+        "field transitions[1].id: duplicate transition id",
+    ),
+    "output consumed twice": (
+        lambda ep: ep["transitions"].append(dict(ep["transitions"][0], id="tX")),
+        "is consumed by both",
+    ),
+    "output consumed and superseded": (
+        lambda ep: ep["transitions"][-1].update(superseded=[ep["transitions"][0]["consumed"][0]]),
+        "is superseded by",
+    ),
     "deep value": (_set("outputs", 0, "value", value=_nest(MAX_DEPTH + 5)), "field outputs[0].value"),
-    "deep tool result": (_set("transitions", 0, "tool_results", value={"r": _nest(MAX_DEPTH + 5)}), "nested deeper than"),
+    "deep tool result": (
+        _set("transitions", 0, "tool_results", value={"r": _nest(MAX_DEPTH + 5)}),
+        "nested deeper than",
+    ),
 }
 
 BAD_LINES = {  # the raw second line -> what the message must say
@@ -70,7 +88,10 @@ BAD_LINES = {  # the raw second line -> what the message must say
     "binary junk": (bytes(range(256)), "not UTF-8 text"),
     "NUL bytes": (b"\x00" * 64, ":2:1: error: not valid JSON"),
     "nesting deeper than the stack": (b"[" * 200_000 + b"]" * 200_000, "nested deeper than"),
-    "an integer of 5000 digits": (b'{"schema": ' + b"9" * 5000 + b"}", "not valid JSON here: an integer with 5000 digits (at most 100)"),
+    "an integer of 5000 digits": (
+        b'{"schema": ' + b"9" * 5000 + b"}",
+        "not valid JSON here: an integer with 5000 digits (at most 100)",
+    ),
     "a JSON array": (b"[1, 2]", "an episode must be a JSON object"),
 }
 
@@ -129,9 +150,11 @@ def test_numbers_are_read_as_numbers_not_coerced():
     assert parse_episode_line(json.dumps(as_int)).reward == 1.0
 
 
-ALL = ([("field", k, lambda tp, m=m: _mutated(tp, m)) for k, (m, _) in BAD_FIELDS.items()]
-       + [("line", k, lambda tp, r=r: _file(tp, r.replace(b"\n", b" "))) for k, (r, _) in BAD_LINES.items()]
-       + [("set", k, lambda tp, m=m: _mutated(tp, m)) for k, (m, _) in BAD_SETS.items()])
+ALL = (
+    [("field", k, lambda tp, m=m: _mutated(tp, m)) for k, (m, _) in BAD_FIELDS.items()]
+    + [("line", k, lambda tp, r=r: _file(tp, r.replace(b"\n", b" "))) for k, (r, _) in BAD_LINES.items()]
+    + [("set", k, lambda tp, m=m: _mutated(tp, m)) for k, (m, _) in BAD_SETS.items()]
+)
 
 
 @pytest.mark.parametrize("group, kind, make", ALL, ids=[f"{g}:{k}" for g, k, _ in ALL])
@@ -165,9 +188,11 @@ def test_an_absurd_reward_fails_its_episode_instead_of_the_run(tiny_backend, tmp
 
     (tmp_path / "huge_rewards.py").write_text("def huge(x: int) -> float:\n    return 1e12\n")
     wf_path = tmp_path / "w.wf"
-    wf_path.write_text('workflow w\nimport std\nimport huge_rewards as h\ntask { target: int }\npolicy tiny = "tiny"\n'
-                       'agent a { policy: tiny prompt: "<a>{task.target}" sample { max_tokens: 1 } output: int via std.digit }\n'
-                       "transition t { consume: a reward: h.huge(a) activate: end }\nstart: a\n")
+    wf_path.write_text(
+        'workflow w\nimport std\nimport huge_rewards as h\ntask { target: int }\npolicy tiny = "tiny"\n'
+        'agent a { policy: tiny prompt: "<a>{task.target}" sample { max_tokens: 1 } output: int via std.digit }\n'
+        "transition t { consume: a reward: h.huge(a) activate: end }\nstart: a\n"
+    )
     res = run(load_workflow(wf_path), [Task(id="t0", fields={"target": 1})], {"tiny": tiny_backend}, samples=2)
     assert [e.status for e in res.episodes] == ["failed", "failed"]
     assert all("returned 1000000000000.0" in e.error for e in res.episodes)

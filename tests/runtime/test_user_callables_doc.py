@@ -85,4 +85,6 @@ def test_a_failing_reward_fails_the_episode_naming_its_line(tmp_path, tiny_backe
     line = next(i for i, s in enumerate(text.splitlines(), 1) if "my.bad" in s)
     wf = load_workflow(tmp_path / "bad.wf")
     eps = run(wf, [Task(id="t0", fields={"target": 1})], {"tiny": tiny_backend}, samples=2, seed=0).episodes
-    assert all(ep.status == "failed" and ep.error.startswith(f"{wf.path}:{line}:") for ep in eps), [e.error for e in eps]
+    assert all(ep.status == "failed" and ep.error.startswith(f"{wf.path}:{line}:") for ep in eps), [
+        e.error for e in eps
+    ]

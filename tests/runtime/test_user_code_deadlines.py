@@ -68,8 +68,14 @@ def test_an_extractor_past_its_deadline_fails_the_episode(tmp_path, tiny_backend
                for ep in res.episodes), [ep.error for ep in res.episodes]
 
 
-@pytest.mark.parametrize("reward, shown", [("exit_reward", "SystemExit(0)"), ("interrupt_reward", "KeyboardInterrupt()"),
-                                           ("raising_reward", "ValueError('reward broke')")])
+@pytest.mark.parametrize(
+    "reward, shown",
+    [
+        ("exit_reward", "SystemExit(0)"),
+        ("interrupt_reward", "KeyboardInterrupt()"),
+        ("raising_reward", "ValueError('reward broke')"),
+    ],
+)
 def test_any_base_exception_from_a_reward_fails_the_episode_with_its_location(tmp_path, tiny_backend, reward, shown):
     path, _, line = make(tmp_path, reward=reward)
     res = _run(path, tiny_backend)  # SystemExit / KeyboardInterrupt must not leave the run
@@ -93,8 +99,10 @@ def test_a_reward_must_return_a_real_number(tmp_path, tiny_backend, reward, show
     res = _run(path, tiny_backend)
     for ep in res.episodes:
         assert ep.status == "failed" and ep.reward == 0.0
-        assert ep.error == (f"{path}:{line}:9: error: terminal reward mine.{reward}: returned {shown}; a reward "
-                            "returns a real number (int or float), not a bool or str"), ep.error
+        assert ep.error == (
+            f"{path}:{line}:9: error: terminal reward mine.{reward}: returned {shown}; a reward "
+            "returns a real number (int or float), not a bool or str"
+        ), ep.error
 
 
 def test_failures_of_every_kind_are_counted_with_the_first_of_each(tmp_path, tiny_backend):
@@ -114,9 +122,27 @@ def test_one_signal_stops_run_while_a_tool_hangs(tmp_path, sig):
     tasks = tmp_path / "t.jsonl"
     tasks.write_text('{"id": "a", "target": 3}\n', encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "srpo_graph.cli", "run", str(path), "--tasks", str(tasks),
-                             "--samples", "2", "--out", str(out), "--quiet"], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "srpo_graph.cli",
+            "run",
+            str(path),
+            "--tasks",
+            str(tasks),
+            "--samples",
+            "2",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (tmp_path / f"{mod}.py.started").exists():  # the tool is running
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -142,11 +168,27 @@ def test_run_command_reports_each_kind_once_and_fails_when_every_episode_failed(
     tasks = tmp_path / "t.jsonl"
     tasks.write_text('{"id": "a", "target": 3}\n', encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    res = CliRunner().invoke(app, ["run", str(path), "--tasks", str(tasks), "--samples", "2", "--out", str(out),
-                                   "--quiet", "--deadline", "reward=5"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(path),
+            "--tasks",
+            str(tasks),
+            "--samples",
+            "2",
+            "--out",
+            str(out),
+            "--quiet",
+            "--deadline",
+            "reward=5",
+        ],
+    )
     assert res.exit_code == 5, res.output
-    assert f"2 failed (reward), first: {path}:{line}:9: error: terminal reward mine.exit_reward: SystemExit(0)" in \
-        res.output.replace("\n", " ")
+    assert (
+        f"2 failed (reward), first: {path}:{line}:9: error: terminal reward mine.exit_reward: SystemExit(0)"
+        in res.output.replace("\n", " ")
+    )
     assert "every one of the 2 episodes failed" in res.output
     assert len(out.read_text().splitlines()) == 2  # the failed episodes are written, with their errors
     bad = CliRunner().invoke(app, ["run", str(path), "--tasks", str(tasks), "--out", str(out), "--deadline", "rewad=5"])

@@ -17,7 +17,8 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.lm_head import head_logprobs, output_head
 from srpo_graph.srpo.logprobs import packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 LAYOUTS = ["packed", "padded", "prefix"]
 

@@ -18,8 +18,8 @@ import torch
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.diagnostics import staleness_histogram
-from srpo_graph.srpo.loss import LossConfig, MemberLogRatio, RatioUnit, Reduction, srpo_loss
-from srpo_graph.srpo.mismatch import DecoupledCap
+from srpo_graph.srpo.loss import srpo_loss
+from srpo_graph.srpo.options import DecoupledCap, LossConfig, MemberLogRatio, RatioUnit, Reduction
 
 
 def _items(b, cfg: LossConfig):
@@ -94,7 +94,9 @@ def stale_batch():
 
 def _new(b, seed=0, scale=0.25):
     g = torch.Generator().manual_seed(seed)
-    return (b.old_logprobs.double() + torch.randn(b.num_tokens, generator=g, dtype=torch.float64) * scale).requires_grad_()
+    return (
+        b.old_logprobs.double() + torch.randn(b.num_tokens, generator=g, dtype=torch.float64) * scale
+    ).requires_grad_()
 
 
 def _check(b, cfg, seed=0):
@@ -113,8 +115,9 @@ def _check(b, cfg, seed=0):
 @pytest.mark.parametrize("unit", list(RatioUnit))
 @pytest.mark.parametrize("member", list(MemberLogRatio))
 def test_decoupled_matches_plain_loop_every_unit(stale_batch, cap, unit, member):
-    cfg = LossConfig(ratio_unit=unit, member_logratio=member, mismatch="decoupled", decoupled_cap=cap,
-                     mismatch_threshold=1.3)
+    cfg = LossConfig(
+        ratio_unit=unit, member_logratio=member, mismatch="decoupled", decoupled_cap=cap, mismatch_threshold=1.3
+    )
     diag, rows = _check(stale_batch, cfg)
     acts = member == MemberLogRatio.SUM or unit == RatioUnit.TOKEN  # length-normalized weights stay near 1
     if cap == DecoupledCap.TRUNCATE and acts:
@@ -127,8 +130,19 @@ def test_decoupled_matches_plain_loop_every_unit(stale_batch, cap, unit, member)
 @pytest.mark.parametrize("reduction", [Reduction.EVENT_MEAN, Reduction.TOKEN])
 def test_decoupled_matches_plain_loop_alpha_and_reduction(stale_batch, unit, reduction):
     for alpha in (0.0, 1.0):
-        _check(stale_batch, LossConfig(ratio_unit=unit, reduction=reduction, alpha=alpha, mismatch="decoupled",
-                                       decoupled_cap="mask", mismatch_threshold=1.5, mismatch_low=0.7), seed=1)
+        _check(
+            stale_batch,
+            LossConfig(
+                ratio_unit=unit,
+                reduction=reduction,
+                alpha=alpha,
+                mismatch="decoupled",
+                decoupled_cap="mask",
+                mismatch_threshold=1.5,
+                mismatch_low=0.7,
+            ),
+            seed=1,
+        )
 
 
 @pytest.mark.parametrize("unit", list(RatioUnit))
@@ -188,7 +202,8 @@ def test_weight_clip_and_mask_diagnostics_match_plain_loops(stale_batch, unit, m
     assert diag.tokens_clipped_share.item() == pytest.approx(sum(r[4] for r in rows if r[3]) / n_tok, abs=1e-6)
     assert diag.sets_clipped_share.item() == pytest.approx(len({r[0] for r in rows if r[3]}) / b.num_sets, abs=1e-6)
     assert diag.truncated_share.item() == pytest.approx(
-        sum(mode == "tis" and r[1] > 1.2 for r in rows) / len(rows), abs=1e-6)
+        sum(mode == "tis" and r[1] > 1.2 for r in rows) / len(rows), abs=1e-6
+    )
     assert diag.mismatch_weight_mean.item() == pytest.approx(sum(r[2] for r in rows) / len(rows), rel=1e-5)
     d = diag.to_dict()
     assert d["is_weight_max"] == pytest.approx(max(r[1] for r in rows), rel=1e-5)
@@ -197,7 +212,8 @@ def test_weight_clip_and_mask_diagnostics_match_plain_loops(stale_batch, unit, m
         mean = sum(ws) / len(ws)
         assert d[f"is_weight_mean/k{k}"] == pytest.approx(mean, rel=1e-5, abs=1e-6)
         assert d[f"is_weight_std/k{k}"] == pytest.approx(
-            math.sqrt(max(sum(w * w for w in ws) / len(ws) - mean * mean, 0.0)), abs=1e-3)
+            math.sqrt(max(sum(w * w for w in ws) / len(ws) - mean * mean, 0.0)), abs=1e-3
+        )
         assert d[f"is_masked/k{k}"] == pytest.approx(sum(w == 0 for w in ws) / len(ws), abs=1e-6)
     assert diag.tokens_clipped_share.item() > 0
     if mode == "tis":
@@ -220,7 +236,7 @@ def test_diagnostics_combine_over_micro_batches(stale_batch):
     micro = b.micro_batches()
     assert len(micro) > 1
     for mb in micro:  # whole sets in stream order: each micro-batch is the next slice of tokens
-        parts.append(srpo_loss(new[start:start + mb.num_tokens], mb, cfg, denominator=D)[1])
+        parts.append(srpo_loss(new[start : start + mb.num_tokens], mb, cfg, denominator=D)[1])
         start += mb.num_tokens
     assert start == b.num_tokens
     comb = LossDiagnostics.combine(parts, "micro")
@@ -242,12 +258,13 @@ def test_staleness_histogram_matches_a_plain_loop(stale_batch):
     for m in range(b.num_members):
         k = current[b.policies[int(b.member_policy[m])]] - int(versions[m])
         counts[k] = counts.get(k, 0) + 1
-        toks[k] = toks.get(k, 0) + sum(mask[offsets[m]:offsets[m + 1]])
+        toks[k] = toks.get(k, 0) + sum(mask[offsets[m] : offsets[m + 1]])
     assert len(counts) >= 3
     for k, n in counts.items():
         assert h[f"s{k}"] == pytest.approx(n / b.num_members)
         assert h[f"tokens_s{k}"] == pytest.approx(toks[k] / sum(mask))
     assert h["max"] == max(counts)
     assert h["mean"] == pytest.approx(sum(k * n for k, n in counts.items()) / b.num_members)
-    assert staleness_histogram(b.with_(member_policy_version=torch.zeros_like(versions)), {p: 0 for p in b.policies}) == {
-        "mean": 0.0, "max": 0.0, "s0": 1.0, "tokens_s0": 1.0}
+    assert staleness_histogram(
+        b.with_(member_policy_version=torch.zeros_like(versions)), {p: 0 for p in b.policies}
+    ) == {"mean": 0.0, "max": 0.0, "s0": 1.0, "tokens_s0": 1.0}

@@ -13,7 +13,8 @@ import torch
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.srpo.logprobs import packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, srpo_loss
+from srpo_graph.srpo.loss import srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / "workflows").glob("*.wf"))

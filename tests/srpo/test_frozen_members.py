@@ -18,7 +18,8 @@ import torch
 from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.options import CompileConfig
 from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
-from srpo_graph.srpo.loss import LossConfig, srpo_loss
+from srpo_graph.srpo.loss import srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 FROZEN = ("judge",)
 

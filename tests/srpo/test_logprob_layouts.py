@@ -19,7 +19,8 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.forwards import length_buckets
 from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 # the layouts under test: (layout, bucket_overhead); overhead 0 = a bucket per distinct
 # length, a huge overhead = one padded bucket per policy
@@ -101,11 +102,15 @@ def batch(models, request):
     b = compile(eps, CompileConfig(micro_batch_tokens=120))
     lengths = (b.member_offsets[1:] - b.member_offsets[:-1]).tolist()
     assert b.num_micro_batches > 1 and len(set(lengths)) > 5
-    assert (b.member_allowed >= 0).any() and (b.member_temperature != 1).any() and len(set(b.member_policy.tolist())) == 2
+    assert (
+        (b.member_allowed >= 0).any() and (b.member_temperature != 1).any() and len(set(b.member_policy.tolist())) == 2
+    )
     if request.param == "shared prompts":  # shared prompts of both policies, one-token completions, lone members
         from srpo_graph.srpo.prefix_tree import prefix_tree
 
-        nodes = [sum(1 for k in prefix_tree(m, torch.arange(m.num_members), 1).children if k) for m in b.micro_batches()]
+        nodes = [
+            sum(1 for k in prefix_tree(m, torch.arange(m.num_members), 1).children if k) for m in b.micro_batches()
+        ]
         assert sum(n > 0 for n in nodes) >= len(nodes) / 2, nodes
         for pol in (0, 1):
             assert any(prefix_tree(b, (b.member_policy == pol).nonzero().squeeze(1), 1).children), pol
@@ -113,7 +118,10 @@ def batch(models, request):
         under = [sum(1 for m in tree.last if g in tree.path(m)) for g in range(len(tree.start))]
         assert max(under) >= 4 and 1 in under  # a node shared by 4 or more, a member's own tail
         assert any(under[tree.last[m]] > 1 for m in tree.last)  # a member's whole input shared (it has no tail)
-        completion = [int(b.loss_mask[int(b.member_offsets[m]):int(b.member_offsets[m + 1])].sum()) for m in range(b.num_members)]
+        completion = [
+            int(b.loss_mask[int(b.member_offsets[m]) : int(b.member_offsets[m + 1])].sum())
+            for m in range(b.num_members)
+        ]
         assert 1 in completion and max(completion) > 5
     return b
 
@@ -161,8 +169,12 @@ def test_every_layout_equals_the_one_member_reference(models, batch, layout, ove
         want_lp, want_ent = reference_logprobs(models, batch)
         lp, ent = packed_logprobs(models, batch, layout=layout, bucket_overhead=overhead)
         # micro-batch by micro-batch (contiguous slices of the stream): the same values
-        by_micro = torch.cat([packed_logprobs(models, micro, layout=layout, bucket_overhead=overhead)[0]
-                              for micro in batch.micro_batches()])
+        by_micro = torch.cat(
+            [
+                packed_logprobs(models, micro, layout=layout, bucket_overhead=overhead)[0]
+                for micro in batch.micro_batches()
+            ]
+        )
     assert torch.allclose(by_micro, lp, atol=1e-6)
     mask = batch.loss_mask
     assert torch.allclose(lp.double()[mask], want_lp[mask], atol=2e-6)
@@ -198,7 +210,7 @@ def test_loss_and_gradients_do_not_depend_on_the_layout(models, batch):
     _zero(models)
     base_loss, base_grads = results[("packed", 0)]
     assert any(g.abs().sum() > 0 for g in base_grads[: len(list(models[0].parameters()))])
-    assert any(g.abs().sum() > 0 for g in base_grads[len(list(models[0].parameters())):])
+    assert any(g.abs().sum() > 0 for g in base_grads[len(list(models[0].parameters())) :])
     for key, (loss, grads) in results.items():
         assert loss == pytest.approx(base_loss, abs=1e-6), key
         assert loss == pytest.approx(float(ref_loss.detach()), abs=1e-5), key
@@ -233,7 +245,9 @@ class _NoCache(torch.nn.Module):
         self.inner = inner
 
     def forward(self, input_ids, position_ids=None, use_cache=False, logits_to_keep=0):
-        return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, logits_to_keep=logits_to_keep)
+        return self.inner(
+            input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, logits_to_keep=logits_to_keep
+        )
 
 
 def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
@@ -246,20 +260,43 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
     assert choose_layout(models[1]) == "prefix"  # Qwen2 with its sliding window off
     from transformers import MistralConfig, MistralForCausalLM
 
-    windowed = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                                num_attention_heads=2, num_key_value_heads=1, sliding_window=4))
+    windowed = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            sliding_window=4,
+        )
+    )
     assert choose_layout(windowed) == "padded" and choose_layout(windowed, "prefix") == "padded"
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    hybrid = Qwen3_5ForCausalLM(Qwen3_5TextConfig(  # linear-attention layers: a state the prefix padding would enter
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-        linear_num_value_heads=2, full_attention_interval=2))
+    hybrid = Qwen3_5ForCausalLM(
+        Qwen3_5TextConfig(  # linear-attention layers: a state the prefix padding would enter
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=2,
+            full_attention_interval=2,
+        )
+    )
     assert choose_layout(hybrid) == "padded" and choose_layout(hybrid, "prefix") == "padded"
     # transformers turns the KV cache off under activation (gradient) checkpointing, in training
-    enable, disable = (("activation_checkpointing_enable", "activation_checkpointing_disable")
-                       if hasattr(tiny, "activation_checkpointing_enable") else
-                       ("gradient_checkpointing_enable", "gradient_checkpointing_disable"))
+    enable, disable = (
+        ("activation_checkpointing_enable", "activation_checkpointing_disable")
+        if hasattr(tiny, "activation_checkpointing_enable")
+        else ("gradient_checkpointing_enable", "gradient_checkpointing_disable")
+    )
     getattr(tiny, enable)()
     try:
         assert choose_layout(tiny) == "padded" and choose_layout(tiny, "prefix") == "padded"
@@ -268,8 +305,12 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
     assert choose_layout(tiny) == "prefix"
     saved = tiny.config._attn_implementation
     try:
-        for impl, want in [("flash_attention_2", "packed"), ("flex_attention", "packed"),
-                           ("kernels-community/flash-attn3", "packed"), ("eager", "prefix")]:
+        for impl, want in [
+            ("flash_attention_2", "packed"),
+            ("flex_attention", "packed"),
+            ("kernels-community/flash-attn3", "packed"),
+            ("eager", "prefix"),
+        ]:
             tiny.config._attn_implementation = impl
             assert choose_layout(tiny) == want, impl
             assert choose_layout(_NoCache(tiny)) == ("packed" if want == "packed" else "padded"), impl
@@ -282,8 +323,12 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
 def _forward_rows(models, batch, layout) -> list[tuple[int, list[int], list[int]]]:
     """(policy, input ids, position ids) of every row of every forward ``packed_logprobs`` runs."""
     seen = []
-    hooks = [m.register_forward_pre_hook(lambda mod, a, kw, i=i: seen.append((i, kw["input_ids"], kw["position_ids"])),
-                                         with_kwargs=True) for i, m in enumerate(models)]
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, a, kw, i=i: seen.append((i, kw["input_ids"], kw["position_ids"])), with_kwargs=True
+        )
+        for i, m in enumerate(models)
+    ]
     try:
         with torch.no_grad():
             packed_logprobs(models, batch, layout=layout, bucket_overhead=10**9)
@@ -312,7 +357,9 @@ def test_prefix_layout_runs_each_shared_segment_once(models, batch, sharing, mon
     for pol in (0, 1):
         members = (batch.member_policy == pol).nonzero().squeeze(1)
         tree = prefix_tree(batch, members)
-        if tree.num_tokens > tree_mod.MAX_TREE_SHARE * int((batch.member_offsets[1:] - batch.member_offsets[:-1])[members].sum()):
+        if tree.num_tokens > tree_mod.MAX_TREE_SHARE * int(
+            (batch.member_offsets[1:] - batch.member_offsets[:-1])[members].sum()
+        ):
             # too little shared: the padded way, row for row
             assert [r for r in rows if r[0] == pol] == [r for r in padded_rows if r[0] == pol], pol
         else:
@@ -327,8 +374,8 @@ def test_prefix_layout_runs_each_shared_segment_once(models, batch, sharing, mon
         assert sum(i == pol for i, _, _ in rows) == len(tree.start), pol  # one row per segment
         for g, (a, z) in enumerate(zip(tree.start, tree.end)):
             s = int(batch.member_offsets[tree.rep[g]])
-            seg = batch.input_ids[s + a:s + z].tolist()
-            assert any(i == pol and r[:z - a] == seg and q[0] == a for i, r, q in rows), (pol, g)
+            seg = batch.input_ids[s + a : s + z].tolist()
+            assert any(i == pol and r[: z - a] == seg and q[0] == a for i, r, q in rows), (pol, g)
 
 
 def _brute_force_cost(lengths: list[int], overhead: int) -> int:
@@ -362,13 +409,40 @@ def _batch_of_prompts(prompts: list[list[int]]):
     """A one-policy SetBatch whose members have these prompts and a 2-token completion each."""
     from srpo_graph.runtime.trace import Episode, Output, TransitionRecord, WorkflowRef
 
-    outputs = [Output(id=f"o{i}", agent="a", policy="p", policy_version=0, step=i, prompt_ids=p, completion_ids=[1, 2],
-                      logprobs=[-1.0, -1.0], temperature=1.0, allowed_token_ids=None, max_tokens=2, activated_by=None,
-                      text="", value=None) for i, p in enumerate(prompts)]
-    transitions = [TransitionRecord(id=f"t{i}", name=f"t{i}", step=i, consumed=[f"o{i}"], activated=["end"], reward=None)
-                   for i in range(len(prompts))]
-    ep = Episode(workflow=WorkflowRef(name="x", hash="0" * 64), task_id="t", group_id="t", sample=0, seed=0,
-                 outputs=outputs, transitions=transitions, reward=1.0, status="ok")
+    outputs = [
+        Output(
+            id=f"o{i}",
+            agent="a",
+            policy="p",
+            policy_version=0,
+            step=i,
+            prompt_ids=p,
+            completion_ids=[1, 2],
+            logprobs=[-1.0, -1.0],
+            temperature=1.0,
+            allowed_token_ids=None,
+            max_tokens=2,
+            activated_by=None,
+            text="",
+            value=None,
+        )
+        for i, p in enumerate(prompts)
+    ]
+    transitions = [
+        TransitionRecord(id=f"t{i}", name=f"t{i}", step=i, consumed=[f"o{i}"], activated=["end"], reward=None)
+        for i in range(len(prompts))
+    ]
+    ep = Episode(
+        workflow=WorkflowRef(name="x", hash="0" * 64),
+        task_id="t",
+        group_id="t",
+        sample=0,
+        seed=0,
+        outputs=outputs,
+        transitions=transitions,
+        reward=1.0,
+        status="ok",
+    )
     return compile([ep], CompileConfig())
 
 
@@ -398,7 +472,7 @@ def test_prefix_tree_covers_each_needed_position_once(seed):
                 prompts.append(list(prompt))
                 prompt = prompt + [1, 2] + word(rng.randint(0, 4))  # + the turn's completion (below) + a message
     b = _batch_of_prompts(prompts)
-    seqs = [b.input_ids[int(b.member_offsets[m]):int(b.member_offsets[m + 1])].tolist() for m in range(b.num_members)]
+    seqs = [b.input_ids[int(b.member_offsets[m]) : int(b.member_offsets[m + 1])].tolist() for m in range(b.num_members)]
     for min_saved in (0, 1, 4, 8):
         tree = prefix_tree(b, torch.arange(b.num_members), min_saved)
         assert sorted(tree.last) == list(range(b.num_members))
@@ -407,7 +481,7 @@ def test_prefix_tree_covers_each_needed_position_once(seed):
             for g in tree.path(m):
                 assert tree.start[g] == at < tree.end[g]
                 s = int(b.member_offsets[tree.rep[g]])
-                assert b.input_ids[s + tree.start[g]:s + tree.end[g]].tolist() == seq[tree.start[g]:tree.end[g]]
+                assert b.input_ids[s + tree.start[g] : s + tree.end[g]].tolist() == seq[tree.start[g] : tree.end[g]]
                 at = tree.end[g]
             assert at == len(seq) - 1
         assert tree.num_tokens <= sum(len(x) - 1 for x in seqs)
@@ -450,20 +524,58 @@ def _chat_batch(vocab: int, seed: int = 0):
         for g in range(3):
             outputs, prompt = [], list(first)
             for turn in range(3):
-                said = words(1) if turn == 0 and g == 0 else same if turn == 0 and task == 0 else words(rng.randint(2, 6))
+                said = (
+                    words(1) if turn == 0 and g == 0 else same if turn == 0 and task == 0 else words(rng.randint(2, 6))
+                )
                 allowed = sorted(set(said + words(5))) if turn == 1 else None
-                outputs.append(Output(id=f"o{turn}", agent="chat", policy="tiny", step=turn, prompt_ids=prompt,
-                                      completion_ids=said, logprobs=[-1.0] * len(said), temperature=0.7 if turn == 2 else 1.0,
-                                      allowed_token_ids=allowed, max_tokens=8, text=""))
+                outputs.append(
+                    Output(
+                        id=f"o{turn}",
+                        agent="chat",
+                        policy="tiny",
+                        step=turn,
+                        prompt_ids=prompt,
+                        completion_ids=said,
+                        logprobs=[-1.0] * len(said),
+                        temperature=0.7 if turn == 2 else 1.0,
+                        allowed_token_ids=allowed,
+                        max_tokens=8,
+                        text="",
+                    )
+                )
                 if turn == 1:
-                    outputs.append(Output(id="judge", agent="judge", policy="small", step=3, prompt_ids=prompt + said,
-                                          completion_ids=words(2), logprobs=[-1.0, -1.0], temperature=1.3, max_tokens=2,
-                                          text=""))
+                    outputs.append(
+                        Output(
+                            id="judge",
+                            agent="judge",
+                            policy="small",
+                            step=3,
+                            prompt_ids=prompt + said,
+                            completion_ids=words(2),
+                            logprobs=[-1.0, -1.0],
+                            temperature=1.3,
+                            max_tokens=2,
+                            text="",
+                        )
+                    )
                 prompt = prompt + said + words(rng.randint(1, 5))
-            transitions = [TransitionRecord(id=f"t{k}", name=f"t{k}", step=k, consumed=[o.id], activated=["end"], reward=None)
-                           for k, o in enumerate(outputs)]
-            eps.append(Episode(workflow=WorkflowRef(name="x", hash="0" * 64), task_id=f"task{task}", group_id=f"task{task}",
-                               sample=g, seed=0, outputs=outputs, transitions=transitions, reward=float(g), status="ok"))
+            transitions = [
+                TransitionRecord(id=f"t{k}", name=f"t{k}", step=k, consumed=[o.id], activated=["end"], reward=None)
+                for k, o in enumerate(outputs)
+            ]
+            eps.append(
+                Episode(
+                    workflow=WorkflowRef(name="x", hash="0" * 64),
+                    task_id=f"task{task}",
+                    group_id=f"task{task}",
+                    sample=g,
+                    seed=0,
+                    outputs=outputs,
+                    transitions=transitions,
+                    reward=float(g),
+                    status="ok",
+                )
+            )
     return compile(eps, CompileConfig())
 
 
@@ -506,7 +618,9 @@ def test_prefix_layout_on_nested_chat_turns(models):
     assert max(len(tiny.path(m)) for m in tiny.last) >= 4  # task prompt, first turn, second turn, tail
     assert sum(tiny.children[tiny.last[m]] != [] for m in tiny.last) >= 9  # inputs that end where a later turn goes on
     assert judge.numel() == 9 and not set(tiny.last) & set(judge.tolist())
-    seqs = [b.input_ids[int(b.member_offsets[m]):int(b.member_offsets[m + 1]) - 1].tolist() for m in sorted(tiny.last)]
+    seqs = [
+        b.input_ids[int(b.member_offsets[m]) : int(b.member_offsets[m + 1]) - 1].tolist() for m in sorted(tiny.last)
+    ]
     assert tiny.num_tokens == _trie_tokens(seqs) < sum(map(len, seqs)) / 2
     _assert_layouts_agree(models, b)
 

@@ -13,7 +13,8 @@ import torch
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.loss import LossConfig, RatioUnit, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig, RatioUnit
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,9 @@ def batch():
 
 def _new(b, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (b.old_logprobs.double() + 0.3 * torch.randn(b.num_tokens, generator=g, dtype=torch.float64)).requires_grad_()
+    return (
+        b.old_logprobs.double() + 0.3 * torch.randn(b.num_tokens, generator=g, dtype=torch.float64)
+    ).requires_grad_()
 
 
 def test_set_unit_diagnostics_match_plain_loops(batch):
@@ -36,7 +39,12 @@ def test_set_unit_diagnostics_match_plain_loops(batch):
     per_size: dict[int, list[tuple[float, float, float]]] = {}
     for s in range(batch.num_sets):
         ms = [m for m in range(batch.num_members) if int(batch.member_set[m]) == s]
-        L = sum(float(new[t]) - float(batch.old_logprobs[t]) for m in ms for t in range(offsets[m], offsets[m + 1]) if mask[t])
+        L = sum(
+            float(new[t]) - float(batch.old_logprobs[t])
+            for m in ms
+            for t in range(offsets[m], offsets[m + 1])
+            if mask[t]
+        )
         L *= len(ms) ** -0.5
         per_size.setdefault(len(ms), []).append((L, math.exp(L), float(batch.set_advantage[s])))
     assert diag.sizes.tolist() == sorted(per_size)
@@ -69,8 +77,10 @@ def test_approx_kl_estimates_the_exact_kl_of_old_to_new_on_a_categorical():
     p_old, p_new = [0.5, 0.4, 0.1], [0.1, 0.2, 0.7]
     exact = sum(a * math.log(a / b) for a, b in zip(p_old, p_new))  # 0.887
     reverse = sum(b * math.log(b / a) for a, b in zip(p_old, p_new))
-    b = compile(synthetic_episodes(8, 8, seed=3, max_set=4, completion_len=(60, 90), transition_rewards=False),
-                CompileConfig(micro_batch_tokens=100_000))
+    b = compile(
+        synthetic_episodes(8, 8, seed=3, max_set=4, completion_len=(60, 90), transition_rewards=False),
+        CompileConfig(micro_batch_tokens=100_000),
+    )
     comp = b.loss_mask.nonzero().squeeze(1)
     g = torch.Generator().manual_seed(0)
     tok = torch.multinomial(torch.tensor(p_old), comp.numel(), replacement=True, generator=g)

@@ -10,7 +10,9 @@ import torch
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.loss import LossConfig, RatioUnit, Reduction, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.objectives import loss_preset
+from srpo_graph.srpo.options import LossConfig, RatioUnit, Reduction
 
 
 def content_logprobs(b) -> torch.Tensor:
@@ -86,14 +88,14 @@ def test_set_size_one_with_length_normalized_ratio_is_gspo():
         A = float(b.set_advantage[int(b.member_set[i])])
         J += min(si * A, min(max(si, 0.95), 1.08) * A)
     assert loss.item() == pytest.approx(-J / b.num_members, abs=1e-6)
-    gspo, _ = srpo_loss(new, b, LossConfig.preset("gspo", eps_low=0.05, eps_high=0.08))
+    gspo, _ = srpo_loss(new, b, loss_preset("gspo", eps_low=0.05, eps_high=0.08))
     assert gspo.item() == pytest.approx(loss.item(), abs=1e-9)
 
 
 def test_token_unit_is_grpo():
     b = compile(synthetic_episodes(3, 4, seed=4))
     new = content_logprobs(b)
-    loss, _ = srpo_loss(new, b, LossConfig.preset("grpo"))
+    loss, _ = srpo_loss(new, b, loss_preset("grpo"))
     # GRPO (arXiv 2402.03300): mean over outputs of the per-output token mean of the clipped surrogate
     J = 0.0
     for i in range(b.num_members):

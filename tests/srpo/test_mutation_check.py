@@ -21,6 +21,7 @@ from srpo_graph.compiler import compile as compile_mod
 from srpo_graph.compiler.options import ReturnMode
 from srpo_graph.srpo import loss as loss_mod
 from srpo_graph.srpo import objectives
+from srpo_graph.srpo.options import Reduction
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -85,7 +86,7 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "dr_mas advantage agent -> transition": _row("dr_mas", compile={"advantage": "transition"}),
     "dr_mas trajectory reward -> provenance returns": _row("dr_mas", compile={"returns": "provenance"}),
     "dr_grpo denominator -> sum of each output's budget": lambda mp: mp.setitem(
-        loss_mod.DENOMINATORS, loss_mod.Reduction.CONSTANT, lambda b, cfg: float(b.member_max_tokens.sum())),
+        loss_mod.DENOMINATORS, Reduction.CONSTANT, lambda b, cfg: float(b.member_max_tokens.sum())),
     "return rule provenance -> firing order": lambda mp: mp.setitem(compile_mod.RETURNS, ReturnMode.PROVENANCE,
                                                                     _firing_order),
     "return rule discount ignored": lambda mp: mp.setitem(compile_mod.RETURNS, ReturnMode.PROVENANCE, _undiscounted),

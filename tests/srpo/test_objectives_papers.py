@@ -141,7 +141,8 @@ def j_grpo(eps, kl_beta=0.0):
 def j_dr_grpo(eps):
     """Dr. GRPO (arXiv 2503.20783): no std, no 1/|o_i|; / (outputs x MAX_TOKENS, the largest budget)."""
     rows = outputs_with_episode_advantage(eps, use_std=False)
-    return sum(clip_obj(math.exp(x), a, 0.2, 0.2) for a, d, _ in rows for x in d) / (len(rows) * max(m for _, _, m in rows))
+    total = sum(clip_obj(math.exp(x), a, 0.2, 0.2) for a, d, _ in rows for x in d)
+    return total / (len(rows) * max(m for _, _, m in rows))
 
 
 def j_dapo(eps):

@@ -16,7 +16,8 @@ import torch
 from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.logprobs import packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +115,9 @@ def test_real_traces_from_the_tiny_model_recompute_to_the_sampler_logprobs(model
     # one real loss step: old == new so the ratio is 1 and the gradient is finite and non-zero
     lp, ent = packed_logprobs([models[0]], b)
     cfg = LossConfig()
-    loss, diag = srpo_loss(lp, b.with_(old_logprobs=lp.detach()), cfg, denominator=loss_denominator(b, cfg), entropy=ent)
+    loss, diag = srpo_loss(
+        lp, b.with_(old_logprobs=lp.detach()), cfg, denominator=loss_denominator(b, cfg), entropy=ent
+    )
     loss.backward()
     assert diag.ratio_max.item() == pytest.approx(1.0)
     grads = [p.grad for p in models[0].parameters() if p.grad is not None]

@@ -13,17 +13,9 @@ import torch
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
-from srpo_graph.srpo.loss import (
-    LossConfig,
-    MemberLogRatio,
-    Mismatch,
-    RatioUnit,
-    Reduction,
-    Surrogate,
-    loss_denominator,
-    srpo_loss,
-)
-from srpo_graph.srpo.objectives import OBJECTIVES
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.objectives import OBJECTIVES, loss_preset
+from srpo_graph.srpo.options import LossConfig, MemberLogRatio, Mismatch, RatioUnit, Reduction, Surrogate
 
 
 def naive_loss(new: torch.Tensor, b, cfg: LossConfig, ref: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,10 +109,15 @@ def naive_loss(new: torch.Tensor, b, cfg: LossConfig, ref: torch.Tensor | None =
                 if cfg.ratio_unit == RatioUnit.TOKEN:
                     lc = clipped_d(toks[0])
                 elif cfg.ratio_unit == RatioUnit.MEMBER:
-                    lc = sum(clipped_d(t) for t in toks) / (max(len(toks), 1) if cfg.member_logratio == MemberLogRatio.MEAN else 1)
+                    lc = sum(clipped_d(t) for t in toks) / (
+                        max(len(toks), 1) if cfg.member_logratio == MemberLogRatio.MEAN else 1
+                    )
                 else:
-                    lc = sum(sum(clipped_d(t) for t in toks_of[mm]) / (max(len(toks_of[mm]), 1)
-                             if cfg.member_logratio == MemberLogRatio.MEAN else 1) for mm in ms) * K ** (-cfg.alpha)
+                    lc = sum(
+                        sum(clipped_d(t) for t in toks_of[mm])
+                        / (max(len(toks_of[mm]), 1) if cfg.member_logratio == MemberLogRatio.MEAN else 1)
+                        for mm in ms
+                    ) * K ** (-cfg.alpha)
                 if not torch.is_tensor(lc):
                     lc = torch.tensor(float(lc), dtype=torch.float64)
                 surr = a * torch.exp(torch.clamp(lc, -c, c))
@@ -197,7 +194,7 @@ def test_matches_naive_with_k3_kl(batch, unit):
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_presets_match_naive(batch, name):
-    cfg = LossConfig.preset(name)
+    cfg = loss_preset(name)
     _check(batch, cfg, ref=batch.old_logprobs.double() + 0.1 if cfg.kl_coef > 0 else None, seed=2)
 
 
@@ -215,8 +212,11 @@ def agent_batch():
 @pytest.mark.parametrize("member", list(MemberLogRatio))
 def test_surrogates_match_naive(batch, agent_batch, surrogate, unit, member):
     for b in (batch, agent_batch):
-        _check(b, LossConfig(ratio_unit=unit, surrogate=surrogate, member_logratio=member, eps_low=0.3, eps_high=0.4),
-               seed=4)
+        _check(
+            b,
+            LossConfig(ratio_unit=unit, surrogate=surrogate, member_logratio=member, eps_low=0.3, eps_high=0.4),
+            seed=4,
+        )
 
 
 @pytest.mark.parametrize("unit", list(RatioUnit))
@@ -226,8 +226,12 @@ def test_dual_clip_and_kl_weighting_match_naive(batch, unit):
     b = batch.with_(old_logprobs=old.float())
     ref = b.old_logprobs.double() - 0.2
     for kl_w in (False, True):
-        _check(b, LossConfig(ratio_unit=unit, dual_clip=3.0, kl_coef=0.1, mismatch="tis", kl_mismatch_weight=kl_w),
-               ref=ref, seed=6)
+        _check(
+            b,
+            LossConfig(ratio_unit=unit, dual_clip=3.0, kl_coef=0.1, mismatch="tis", kl_mismatch_weight=kl_w),
+            ref=ref,
+            seed=6,
+        )
 
 
 @pytest.mark.parametrize("unit", list(RatioUnit))
@@ -237,8 +241,9 @@ def test_dual_clip_with_gmpo_matches_naive(batch, unit):
     b = batch.with_(old_logprobs=old.float())
     _check(b, LossConfig(ratio_unit=unit, surrogate="gmpo", dual_clip=1.05), seed=6)
     new = _new(b, 6)  # the bound is active on some item: the loss differs from gmpo without it
-    assert srpo_loss(new, b, LossConfig(ratio_unit=unit, surrogate="gmpo", dual_clip=1.05))[0].item() != \
-        pytest.approx(srpo_loss(new, b, LossConfig(ratio_unit=unit, surrogate="gmpo"))[0].item(), abs=1e-9)
+    assert srpo_loss(new, b, LossConfig(ratio_unit=unit, surrogate="gmpo", dual_clip=1.05))[0].item() != pytest.approx(
+        srpo_loss(new, b, LossConfig(ratio_unit=unit, surrogate="gmpo"))[0].item(), abs=1e-9
+    )
 
 
 def test_dual_clip_with_cispo_is_a_config_error_naming_the_field():

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.models.tiny import ensure_tiny_model
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 from srpo_graph.train.parallel import collectives as distributed
 from srpo_graph.train.parallel import fsdp
@@ -47,16 +47,34 @@ def main(out: Path, strategy: str = "ddp") -> None:
     batch = compile(eps, CompileConfig(micro_batch_tokens=64, policies=("p0", "p1")))
     batch, _ = recompute_old_logprobs(models, batch)
     opts = [torch.optim.AdamW(m.parameters(), lr=5e-3) for m in models]
-    res = update_policies([UpdatePolicy(m, o) for m, o in zip(models, opts)], batch, LossConfig(), epochs=2, mini_batches=2,
-                          grad_clip=1.0, seed=7, dist=dist, strategy=strategy)
+    res = update_policies(
+        [UpdatePolicy(m, o) for m, o in zip(models, opts)],
+        batch,
+        LossConfig(),
+        epochs=2,
+        mini_batches=2,
+        grad_clip=1.0,
+        seed=7,
+        dist=dist,
+        strategy=strategy,
+    )
     states = [fsdp.full_state_dict(m) for m in models]  # a collective under fsdp
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         for i, sd in enumerate(states):
             save_file({k: v.contiguous() for k, v in sd.items() if k != "lm_head.weight"}, out / f"p{i}.safetensors")
-        (out / "result.json").write_text(json.dumps({"loss": res.loss, "grad_norm": res.grad_norm,
-                                                     "updates": res.num_updates, "padding_forwards": res.padding_forwards, "sets": batch.num_sets,
-                                                     "micro_batches": batch.num_micro_batches}))
+        (out / "result.json").write_text(
+            json.dumps(
+                {
+                    "loss": res.loss,
+                    "grad_norm": res.grad_norm,
+                    "updates": res.num_updates,
+                    "padding_forwards": res.padding_forwards,
+                    "sets": batch.num_sets,
+                    "micro_batches": batch.num_micro_batches,
+                }
+            )
+        )
     shutdown(dist)
 
 

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM
 
-from srpo_graph.backends import TrainedPolicy, backend_spec, resolve_model
+from srpo_graph.backends import TrainedPolicy, backend_spec
 from srpo_graph.errors import BackendError, SrpoGraphError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.train.config.loading import validate

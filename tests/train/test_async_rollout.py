@@ -175,11 +175,11 @@ def test_a_failure_in_the_producer_stops_the_run_as_the_synchronous_stage_does(t
 
 
 def test_overlap_is_refused_where_it_cannot_run():
-    with pytest.raises(ConfigError, match="need a server backend or a rollout worker; `transformers` samples from the model being"):
+    with pytest.raises(ConfigError, match="need a server backend or a rollout worker; `transformers` samples from "
+                                          "the model being"):
         check_async(validate({"rollout": {"max_staleness": 1}}))
     with pytest.raises(ConfigError, match="not supported under torchrun yet"):
-        check_async(validate({"rollout": {"max_staleness": 2, "backend": "sglang"}}),
-                    DistInfo(rank=0, world_size=2))
+        check_async(validate({"rollout": {"max_staleness": 2, "backend": "sglang"}}), DistInfo(rank=0, world_size=2))
     check_async(validate({"rollout": {"max_staleness": 1, "backend": "sglang"}}))  # one process, a server: fine
     with pytest.raises(ConfigError, match="partial rollouts pause and resume SGLang requests"):
         check_async(validate({"rollout": {"partial_rollouts": True, "backend": "sglang"}}))  # k = 0
@@ -193,14 +193,15 @@ def test_the_dispatch_rule_with_a_plugged_in_sampler():
     from srpo_graph.train.rollout.tasks import task_indices
 
     k, steps = 2, 6
-    cfg = validate({"steps": steps, "seed": 3, "rollout": {"backend": "sglang", "max_staleness": k,
-                                                            "tasks_per_step": 2}})
+    cfg = validate(
+        {"steps": steps, "seed": 3, "rollout": {"backend": "sglang", "max_staleness": k, "tasks_per_step": 2}}
+    )
     tasks = [f"t{i}" for i in range(7)]
     calls: dict[int, tuple[int, list, int]] = {}
     lock = threading.Lock()
 
     def sampler(batch, seed):
-        step = (seed - 3 * 1_000_003)
+        step = seed - 3 * 1_000_003
         with lock:
             calls[step] = (stage._version, batch, seed)
         time.sleep(0.3 if step % 2 else 0.05)  # odd steps finish after the next even one

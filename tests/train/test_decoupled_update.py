@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.srpo.diagnostics import staleness_histogram
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 
 

@@ -80,7 +80,9 @@ def test_bootstrap_interval_agrees_with_scipy():
     stats = pytest.importorskip("scipy.stats")
     values = np.random.default_rng(3).random(40)
     lo, hi = bootstrap_ci(list(values), seed=0, num_boot=20_000)
-    ref = stats.bootstrap((values,), np.mean, n_resamples=20_000, method="percentile", random_state=1).confidence_interval
+    ref = stats.bootstrap(
+        (values,), np.mean, n_resamples=20_000, method="percentile", random_state=1
+    ).confidence_interval
     # different random streams: the percentile interval agrees to Monte-Carlo error
     assert abs(lo - ref.low) < 0.01 and abs(hi - ref.high) < 0.01
 
@@ -100,8 +102,10 @@ def test_ratio_interval_pools_subgroups_by_resampled_problem():
 
 def test_sign_flip_p_against_enumeration():
     d = [0.1, -0.05, 0.2, 0.03, -0.01, 0.07]
-    brute = sum(abs(sum(s * x for s, x in zip(signs, d))) >= abs(sum(d)) - 1e-12
-                for signs in itertools.product((1, -1), repeat=len(d))) / 2 ** len(d)
+    brute = sum(
+        abs(sum(s * x for s, x in zip(signs, d))) >= abs(sum(d)) - 1e-12
+        for signs in itertools.product((1, -1), repeat=len(d))
+    ) / 2 ** len(d)
     assert sign_flip_p(d, seed=0) == pytest.approx(brute)
     assert sign_flip_p([0.0, 0.0], seed=0) == 1.0
 
@@ -112,8 +116,9 @@ def test_sign_flip_p_against_enumeration():
 @pytest.fixture(scope="module")
 def routed():
     """coord_routed on the tiny model: routes, transition rewards, answering agents vary."""
-    from srpo_graph.backends import load_backend, resolve_model
+    from srpo_graph.backends import load_backend
     from srpo_graph.lang import load_workflow
+    from srpo_graph.models import resolve_model
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
 
@@ -181,10 +186,24 @@ def run_dir(tmp_path_factory):
     from srpo_graph.train.trainer import train
 
     d = tmp_path_factory.mktemp("evalrun") / "run"
-    cfg = load_config(None, [f"run_dir={d}", "steps=2", "rollout.tasks_per_step=4", "rollout.samples=4",
-                             "checkpoint.every=1", "eval.every=1", "eval.mode=sampled", "eval.samples=2",
-                             "eval.num_tasks=6", "logging.progress=false", "logging.tensorboard=false",
-                             "logging.plots=false", "optim.lr=5e-3"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={d}",
+            "steps=2",
+            "rollout.tasks_per_step=4",
+            "rollout.samples=4",
+            "checkpoint.every=1",
+            "eval.every=1",
+            "eval.mode=sampled",
+            "eval.samples=2",
+            "eval.num_tasks=6",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "optim.lr=5e-3",
+        ],
+    )
     train(ROOT / "workflows" / "coord_par2.wf", cfg)
     return d
 
@@ -194,8 +213,9 @@ def _eval(source, tmp_path, **kw):
 
     kw = {"samples": 2, "seed": 3, "num_tasks": 6, "out": tmp_path, **kw}
     step = kw.pop("step", None)
-    return evaluate_source(ROOT / "workflows" / "coord_par2.wf", resolve_source(str(source), step),
-                           kw.pop("tasks_path", None), **kw)[0]
+    return evaluate_source(
+        ROOT / "workflows" / "coord_par2.wf", resolve_source(str(source), step), kw.pop("tasks_path", None), **kw
+    )[0]
 
 
 def _numbers(rep):
@@ -216,7 +236,7 @@ def test_train_logs_the_eval_code_and_the_command_reproduces_it(run_dir, tmp_pat
 
 
 def test_sources_a_run_a_checkpoint_a_model_directory_and_base(run_dir, tmp_path):
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
 
     latest = _eval(run_dir, tmp_path)
     assert _numbers(latest) == _numbers(_eval(run_dir / "checkpoints" / "step_2", tmp_path))
@@ -246,21 +266,53 @@ def test_lora_run_folder(tmp_path):
     from srpo_graph.train.eval_command import evaluate_source, resolve_source
     from srpo_graph.train.trainer import train
 
-    cfg = load_config(None, [f"run_dir={tmp_path / 'run'}", "steps=1", "rollout.tasks_per_step=2",
-                             "rollout.samples=2", "eval.every=0", "logging.progress=false",
-                             "logging.tensorboard=false", "logging.plots=false"])
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "steps=1",
+            "rollout.tasks_per_step=2",
+            "rollout.samples=2",
+            "eval.every=0",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+        ],
+    )
     wf = ROOT / "workflows" / "coord_lora2.wf"
     train(wf, cfg)
-    rep, eps = evaluate_source(wf, resolve_source(str(tmp_path / "run")), None, samples=2, seed=0, num_tasks=3,
-                               out=tmp_path / "ev")
+    rep, eps = evaluate_source(
+        wf, resolve_source(str(tmp_path / "run")), None, samples=2, seed=0, num_tasks=3, out=tmp_path / "ev"
+    )
     assert rep.overall.episodes == 6 and {o.policy for e in eps for o in e.outputs} == {"role_a", "role_b"}
 
 
 def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
     out = tmp_path / "ev"
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "eval", str(ROOT / "workflows" / "coord_par2.wf"),
-                           "--samples", "2", "--num-tasks", "4", "--compare", "base", str(run_dir), "--out", str(out),
-                           "--no-progress", "--pass-k", "1,2"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "srpo_graph.cli",
+            "eval",
+            str(ROOT / "workflows" / "coord_par2.wf"),
+            "--samples",
+            "2",
+            "--num-tasks",
+            "4",
+            "--compare",
+            "base",
+            str(run_dir),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--pass-k",
+            "1,2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads((out / "eval.json").read_text())
     assert [r["label"] for r in data["reports"]] == ["base", str(run_dir)]
@@ -270,6 +322,19 @@ def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
     assert c["diffs"]["avg"]["value"] == pytest.approx(sum(per) / len(per))
     assert "Paired difference" in (out / "eval.md").read_text() and "| Avg@2 |" in proc.stdout
     assert (out / "eval.png").stat().st_size > 1000 and len((out / "traces" / "1.jsonl").read_text().splitlines()) == 8
-    bad = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "eval", str(ROOT / "workflows" / "coord_par2.wf"),
-                          str(tmp_path / "nothing-here"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "srpo_graph.cli",
+            "eval",
+            str(ROOT / "workflows" / "coord_par2.wf"),
+            str(tmp_path / "nothing-here"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 7 and "not a source to evaluate" in bad.stderr and "Traceback" not in bad.stderr

@@ -60,17 +60,32 @@ def test_frozen_verifier_breakdown_against_hand_counts(tmp_path):
     spec = importlib.util.spec_from_file_location("frozen_verifier", ROOT / "benchmarks" / "frozen_verifier.py")
     fv = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fv)
-    tasks = [json.loads(line) for line in (ROOT / "workflows" / "tasks" / "tinymath_eval.jsonl").read_text().splitlines()[:2]]
+    tasks = [
+        json.loads(line) for line in (ROOT / "workflows" / "tasks" / "tinymath_eval.jsonl").read_text().splitlines()[:2]
+    ]
 
     def ep(task, solver, verifier):
-        return {"task_id": task["id"], "outputs": [{"agent": "solver", "text": solver}, {"agent": "verifier", "text": verifier}]}
+        return {
+            "task_id": task["id"],
+            "outputs": [{"agent": "solver", "text": solver}, {"agent": "verifier", "text": verifier}],
+        }
 
     right = [f"1+1=2;#{t['answer']}" for t in tasks]
     wrong = "1+1=2;#99"
     (tmp_path / "traces").mkdir()
     (tmp_path / "eval.json").write_text(json.dumps({"reports": [{"label": "base"}, {"label": "run"}]}))
-    base = [ep(tasks[0], wrong, right[0]), ep(tasks[0], wrong, wrong), ep(tasks[1], right[1], right[1]), ep(tasks[1], wrong, wrong)]
-    run = [ep(tasks[0], right[0], right[0]), ep(tasks[0], right[0], wrong), ep(tasks[1], right[1], right[1]), ep(tasks[1], wrong, "x")]
+    base = [
+        ep(tasks[0], wrong, right[0]),
+        ep(tasks[0], wrong, wrong),
+        ep(tasks[1], right[1], right[1]),
+        ep(tasks[1], wrong, wrong),
+    ]
+    run = [
+        ep(tasks[0], right[0], right[0]),
+        ep(tasks[0], right[0], wrong),
+        ep(tasks[1], right[1], right[1]),
+        ep(tasks[1], wrong, "x"),
+    ]
     for i, eps in enumerate((base, run)):
         (tmp_path / "traces" / f"{i}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
     rows = fv.breakdown(tmp_path)

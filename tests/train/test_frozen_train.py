@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from srpo_graph.backends import resolve_model
 from srpo_graph.errors import ConfigError
+from srpo_graph.models import resolve_model
 from srpo_graph.train.config.loading import validate
 from srpo_graph.train.policies import frozen as frozen_mod
 from srpo_graph.train.trainer import train

@@ -19,7 +19,7 @@ from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.config.loading import validate
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
@@ -48,7 +48,7 @@ reward: std.digits_sum_to(task.target, a, b)
 
 def _shared(wf, seed: int = 0):
     torch.manual_seed(seed)
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
 
     adapters = [p for p in wf.policies if p.adapter is not None]
     shared = SharedBase(resolve_model("tiny"), adapters, dtype=torch.float32, device="cpu")
@@ -106,14 +106,23 @@ def test_a_joint_event_updates_both_adapters_and_never_the_base(mixed):
     lora_before = {n: p.detach().clone() for n, p in shared.peft.named_parameters() if "lora_" in n}
     opts = [torch.optim.AdamW(list(m.parameters()), lr=1e-2, weight_decay=0.0) for m in models]
     assert [sum(p.requires_grad for p in m.parameters()) for m in models][0] == 0  # the base trains nothing
-    upd = update_policies([UpdatePolicy(m, o) for m, o in zip(models, opts)], batch, LossConfig(), epochs=1, mini_batches=1,
-                          grad_clip=1.0, seed=0)
+    upd = update_policies(
+        [UpdatePolicy(m, o) for m, o in zip(models, opts)],
+        batch,
+        LossConfig(),
+        epochs=1,
+        mini_batches=1,
+        grad_clip=1.0,
+        seed=0,
+    )
     assert upd.num_updates == 1 and upd.grad_norm["role_a"] > 0 and upd.grad_norm["role_b"] > 0
     for n, p in shared.inner.named_parameters():
         if "lora_" not in n:
             assert torch.equal(p, base_before[n]), f"base weight {n} changed"
-    changed = {a: any(not torch.equal(p, lora_before[n]) for n, p in shared.peft.named_parameters()
-                      if f".{a}." in n) for a in ("role_a", "role_b")}
+    changed = {
+        a: any(not torch.equal(p, lora_before[n]) for n, p in shared.peft.named_parameters() if f".{a}." in n)
+        for a in ("role_a", "role_b")
+    }
     assert changed == {"role_a": True, "role_b": True}
     # each adapter has its own optimizer over its own parameters only
     ids = [{id(p) for g in o.param_groups for p in g["params"]} for o in opts[1:]]
@@ -121,18 +130,26 @@ def test_a_joint_event_updates_both_adapters_and_never_the_base(mixed):
 
 
 def _config(run: Path, **over):
-    data = {"run_dir": str(run), "steps": 4, "seed": 5,
-            "rollout": {"tasks_per_step": 2, "samples": 4},
-            "checkpoint": {"every": 2, "keep_last": 3}, "eval": {"every": 0},
-            "logging": {"tensorboard": False, "plots": False, "progress": False}}
+    data = {
+        "run_dir": str(run),
+        "steps": 4,
+        "seed": 5,
+        "rollout": {"tasks_per_step": 2, "samples": 4},
+        "checkpoint": {"every": 2, "keep_last": 3},
+        "eval": {"every": 0},
+        "logging": {"tensorboard": False, "plots": False, "progress": False},
+    }
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
     return validate(data)
 
 
 def _adapters(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return {f"{pol}/{k}": v for pol in ("role_a", "role_b")
-            for k, v in load_file(checkpoint / "policies" / pol / ADAPTER_WEIGHTS).items()}
+    return {
+        f"{pol}/{k}": v
+        for pol in ("role_a", "role_b")
+        for k, v in load_file(checkpoint / "policies" / pol / ADAPTER_WEIGHTS).items()
+    }
 
 
 @pytest.mark.slow
@@ -165,12 +182,17 @@ def test_checkpoints_hold_adapters_only_and_resume_exactly(tmp_path):
     out = export_adapter(tmp_path / "whole", "role_a", tmp_path / "exported")
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
 
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     wf = load_workflow(WF)
-    shared = SharedBase(resolve_model("tiny"), [p for p in wf.policies if p.adapter is not None], dtype=torch.float32,
-                        device="cpu", resume_from=step4)
+    shared = SharedBase(
+        resolve_model("tiny"),
+        [p for p in wf.policies if p.adapter is not None],
+        dtype=torch.float32,
+        device="cpu",
+        resume_from=step4,
+    )
     ids = torch.tensor([[1, 14, 40, 41]])
     with torch.no_grad():
         want = AdapterModel(shared, "role_a")(input_ids=ids).logits
@@ -197,8 +219,14 @@ def test_one_command_checks_draws_trains_resumes_and_exports(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
 
     def cli(*args):
-        out = subprocess.run([sys.executable, "-m", "srpo_graph.cli", *map(str, args)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-m", "srpo_graph.cli", *map(str, args)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
 
@@ -207,8 +235,14 @@ def test_one_command_checks_draws_trains_resumes_and_exports(tmp_path):
     cli("viz", WF, "-o", tmp_path / "g.dot")
     assert "role_a: lora r=8 on base" in (tmp_path / "g.dot").read_text()
     run = tmp_path / "run"
-    common = ["rollout.tasks_per_step=2", "rollout.samples=2", "checkpoint.every=1", "eval.every=0",
-              "logging.plots=false", "logging.tensorboard=false"]
+    common = [
+        "rollout.tasks_per_step=2",
+        "rollout.samples=2",
+        "checkpoint.every=1",
+        "eval.every=0",
+        "logging.plots=false",
+        "logging.tensorboard=false",
+    ]
     cli("train", WF, "--steps", 2, "--run-dir", run, "debug.stop_after_step=1", *common)
     cli("train", WF, "--resume", run)
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]

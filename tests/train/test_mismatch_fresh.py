@@ -16,14 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_gap_of_record_is_on_fresh_outputs_and_the_stale_gap_apart(tiny_copy, tmp_path):
-    from srpo_graph.train.observe.mismatch import agent_mismatch
-
     from srpo_graph.backends.transformers import TransformersBackend
     from srpo_graph.compiler.compile import CompileConfig, compile
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
     from srpo_graph.train.learn.update import recompute_old_logprobs
+    from srpo_graph.train.observe.mismatch import agent_mismatch
 
     torch.set_num_threads(1)
     backend = TransformersBackend.from_pretrained(str(tiny_copy(tmp_path / "tiny")))

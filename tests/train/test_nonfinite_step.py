@@ -13,7 +13,7 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.errors import ConfigError
 from srpo_graph.models.tiny import ensure_tiny_model
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.config.loading import TrainConfig, load_config
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 

@@ -15,7 +15,7 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.errors import ConfigError
 from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
-from srpo_graph.srpo.loss import LossConfig
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.config.loading import TrainConfig, apply_overrides
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 from srpo_graph.train.policies.precision import enable_gradient_checkpointing, update_forward

@@ -84,7 +84,9 @@ def test_two_ranks_sample_their_shares_and_equal_one_process(tmp_path):
 
     r0, r1 = read("two", 2, 0), read("two", 2, 1)  # rank 1's engine raises: both ranks stop, none waits
     assert r1["error"] == "BackendError" and "test double" in r1["message"]
-    assert r0["error"] == "BackendError" and "rank 1's rollout failed" in r0["message"] and "test double" in r0["message"]
+    assert (
+        r0["error"] == "BackendError" and "rank 1's rollout failed" in r0["message"] and "test double" in r0["message"]
+    )
 
 
 def test_every_rank_choice_and_shares():

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from srpo_graph.backends import resolve_model
 from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.errors import BackendError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.tasks import load_tasks
@@ -40,10 +40,12 @@ policy base = "tiny"
 policy role_a = lora("base", r=4, alpha=8, targets=[q_proj, v_proj])
 policy full = "tiny"
 policy judge = "tiny" frozen
-agent a { policy: role_a prompt: "<a>{task.target}" sample { max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"] }
+agent a { policy: role_a prompt: "<a>{task.target}" sample { max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6",
+"7", "8", "9"] }
   output: int via std.digit }
 agent c { policy: base prompt: "<c>{task.target}" sample { max_tokens: 3 } output: text }
-agent f { policy: full prompt: "<b>{task.target}" sample { max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"] }
+agent f { policy: full prompt: "<b>{task.target}" sample { max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6",
+"7", "8", "9"] }
   output: int via std.digit }
 agent j { policy: judge prompt: "<j>{task.target}" sample { max_tokens: 3 } output: text }
 transition joint { consume: a, c, f, j activate: end }
@@ -64,8 +66,11 @@ class TrainerSide:
         self.full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.judge = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.judge.requires_grad_(False)
-        self.models = {"role_a": AdapterModel(self.shared, "role_a"), "base": AdapterModel(self.shared, None),
-                       "full": self.full}
+        self.models = {
+            "role_a": AdapterModel(self.shared, "role_a"),
+            "base": AdapterModel(self.shared, None),
+            "full": self.full,
+        }
 
     def perturb(self, seed: int) -> None:
         """What an update does: the adapter and the full model move, the base and the judge do not."""
@@ -117,8 +122,9 @@ def test_run_from_a_thread_while_the_main_thread_pushes(every_kind):
     side = TrainerSide(wf)
     worker.push_weights(side.models, 20)
     results: list = []
-    producer = threading.Thread(target=lambda: results.extend(
-        worker.run(wf, tasks, samples=3, seed=11) for _ in range(3)))
+    producer = threading.Thread(
+        target=lambda: results.extend(worker.run(wf, tasks, samples=3, seed=11) for _ in range(3))
+    )
     producer.start()
     for version in (21, 22):
         side.perturb(version)
@@ -133,7 +139,11 @@ def test_run_from_a_thread_while_the_main_thread_pushes(every_kind):
     worker.push_weights({"full": side.full}, 23)
     res = worker.run(wf, tasks, samples=3, seed=11)
     assert {(o.policy, o.policy_version) for e in res.episodes for o in e.outputs} == {
-        ("full", 23), ("role_a", 22), ("base", 22), ("judge", 0)}
+        ("full", 23),
+        ("role_a", 22),
+        ("base", 22),
+        ("judge", 0),
+    }
     assert worker.run(wf, tasks, samples=3, seed=11, policy_versions={"full": 23}).stats.episodes == 9
 
 
@@ -147,8 +157,13 @@ def test_a_lora_push_carries_the_adapter_only(every_kind):
     assert worker.stats["bytes"] - before["bytes"] == adapter < base / 10
     assert worker.stats["tensors"] - before["tensors"] == len(side.shared.adapter_parameters("role_a"))
     with pytest.raises(BackendError, match=r"rollout worker \(pid \d+\).*'role_a' holds version 7, asked for 6"):
-        worker.run(wf, load_tasks(ROOT / "workflows" / "tasks" / "coord.jsonl", wf)[:1], samples=1, seed=0,
-                   policy_versions={"role_a": 6})  # noqa: E501
+        worker.run(
+            wf,
+            load_tasks(ROOT / "workflows" / "tasks" / "coord.jsonl", wf)[:1],
+            samples=1,
+            seed=0,
+            policy_versions={"role_a": 6},
+        )  # noqa: E501
 
 
 def test_worker_errors_are_backend_errors_naming_it_and_it_serves_on(every_kind):
@@ -199,9 +214,11 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
         "from srpo_graph.train.rollout.worker.client import RolloutWorker\n"
         f"w = RolloutWorker(load_workflow({str(ROOT / 'workflows' / 'coord_par2.wf')!r}), timeout=300)\n"
         "print(w.proc.pid, flush=True)\n"
-        "time.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     try:
         pid = int(parent.stdout.readline())  # type: ignore[union-attr]
         assert _alive(pid)
@@ -216,11 +233,15 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
 
 
 def _config(run: Path, **over):
-    data = {"run_dir": str(run), "steps": 2, "seed": 3,
-            "rollout": {"tasks_per_step": 3, "samples": 4},
-            "checkpoint": {"every": 1, "keep_last": 3}, "eval": {"every": 2, "num_tasks": 4, "mode": "sampled",
-                                                                "samples": 2},
-            "logging": {"tensorboard": False, "plots": False, "progress": False}}
+    data = {
+        "run_dir": str(run),
+        "steps": 2,
+        "seed": 3,
+        "rollout": {"tasks_per_step": 3, "samples": 4},
+        "checkpoint": {"every": 1, "keep_last": 3},
+        "eval": {"every": 2, "num_tasks": 4, "mode": "sampled", "samples": 2},
+        "logging": {"tensorboard": False, "plots": False, "progress": False},
+    }
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
     return validate(data)
@@ -272,22 +293,35 @@ def test_overlapped_rollouts_sample_in_the_worker_within_the_bound(tmp_path):
     from srpo_graph.runtime.trace import read_traces
 
     wf = ROOT / "workflows" / "coord_par2.wf"
-    data = {"run_dir": str(tmp_path / "k1"), "steps": 4, "seed": 5,
-            "rollout": {"tasks_per_step": 3, "samples": 4, "worker": True, "max_staleness": 1,
-                        "tasks": str(ROOT / "workflows" / "tasks" / "coord.jsonl")},
-            "checkpoint": {"every": 4}, "eval": {"every": 0},
-            "logging": {"tensorboard": False, "plots": False, "progress": False, "traces_every": 1}}
+    data = {
+        "run_dir": str(tmp_path / "k1"),
+        "steps": 4,
+        "seed": 5,
+        "rollout": {
+            "tasks_per_step": 3,
+            "samples": 4,
+            "worker": True,
+            "max_staleness": 1,
+            "tasks": str(ROOT / "workflows" / "tasks" / "coord.jsonl"),
+        },
+        "checkpoint": {"every": 4},
+        "eval": {"every": 0},
+        "logging": {"tensorboard": False, "plots": False, "progress": False, "traces_every": 1},
+    }
     summary = train(wf, validate(data))
     assert summary.steps == 4
     seen = set()
     for step in range(1, 5):
-        versions = {o.policy_version for e in read_traces(tmp_path / "k1" / "traces" / f"step_{step}.jsonl")
-                    for o in e.outputs}
+        versions = {
+            o.policy_version for e in read_traces(tmp_path / "k1" / "traces" / f"step_{step}.jsonl") for o in e.outputs
+        }
         assert versions and versions <= {max(0, step - 2), step - 1}, (step, versions)
         seen |= {step - 1 - v for v in versions}
     assert 1 in seen  # some batch was sampled a version behind: rollouts overlapped updates
     rows = read_metrics(tmp_path / "k1" / "metrics.jsonl")
     assert all("staleness/max" in r for r in rows) and max(r["staleness/max"] for r in rows) == 1
     with pytest.raises(ConfigError, match="rollout.worker=true"):
-        train(wf, validate({**data, "run_dir": str(tmp_path / "refused"),
-                            "rollout": {**data["rollout"], "worker": False}}))
+        train(
+            wf,
+            validate({**data, "run_dir": str(tmp_path / "refused"), "rollout": {**data["rollout"], "worker": False}}),
+        )

@@ -23,22 +23,27 @@ def test_toml_file_then_overrides_win(tmp_path):
 
 
 def test_resolved_config_round_trips(tmp_path):
-    cfg = load_config(None, ["steps=9", "run_dir=runs/x", "debug.nonfinite_at_steps=[2]", "compile.micro_batch_tokens=128"])
+    cfg = load_config(
+        None, ["steps=9", "run_dir=runs/x", "debug.nonfinite_at_steps=[2]", "compile.micro_batch_tokens=128"]
+    )
     write_config(cfg, tmp_path / "config.toml")
     again = validate(load_toml(tmp_path / "config.toml"))
     assert again == cfg
 
 
-@pytest.mark.parametrize("overrides, field, words", [
-    (["optim.lrr=1"], "optim.lrr", "unknown field"),
-    (["nonsense=1"], "nonsense", "unknown field"),
-    (["optim.lr=-1"], "optim.lr", "greater than 0"),
-    (["rollout.samples=0"], "rollout.samples", "greater than or equal to 1"),
-    (["rollout.backend=vllm"], "rollout.backend", "transformers"),
-    (["loss.alpha=5"], "loss.alpha", "less than or equal to 2"),
-    (["optim.betas=[0.9, 1.5]"], "optim.betas", "[0, 1)"),
-    (["eval.mode=beam"], "eval.mode", "greedy"),
-])
+@pytest.mark.parametrize(
+    "overrides, field, words",
+    [
+        (["optim.lrr=1"], "optim.lrr", "unknown field"),
+        (["nonsense=1"], "nonsense", "unknown field"),
+        (["optim.lr=-1"], "optim.lr", "greater than 0"),
+        (["rollout.samples=0"], "rollout.samples", "greater than or equal to 1"),
+        (["rollout.backend=vllm"], "rollout.backend", "transformers"),
+        (["loss.alpha=5"], "loss.alpha", "less than or equal to 2"),
+        (["optim.betas=[0.9, 1.5]"], "optim.betas", "[0, 1)"),
+        (["eval.mode=beam"], "eval.mode", "greedy"),
+    ],
+)
 def test_invalid_values_name_the_field_with_a_fix(overrides, field, words):
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides)
@@ -65,6 +70,8 @@ def test_bad_override_syntax_and_section_clash():
 def test_apply_overrides_keeps_other_fields():
     cfg = apply_overrides(TrainConfig(steps=5, seed=3), ["seed=4"])
     assert (cfg.steps, cfg.seed) == (5, 4)
+
+
 def test_docs_config_reference_is_current():
     # docs/training.md carries the generated field table; regenerate it when a field changes.
     from pathlib import Path
@@ -75,12 +82,15 @@ def test_docs_config_reference_is_current():
     assert config_reference().strip() in doc  # regenerate: python scripts/gen_docs.py
 
 
-@pytest.mark.parametrize("override, suggestion", [
-    ("optim.lrr=1", "did you mean `optim.lr`?"),
-    ("optimm.lr=1", "did you mean `optim`?"),
-    ("rollout.sample=4", "did you mean `rollout.samples`?"),
-    ("eps_high=0.3", "did you mean `loss.eps_high`?"),  # right name, wrong section
-])
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        ("optim.lrr=1", "did you mean `optim.lr`?"),
+        ("optimm.lr=1", "did you mean `optim`?"),
+        ("rollout.sample=4", "did you mean `rollout.samples`?"),
+        ("eps_high=0.3", "did you mean `loss.eps_high`?"),  # right name, wrong section
+    ],
+)
 def test_unknown_fields_suggest_the_nearest_known_one(override, suggestion):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
@@ -99,12 +109,21 @@ def test_backend_options_are_sections_and_old_flat_names_still_load(tmp_path):
     cfg = load_config(None, ["rollout.backend=sglang", "rollout.sglang.url=http://h:1", "rollout.sglang.retries=0"])
     assert cfg.rollout.sglang.url == "http://h:1" and cfg.rollout.sglang.retries == 0
     old = tmp_path / "config.toml"
-    old.write_text('[rollout]\nbackend = "sglang"\nsglang_url = "http://old:2"\nsglang_launch = "cpu"\n'
-                   'weight_dir = "/w"\nsamples = 4\n', encoding="utf-8")
+    old.write_text(
+        '[rollout]\nbackend = "sglang"\nsglang_url = "http://old:2"\nsglang_launch = "cpu"\n'
+        'weight_dir = "/w"\nsamples = 4\n',
+        encoding="utf-8",
+    )
     cfg = load_config(old)
-    assert (cfg.rollout.sglang.url, cfg.rollout.sglang.launch, str(cfg.rollout.sglang.weight_dir)) == ("http://old:2", "cpu", "/w")
+    assert (cfg.rollout.sglang.url, cfg.rollout.sglang.launch, str(cfg.rollout.sglang.weight_dir)) == (
+        "http://old:2",
+        "cpu",
+        "/w",
+    )
     assert cfg.rollout.samples == 4
-    with pytest.raises(ConfigError, match=r"(?s)unknown field `rollout.sglang.urll`.*did you mean `rollout.sglang.url`"):
+    with pytest.raises(
+        ConfigError, match=r"(?s)unknown field `rollout.sglang.urll`.*did you mean `rollout.sglang.url`"
+    ):
         load_config(None, ["rollout.sglang.urll=x"])
     with pytest.raises(ConfigError, match="unknown backend 'vllm'; known: transformers, sglang"):
         load_config(None, ["rollout.backend=vllm"])

@@ -65,10 +65,14 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
              "logging.tensorboard=false", "logging.plots=false"]
     cli = [sys.executable, "-m", "srpo_graph.cli", "train", str(ROOT / "workflows/coord_mixed.wf")]
     _run([*cli, "--nproc", "1", "--run-dir", str(tmp_path / "one"), *small])
-    _run([*cli, "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), *small, "strategy=fsdp", "debug.stop_after_step=1"])
+    _run(
+        [*cli, "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), *small, "strategy=fsdp", "debug.stop_after_step=1"]
+    )
     assert [json.loads(x)["step"] for x in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()] == [1]
     _run([*cli, "--resume", str(tmp_path / "fsdp")])  # strategy and nproc come from the run's config.toml
-    rows = {n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("one", "fsdp")}
+    rows = {
+        n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("one", "fsdp")
+    }
     assert [r["step"] for r in rows["fsdp"]] == [1, 2]
     for a, b in zip(rows["one"], rows["fsdp"]):
         assert a["reward"] == b["reward"] and a["events"] == b["events"]  # step 2 sampled the updated replica
@@ -94,15 +98,32 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
     adam = load_file(tmp_path / "one" / "checkpoints" / "step_2" / "optim/tiny.safetensors")
     import torch.distributed.checkpoint as dcp
 
-    moments = {n: {k: torch.empty_like(adam[f"state.{i}.{k}"]) for k in ("exp_avg", "exp_avg_sq")}
-               for i, n in enumerate(names)}
+    moments = {
+        n: {k: torch.empty_like(adam[f"state.{i}.{k}"]) for k in ("exp_avg", "exp_avg_sq")} for i, n in enumerate(names)
+    }
     dcp.load({"optim": {"state": moments}}, checkpoint_id=str(ck / "dcp" / "tiny"), no_dist=True)
     for i, n in enumerate(names):
         for k in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(moments[n][k], adam[f"state.{i}.{k}"], atol=2e-5, rtol=1e-4)
     # `srpo-graph eval` reads the consolidated folder, and the sharded run folder itself (in one process)
     ev = tmp_path / "eval"
-    _run([sys.executable, "-m", "srpo_graph.cli", "eval", str(ROOT / "workflows/coord_mixed.wf"), str(out),
-          str(tmp_path / "fsdp"), "--num-tasks", "2", "--samples", "2", "--out", str(ev), "--no-progress"])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "srpo_graph.cli",
+            "eval",
+            str(ROOT / "workflows/coord_mixed.wf"),
+            str(out),
+            str(tmp_path / "fsdp"),
+            "--num-tasks",
+            "2",
+            "--samples",
+            "2",
+            "--out",
+            str(ev),
+            "--no-progress",
+        ]
+    )
     a_rep, b_rep = json.loads((ev / "eval.json").read_text())["reports"]
     assert a_rep["problems"] == b_rep["problems"] and a_rep["overall"] == b_rep["overall"]

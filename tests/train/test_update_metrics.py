@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.diagnostics import LossDiagnostics
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.learn.update import UpdatePolicy, recompute_old_logprobs, update_policies
 
 

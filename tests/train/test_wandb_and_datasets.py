@@ -32,10 +32,15 @@ def test_offline_wandb_run_on_parquet_tasks(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     tasks = tmp_path / "routed.parquet"
-    datasets.Dataset.from_list([{"id": f"t{i}", "target": i % 10, "route": "abc"[i % 3]} for i in range(12)]).to_parquet(
-        str(tasks))
-    run = Path(train(ROOT / "workflows" / "coord_routed.wf", _config(tmp_path, tasks, "run", wandb=True,
-                                                                      wandb_project="srpo-test")).run_dir)
+    datasets.Dataset.from_list(
+        [{"id": f"t{i}", "target": i % 10, "route": "abc"[i % 3]} for i in range(12)]
+    ).to_parquet(str(tasks))
+    run = Path(
+        train(
+            ROOT / "workflows" / "coord_routed.wf",
+            _config(tmp_path, tasks, "run", wandb=True, wandb_project="srpo-test"),
+        ).run_dir
+    )
     rows = read_metrics(run / "metrics.jsonl")
     run_id = (run / "wandb_id.txt").read_text().strip()
     files = sorted((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
@@ -45,7 +50,9 @@ def test_offline_wandb_run_on_parquet_tasks(tmp_path, monkeypatch):
         time.sleep(0.5)
     assert [h["_step"] for h in history] == [r["step"] for r in rows] == [1, 2]
     for h, r in zip(history, rows):
-        numbers = {k: v for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = {
+            k: v for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         assert {"reward", "reward/dispatch", "loss", "grad_norm/tiny"} <= numbers.keys()
         for key, value in numbers.items():
             assert h[key] == pytest.approx(value, rel=1e-12, abs=0), key
@@ -65,10 +72,10 @@ def _history(path: Path) -> list[dict]:
         if block - pos % block < 7:  # the block's tail is padding
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if pos + 7 + length > len(data):  # still being written
             break
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 0 and length == 0:
             break
         cur = chunk if kind in (1, 2) else cur + chunk

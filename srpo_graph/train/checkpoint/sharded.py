@@ -1,4 +1,4 @@
-"""Trainer stage, checkpoints: the ``dcp`` format -- sharded, under ``strategy = "fsdp"`` (``torch.distributed.checkpoint``).
+"""Trainer stage, checkpoints: the ``dcp`` format, sharded under fsdp (``torch.distributed.checkpoint``).
 
 Consumes the sharded policy models and optimizers of every rank; produces a checkpoint folder in
 the layout of ``layout.py`` where each policy's weights and optimizer state are a DCP
@@ -74,8 +74,16 @@ def _all_max(value: int) -> int:
     return int(all_reduce(value, "max", current()))
 
 
-def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenizers: Mapping[str, Any],
-         optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any], keep_last: int = 2) -> Path:
+def save(
+    run_dir: str | Path,
+    state: Any,
+    *,
+    models: Mapping[str, Any],
+    tokenizers: Mapping[str, Any],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    schedulers: Mapping[str, Any],
+    keep_last: int = 2,
+) -> Path:
     """Write ``run_dir/checkpoints/step_{state.step}`` with every rank's shards. A collective:
     every rank calls it with its own (sharded) models and optimizers.
 
@@ -87,7 +95,6 @@ def save(run_dir: str | Path, state: Any, *, models: Mapping[str, Any], tokenize
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
-
 
     rank = current().rank
     bad = ""
@@ -162,7 +169,7 @@ def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
             n = torch.tensor([len(data)], dtype=torch.int64)
             tdist.send(n, dst=0)
             for off in range(0, len(data), CHUNK):
-                tdist.send(torch.frombuffer(bytearray(data[off:off + CHUNK]), dtype=torch.uint8), dst=0)
+                tdist.send(torch.frombuffer(bytearray(data[off : off + CHUNK]), dtype=torch.uint8), dst=0)
         elif rank == 0:
             n = torch.empty(1, dtype=torch.int64)
             tdist.recv(n, src=src)
@@ -174,15 +181,25 @@ def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
                     out.write(chunk.numpy().tobytes())
 
 
-def _finish(run_dir: str | Path, tmp: Path, state: Any, models: Mapping[str, Any], tokenizers: Mapping[str, Any],
-            schedulers: Mapping[str, Any], keep_last: int) -> Path:
+def _finish(
+    run_dir: str | Path,
+    tmp: Path,
+    state: Any,
+    models: Mapping[str, Any],
+    tokenizers: Mapping[str, Any],
+    schedulers: Mapping[str, Any],
+    keep_last: int,
+) -> Path:
     """Rank 0: configs, tokenizers, scheduler states, then the manifest and the rename."""
     for name in models:
         missing = [f for f in _shard_files(dcp_path(tmp, name)) if not (dcp_path(tmp, name) / f).is_file()]
         if missing:
-            raise ConfigError.at(str(run_dir), f"the checkpoint shards {missing} were written by no rank of the job",
-                                 why="DCP's metadata names them, but no rank has them after the save",
-                                 fix="check the disk of every node (a full or read-only disk on one of them)")
+            raise ConfigError.at(
+                str(run_dir),
+                f"the checkpoint shards {missing} were written by no rank of the job",
+                why="DCP's metadata names them, but no rank has them after the save",
+                fix="check the disk of every node (a full or read-only disk on one of them)",
+            )
         out = policy_path(tmp, name)
         model = models[name]
         model.config.save_pretrained(out)
@@ -209,8 +226,12 @@ def load_model(path: str | Path, dtype: torch.dtype) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     p = Path(path)
-    if p.is_dir() and (p / "config.json").is_file() and not any(p.glob("*.safetensors")) \
-            and is_sharded_checkpoint(p.parent.parent):
+    if (
+        p.is_dir()
+        and (p / "config.json").is_file()
+        and not any(p.glob("*.safetensors"))
+        and is_sharded_checkpoint(p.parent.parent)
+    ):
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(p)), dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
@@ -242,9 +263,11 @@ def load_policy(checkpoint: str | Path, policy: str, model: Any, optimizer: torc
         dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(dcp_path(checkpoint, policy)), no_dist=no_dist)
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
     except (RuntimeError, ValueError, KeyError, OSError) as exc:
-        raise ConfigError.at(str(checkpoint), f"the sharded weights of policy {policy!r} do not load "
-                             f"({type(exc).__name__}: {str(exc)[:300]})",
-                             fix="resume from the run folder: --resume falls back to the previous good checkpoint") from None
+        raise ConfigError.at(
+            str(checkpoint),
+            f"the sharded weights of policy {policy!r} do not load ({type(exc).__name__}: {str(exc)[:300]})",
+            fix="resume from the run folder: --resume falls back to the previous good checkpoint",
+        ) from None
 
 
 # --------------------------------------------------------------------------- one process: verify, consolidate
@@ -256,8 +279,11 @@ def _tensor_keys(path: Path, prefix: str = "model.") -> dict[str, Any]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     meta = FileSystemReader(str(path)).read_metadata()
-    return {k[len(prefix):]: v for k, v in meta.state_dict_metadata.items()
-            if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
+    return {
+        k[len(prefix) :]: v
+        for k, v in meta.state_dict_metadata.items()
+        if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
+    }
 
 
 def read_tensors(path: str | Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -313,12 +339,18 @@ def consolidate(checkpoint: str | Path, policy: str, out: str | Path, *, shard_b
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-
     src, out = policy_path(checkpoint, policy), Path(out)
     if not src.is_dir():
-        have = sorted(p.name for p in (Path(checkpoint) / "policies").iterdir()) if (Path(checkpoint) / "policies").is_dir() else []
-        raise ConfigError.at(str(checkpoint), f"no policy {policy!r} in this checkpoint (it has {have})",
-                             fix=f"choose one of {have} with --policy")
+        have = (
+            sorted(p.name for p in (Path(checkpoint) / "policies").iterdir())
+            if (Path(checkpoint) / "policies").is_dir()
+            else []
+        )
+        raise ConfigError.at(
+            str(checkpoint),
+            f"no policy {policy!r} in this checkpoint (it has {have})",
+            fix=f"choose one of {have} with --policy",
+        )
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():  # config, tokenizer (and, in an unsharded checkpoint, the weights themselves)
         if f.is_file():
@@ -336,8 +368,11 @@ def consolidate(checkpoint: str | Path, policy: str, out: str | Path, *, shard_b
     keys = _tensor_keys(dcp_path(checkpoint, policy))
     missing = [n for n in names if n not in keys]
     if missing:
-        raise ConfigError.at(str(dcp_path(checkpoint, policy)), f"the shards lack weights {missing[:5]}",
-                             fix="consolidate another checkpoint (--step N)")
+        raise ConfigError.at(
+            str(dcp_path(checkpoint, policy)),
+            f"the shards lack weights {missing[:5]}",
+            fix="consolidate another checkpoint (--step N)",
+        )
     groups: list[list[str]] = []
     size = 0
     for n in names:
@@ -348,8 +383,11 @@ def consolidate(checkpoint: str | Path, policy: str, out: str | Path, *, shard_b
         else:
             groups.append([n])
             size = b
-    files = ["model.safetensors"] if len(groups) == 1 else \
-        [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    files = (
+        ["model.safetensors"]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
     weight_map, total = {}, 0
     for fname, group in zip(files, groups):
         tensors = read_tensors(dcp_path(checkpoint, policy), group)
@@ -357,6 +395,7 @@ def consolidate(checkpoint: str | Path, policy: str, out: str | Path, *, shard_b
         weight_map.update({n: fname for n in group})
         save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / fname), metadata={"format": "pt"})
     if len(groups) > 1:
-        (out / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
     return out

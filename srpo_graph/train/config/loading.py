@@ -138,24 +138,29 @@ def check_trainable(config: "TrainConfig", source: str = "<config>") -> None:
     Raises:
         ConfigError: naming the field, why and the fix.
 
-    >>> check_trainable(TrainConfig(optim={"eps": 1e-46}))
+    >>> check_trainable(TrainConfig(optim={"eps": 1e-46}))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    srpo_graph.errors.ConfigError: <config>: error: field `optim.eps`: 1e-46 is below the smallest normal float32 number (1.18e-38)
+    srpo_graph.errors.ConfigError: <config>: error: field `optim.eps`: 1e-46 is below the smallest normal float32 ...
       why: Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights
       fix: use optim.eps >= 1.18e-38 (the usual 1e-8 is safe for float32 and bfloat16)
     """
     dtype = config.rollout.dtype
     if dtype == "float16":
-        raise ConfigError.at(source, "field `rollout.dtype`: float16 cannot be trained here (no loss scaler)",
-                             why="AdamW on float16 weights underflows to 0 and gives NaN weights after one update",
-                             fix="use rollout.dtype=\"bfloat16\" (same memory, float32's range) or \"float32\"")
+        raise ConfigError.at(
+            source,
+            "field `rollout.dtype`: float16 cannot be trained here (no loss scaler)",
+            why="AdamW on float16 weights underflows to 0 and gives NaN weights after one update",
+            fix='use rollout.dtype="bfloat16" (same memory, float32\'s range) or "float32"',
+        )
     tiny = _DTYPE_TINY[dtype]
     if config.optim.eps < tiny:
-        raise ConfigError.at(source, f"field `optim.eps`: {config.optim.eps:g} is below the smallest normal "
-                             f"{dtype} number ({tiny:.3g})",
-                             why="Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights",
-                             fix=f"use optim.eps >= {tiny:.3g} (the usual 1e-8 is safe for float32 and bfloat16)")
+        raise ConfigError.at(
+            source,
+            f"field `optim.eps`: {config.optim.eps:g} is below the smallest normal {dtype} number ({tiny:.3g})",
+            why="Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights",
+            fix=f"use optim.eps >= {tiny:.3g} (the usual 1e-8 is safe for float32 and bfloat16)",
+        )
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -164,11 +169,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError.at(str(p), f"cannot read config file: {exc.strerror}",
-                             fix="check the --config path") from None
+        raise ConfigError.at(
+            str(p), f"cannot read config file: {exc.strerror}", fix="check the --config path"
+        ) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError.at(str(p), f"not valid TOML: not UTF-8 text (byte {exc.start})",
-                             fix="a TOML file is UTF-8 text") from None
+        raise ConfigError.at(
+            str(p), f"not valid TOML: not UTF-8 text (byte {exc.start})", fix="a TOML file is UTF-8 text"
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -232,7 +239,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """
     data = load_toml(path) if path is not None else {}
     data = merge_overrides(data, overrides)
-    return validate(data, str(path) if path is not None and not overrides else ("config" if path is None else f"{path} + overrides"))
+    return validate(
+        data, str(path) if path is not None and not overrides else ("config" if path is None else f"{path} + overrides")
+    )
 
 
 def to_data(config: BaseModel) -> dict[str, Any]:

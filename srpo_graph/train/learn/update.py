@@ -36,7 +36,8 @@ import torch
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import LossDiagnostics
 from srpo_graph.srpo.logprobs import Layout, packed_logprobs
-from srpo_graph.srpo.loss import LossConfig, loss_denominator, srpo_loss
+from srpo_graph.srpo.loss import loss_denominator, srpo_loss
+from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.parallel import fsdp as fsdp_mod
 from srpo_graph.train.parallel.collectives import DistInfo, all_reduce
 from srpo_graph.train.parallel.strategies import make_strategy
@@ -226,7 +227,8 @@ def update_policies(
         seed: seeds the mini-batch shuffling (the same on every rank).
         dist: data-parallel info; each rank back-propagates its shard of whole events.
         inject_nonfinite: debug hook, the first micro-batch loss becomes NaN.
-        strategy: a key of ``strategies.STRATEGIES``: ``ddp`` (replicated models, gradients all-reduced) or ``fsdp`` (models
+        strategy: a key of ``strategies.STRATEGIES``: ``ddp`` (replicated models, gradients all-reduced) or ``fsdp``
+        (models
             wrapped by ``fsdp.shard_model``; every rank runs matching forwards, Note
             [Matching forwards] in ``parallel/fsdp.py``).
         layout: the log-prob forward's micro-batch layout (``packed_logprobs``: Note
@@ -273,8 +275,9 @@ def update_policies(
                 if ref_models is not None:
                     with torch.no_grad(), update_forward(ref_models, autocast):
                         ref_lp, _ = packed_logprobs(ref_models, micro, layout=layout)
-                loss, diag = srpo_loss(new_lp, micro, loss_config, denominator=denom,
-                                       ref_logprobs=ref_lp, entropy=entropy)
+                loss, diag = srpo_loss(
+                    new_lp, micro, loss_config, denominator=denom, ref_logprobs=ref_lp, entropy=entropy
+                )
                 if inject_nonfinite:
                     loss, inject_nonfinite = loss * float("nan"), False
                 result.padding_forwards += strat.backward(loss, plan)
@@ -306,8 +309,10 @@ def update_policies(
                 optimizers[pid].step()
             if not _weights_finite(models, active, dist):  # the step itself overflowed
                 if saved is None:
-                    raise FloatingPointError("non-finite weights after the optimizer step (optim.rollback_nonfinite "
-                                             "is off, so the step cannot be undone): resume from the last checkpoint")
+                    raise FloatingPointError(
+                        "non-finite weights after the optimizer step (optim.rollback_nonfinite "
+                        "is off, so the step cannot be undone): resume from the last checkpoint"
+                    )
                 _restore(saved)
                 result.skipped_updates += 1
                 result.warnings.append("non-finite weights after the optimizer step; update rolled back")

@@ -28,26 +28,60 @@ class PlotSpec:
 
 
 PLOTS: tuple[PlotSpec, ...] = (
-    PlotSpec("reward.png", "Episode reward (train rollouts and held-out eval)", "mean reward",
-             (r"^reward$", r"^eval/reward$")),
-    PlotSpec("transition_rewards.png", "Reward per transition (and per route label of a router)", "mean reward",
-             (r"^reward/[^/]+(/[^/]+)?$",)),
-    PlotSpec("routes.png", "Route choices: share of each router's firings per label", "share of firings",
-             (r"^route/[^/]+/[^/]+$",)),
-    PlotSpec("clip.png", "Clip fraction by set size", "fraction of events clipped",
-             (r"^loss/clip_(upper|lower)/k\d+$",)),
-    PlotSpec("clip_epochs.png", "Clip fraction per inner epoch (epoch 1 starts at ratio 1)", "fraction of items clipped",
-             (r"^loss/epoch\d+/clip_frac$",)),
-    PlotSpec("clip_agents.png", "Clip fraction per agent (share of its tokens whose item was clipped)",
-             "fraction of tokens", (r"^loss/clip_(upper|lower)/(?!k\d+$)[^/]+$",)),
-    PlotSpec("ratio.png", "Set ratio statistics (over the step's loss calls)", "ratio",
-             (r"^loss/ratio_(min|max)$", r"^loss/ratio_mean/k\d+$")),
-    PlotSpec("kl.png", "KL and sampler/trainer mismatch", "nats",
-             (r"^loss/approx_kl_k3$", r"^loss/ref_kl$", r"^mismatch/(mean|max)_abs$"), logy=True),
-    PlotSpec("mismatch_agents.png", "Sampler/trainer log-prob gap per agent (|old - sampler| per token)", "nats",
-             (r"^mismatch/[^/]+/(mean|max)_abs$",), logy=True),
-    PlotSpec("grad_norm.png", "Gradient norm per policy (before clipping)", "L2 norm",
-             (r"^grad_norm/.*",), logy=True),
+    PlotSpec(
+        "reward.png",
+        "Episode reward (train rollouts and held-out eval)",
+        "mean reward",
+        (r"^reward$", r"^eval/reward$"),
+    ),
+    PlotSpec(
+        "transition_rewards.png",
+        "Reward per transition (and per route label of a router)",
+        "mean reward",
+        (r"^reward/[^/]+(/[^/]+)?$",),
+    ),
+    PlotSpec(
+        "routes.png",
+        "Route choices: share of each router's firings per label",
+        "share of firings",
+        (r"^route/[^/]+/[^/]+$",),
+    ),
+    PlotSpec(
+        "clip.png", "Clip fraction by set size", "fraction of events clipped", (r"^loss/clip_(upper|lower)/k\d+$",)
+    ),
+    PlotSpec(
+        "clip_epochs.png",
+        "Clip fraction per inner epoch (epoch 1 starts at ratio 1)",
+        "fraction of items clipped",
+        (r"^loss/epoch\d+/clip_frac$",),
+    ),
+    PlotSpec(
+        "clip_agents.png",
+        "Clip fraction per agent (share of its tokens whose item was clipped)",
+        "fraction of tokens",
+        (r"^loss/clip_(upper|lower)/(?!k\d+$)[^/]+$",),
+    ),
+    PlotSpec(
+        "ratio.png",
+        "Set ratio statistics (over the step's loss calls)",
+        "ratio",
+        (r"^loss/ratio_(min|max)$", r"^loss/ratio_mean/k\d+$"),
+    ),
+    PlotSpec(
+        "kl.png",
+        "KL and sampler/trainer mismatch",
+        "nats",
+        (r"^loss/approx_kl_k3$", r"^loss/ref_kl$", r"^mismatch/(mean|max)_abs$"),
+        logy=True,
+    ),
+    PlotSpec(
+        "mismatch_agents.png",
+        "Sampler/trainer log-prob gap per agent (|old - sampler| per token)",
+        "nats",
+        (r"^mismatch/[^/]+/(mean|max)_abs$",),
+        logy=True,
+    ),
+    PlotSpec("grad_norm.png", "Gradient norm per policy (before clipping)", "L2 norm", (r"^grad_norm/.*",), logy=True),
 )
 MAX_LINES = 12  # more lines than this make a plot unreadable: keep the first ones by name
 

@@ -1,7 +1,8 @@
 """Trainer stage: the one progress display of a run, showing the key numbers of each step.
 
 Consumes the step's flat metric record; shows step, reward, eval reward, clip fraction,
-tokens/s, and -- when there are any -- failed episodes and `no update` (a step that trained nothing). It adapts to where stdout goes, so no column is ever cut to ``…``:
+tokens/s, and -- when there are any -- failed episodes and `no update` (a step that trained nothing). It adapts to
+where stdout goes, so no column is ever cut to ``…``:
 
 * a terminal at least ``WIDE`` columns wide: a rich bar with every column;
 * a narrower terminal: fewer columns (no bar, no time remaining, shorter labels), down to
@@ -56,8 +57,11 @@ def _clip(record: Mapping[str, Any]) -> float | None:
     for key in ("loss/clip_frac", "loss/clip_fraction", "loss/clipfrac"):
         if isinstance(record.get(key), (int, float)):
             return float(record[key])
-    parts = [v for k, v in record.items() if k.startswith("loss/clip") and "/" not in k[len("loss/"):]
-             and isinstance(v, (int, float))]
+    parts = [
+        v
+        for k, v in record.items()
+        if k.startswith("loss/clip") and "/" not in k[len("loss/") :] and isinstance(v, (int, float))
+    ]
     return float(sum(parts)) if parts else None
 
 
@@ -81,7 +85,8 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
     clip_s = "-" if clip is None else f"{clip:.3f}"
     failed = int(record.get("episodes_failed", 0) or 0)
     trouble = (f" failed {failed}/{int(record.get('episodes', 0) or 0)}" if failed else "") + (
-        " no update" if record.get("updates") == 0 else "")
+        " no update" if record.get("updates") == 0 else ""
+    )
     if layout is Layout.MINIMAL:
         return f"r {reward}{trouble}"
     if layout is Layout.COMPACT:
@@ -111,8 +116,9 @@ class ProgressBar:
         plain_every: steps between plain lines when not a terminal; None = ``max(1, total // 20)``.
     """
 
-    def __init__(self, total: int, *, enabled: bool = True, start: int = 0, console: Any = None,
-                 plain_every: int | None = None):
+    def __init__(
+        self, total: int, *, enabled: bool = True, start: int = 0, console: Any = None, plain_every: int | None = None
+    ):
         self.total, self.enabled, self.start = total, enabled, start
         self.console = console
         self.plain_every = plain_every or max(1, total // 20)
@@ -143,8 +149,14 @@ class ProgressBar:
         )
 
         columns = {
-            Layout.FULL: (TextColumn("[bold]train"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn()),
+            Layout.FULL: (
+                TextColumn("[bold]train"),
+                BarColumn(bar_width=20),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+            ),
             Layout.COMPACT: (MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn()),
             Layout.MINIMAL: (MofNCompleteColumn(), TextColumn("{task.fields[info]}")),
         }[self.layout]
@@ -167,9 +179,13 @@ class ProgressBar:
             step = int(flat.get("step", self._step))
             if step == self.start + 1 or step == self.total or step % self.plain_every == 0 or is_eval:
                 width = len(str(self.total))
-                self.console.print(f"train step {step:>{width}}/{self.total}  {describe(flat, self._last_eval)}  "
-                                   f"{_hms(time.monotonic() - self._t0)}", markup=False, highlight=False,
-                                   soft_wrap=True)
+                self.console.print(
+                    f"train step {step:>{width}}/{self.total}  {describe(flat, self._last_eval)}  "
+                    f"{_hms(time.monotonic() - self._t0)}",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
     def __exit__(self, *exc: Any) -> None:
         if self._progress is not None:

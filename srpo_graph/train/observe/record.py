@@ -136,7 +136,7 @@ def step_record(step: int, wf: Any, rolled: StepRollout, learned: LearnResult, v
     """
     episodes, stats, batch, upd = rolled.episodes, rolled.stats, learned.batch, learned.update
     rewards = [e.reward for e in episodes]
-    compile_stats = {k: v for k, v in batch.stats.to_dict().items()
+    compile_stats: dict[str, float] = {k: v for k, v in batch.stats.to_dict().items()
                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
     times = {"rollout": rolled.seconds, "compile": learned.seconds_compile,
              "old_logprobs": learned.seconds_old_logprobs, "update": learned.seconds_update, "sync": sync_seconds}

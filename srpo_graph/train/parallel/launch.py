@@ -32,21 +32,28 @@ def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_r
 
     >>> torchrun_command(2, ["a.wf"])[-5:]
     ['--standalone', '--nproc_per_node=2', '-m', 'srpo_graph.train', 'a.wf']
-    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-3]
-    ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600', '--nproc_per_node=1']
+    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-4]
+    ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600']
     """
     cmd = [sys.executable, "-m", "srpo_graph.train.parallel.launch"]
     if nnodes <= 1:
         cmd += ["--standalone"]
     else:
         if not endpoint or ":" not in endpoint:
-            raise ConfigError(f"--rdzv-endpoint: {endpoint!r} is not HOST:PORT (node 0's address and a free port); "
-                              f"every one of the {nnodes} nodes passes the same value")
+            raise ConfigError(
+                f"--rdzv-endpoint: {endpoint!r} is not HOST:PORT (node 0's address and a free port); "
+                f"every one of the {nnodes} nodes passes the same value"
+            )
         if not 0 <= node_rank < nnodes:
             raise ConfigError(f"--node-rank: {node_rank} is not in 0..{nnodes - 1}")
         host, port = endpoint.rsplit(":", 1)
-        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--master_addr={host}", f"--master_port={port}",
-                f"--rdzv_conf=timeout={int(timeout)}"]
+        cmd += [
+            f"--nnodes={nnodes}",
+            f"--node_rank={node_rank}",
+            f"--master_addr={host}",
+            f"--master_port={port}",
+            f"--rdzv_conf=timeout={int(timeout)}",
+        ]
     return cmd + [f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
 
 
@@ -55,8 +62,16 @@ def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_r
 STOP_GRACE_S = 60.0
 
 
-def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None,
-           timeout: float = 600.0, grace: float = STOP_GRACE_S) -> int:
+def launch(
+    nproc: int,
+    argv: Sequence[str],
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    endpoint: str | None = None,
+    timeout: float = 600.0,
+    grace: float = STOP_GRACE_S,
+) -> int:
     """Run ``python -m srpo_graph.train ARGV`` under torchrun with ``nproc`` processes on this
     node (of ``nnodes``, meeting at ``endpoint``: :func:`multinode.torchrun_command`).
 
@@ -71,8 +86,9 @@ def launch(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int =
     """
     import signal
 
-    proc = subprocess.Popen(torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint,
-                                             timeout=timeout))
+    proc = subprocess.Popen(
+        torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, timeout=timeout)
+    )
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -128,7 +144,8 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         run(parse_args(list(argv)))
-    except SignalException as exc:  # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
+    # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
+    except SignalException as exc:
         exiting.decided()  # torchrun's handler raises SignalException: not into the exit (exiting.py)
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
@@ -137,8 +154,10 @@ def main(argv: Sequence[str]) -> int:
         code = int(failure.exitcode)
         if code < 0:  # killed by a signal: say which rank, the ranks that saw it have said the rest
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else "?"
-            print(f"srpo-graph train: rank {rank} (pid {failure.pid}) was killed by signal {-code} ({name})",
-                  file=sys.stderr)
+            print(
+                f"srpo-graph train: rank {rank} (pid {failure.pid}) was killed by signal {-code} ({name})",
+                file=sys.stderr,
+            )
             return 128 - code
         return code or 1
     exiting.decided()

@@ -78,7 +78,8 @@ def _listing(path: Path) -> list[tuple[str, int]]:
 def ship_checkpoint(chosen: Path | None, dist: DistInfo, cache: Path | None = None) -> Path | None:
     """The checkpoint folder rank 0 ``chosen``, readable on this rank: in place where this rank
     sees the same files (same names and sizes), else received over the process group into
-    ``cache`` (default ``$SRPO_GRAPH_HOME/received/<run>-<hash>-<step>``, else under ``~/.cache/srpo-graph``), one chunk at a time.
+    ``cache`` (default ``$SRPO_GRAPH_HOME/received/<run>-<hash>-<step>``, else under ``~/.cache/srpo-graph``), one
+    chunk at a time.
 
     A collective: every rank calls it (``chosen`` matters on rank 0 only; None: no checkpoint,
     None on every rank).
@@ -94,12 +95,19 @@ def ship_checkpoint(chosen: Path | None, dist: DistInfo, cache: Path | None = No
     have = where.is_dir() and _listing(where) == files
     if all_reduce(0 if have else 1, "sum", dist) == 0:
         return where
-    home = Path(os.environ["SRPO_GRAPH_HOME"]) if os.environ.get("SRPO_GRAPH_HOME") else Path.home() / ".cache" / "srpo-graph"
+    home = (
+        Path(os.environ["SRPO_GRAPH_HOME"])
+        if os.environ.get("SRPO_GRAPH_HOME")
+        else Path.home() / ".cache" / "srpo-graph"
+    )
     tag = hashlib.sha256(str(where).encode()).hexdigest()[:10]
     local = (cache or home / "received") / f"{where.parent.parent.name}-{tag}-{where.name}"
     if not have:
-        print(f"srpo-graph train: rank {dist.rank} cannot read {where} (the run folder is on rank 0's node); "
-              f"receiving it into {local}", file=sys.stderr)
+        print(
+            f"srpo-graph train: rank {dist.rank} cannot read {where} (the run folder is on rank 0's node); "
+            f"receiving it into {local}",
+            file=sys.stderr,
+        )
     for name, size in files:
         out = None
         if not have:

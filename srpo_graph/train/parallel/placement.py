@@ -47,9 +47,11 @@ class Plan:
 
     def commands(self, workflow: str) -> list[str]:
         urls = ", ".join(f'{s.policy} = "http://127.0.0.1:{s.port}"' for s in self.servers)
-        train = (f"CUDA_VISIBLE_DEVICES={','.join(map(str, self.trainer_gpus))} srpo-graph train {shlex.quote(workflow)} "
-                 f"--nproc {len(self.trainer_gpus)} rollout.backend=sglang rollout.device=cuda "
-                 f"'rollout.sglang.urls={{{urls}}}'" + "".join(f" {shlex.quote(a)}" for a in self.train_args))
+        train = (
+            f"CUDA_VISIBLE_DEVICES={','.join(map(str, self.trainer_gpus))} srpo-graph train {shlex.quote(workflow)} "
+            f"--nproc {len(self.trainer_gpus)} rollout.backend=sglang rollout.device=cuda "
+            f"'rollout.sglang.urls={{{urls}}}'" + "".join(f" {shlex.quote(a)}" for a in self.train_args)
+        )
         return [s.command() + " &" for s in self.servers] + [train]
 
     def table(self) -> str:
@@ -61,8 +63,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(gpus: int, policies: Sequence[tuple[str, str]], *, port: int = 30000,
-         train_args: Sequence[str] = ()) -> Plan:
+def plan(gpus: int, policies: Sequence[tuple[str, str]], *, port: int = 30000, train_args: Sequence[str] = ()) -> Plan:
     """Place one SGLang server per policy and the trainer ranks on ``gpus`` GPUs of one node.
 
     >>> p = plan(8, [("solver", "Qwen/Qwen3-4B"), ("judge", "Qwen/Qwen3-1.7B")])
@@ -78,8 +79,12 @@ def plan(gpus: int, policies: Sequence[tuple[str, str]], *, port: int = 30000,
         raise ValueError("the workflow has no trainable policy to place")
     if gpus == 1:
         share = 0.5 / len(policies)
-        return Plan(1, tuple(ServerPlan(n, m, (0,), port + i, share) for i, (n, m) in enumerate(policies)), (0,),
-                    tuple(train_args))
+        return Plan(
+            1,
+            tuple(ServerPlan(n, m, (0,), port + i, share) for i, (n, m) in enumerate(policies)),
+            (0,),
+            tuple(train_args),
+        )
     rollout = list(range(gpus // 2))
     trainer = tuple(range(gpus // 2, gpus))
     owned: dict[int, list[int]] = {i: [] for i in range(len(policies))}
@@ -91,6 +96,8 @@ def plan(gpus: int, policies: Sequence[tuple[str, str]], *, port: int = 30000,
             owned[i] = [rollout[i % len(rollout)]]
         for g in owned[i]:
             sharers[g] = sharers.get(g, 0) + 1
-    servers = tuple(ServerPlan(n, m, tuple(owned[i]), port + i, round(0.85 / max(sharers[g] for g in owned[i]), 2))
-                    for i, (n, m) in enumerate(policies))
+    servers = tuple(
+        ServerPlan(n, m, tuple(owned[i]), port + i, round(0.85 / max(sharers[g] for g in owned[i]), 2))
+        for i, (n, m) in enumerate(policies)
+    )
     return Plan(gpus, servers, trainer, tuple(train_args))

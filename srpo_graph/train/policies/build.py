@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from srpo_graph.backends import backend_spec, resolve_model
+from srpo_graph.backends import backend_spec
+from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.train.checkpoint import layout, sharded
 from srpo_graph.train.parallel import fsdp

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from srpo_graph.backends import TrainedPolicy, resolve_model
+from srpo_graph.backends import TrainedPolicy
 from srpo_graph.errors import ConfigError
+from srpo_graph.models import resolve_model
 from srpo_graph.workflow import Workflow
 
 

@@ -102,14 +102,19 @@ class SharedBase:
             for pol in adapters:
                 f = Path(resume_from) / "policies" / pol.name / ADAPTER_WEIGHTS
                 try:
-                    res: Any = set_peft_model_state_dict(self.peft, load_file(f, device=str(device)), adapter_name=pol.name)
+                    res: Any = set_peft_model_state_dict(
+                        self.peft, load_file(f, device=str(device)), adapter_name=pol.name
+                    )
                 except Exception as exc:  # safetensors/peft raise their own types for damaged files
                     raise ConfigError.at(str(f), f"adapter does not load ({type(exc).__name__}: {exc})") from None
                 missing = [k for k in res.missing_keys if _owns(k, pol.name)]
                 if missing or res.unexpected_keys:
-                    raise ConfigError.at(str(f), f"adapter {pol.name!r} does not match the workflow's lora(...) "
-                                         f"(missing {missing[:3]}, unexpected {list(res.unexpected_keys)[:3]})",
-                                         fix="resume with the .wf file the run was started with")
+                    raise ConfigError.at(
+                        str(f),
+                        f"adapter {pol.name!r} does not match the workflow's lora(...) "
+                        f"(missing {missing[:3]}, unexpected {list(res.unexpected_keys)[:3]})",
+                        fix="resume with the .wf file the run was started with",
+                    )
 
     def adapter_parameters(self, name: str) -> list[torch.nn.Parameter]:
         """The trainable parameters of adapter ``name`` (its lora_A / lora_B matrices)."""
@@ -143,15 +148,24 @@ class AdapterModel:
         self._cache_kw = "cache" if "cache" in _forward_params(shared.inner) else "past_key_values"
 
     # transformers' names, so callers that inspect the signature (logits_to_keep, the KV cache) see them
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None,
-                logits_to_keep=0, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
         self.shared.activate(self.adapter)
         if cache is not None:
             kwargs[self._cache_kw] = cache
         if logits_to_keep is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
             kwargs["logits_to_keep"] = logits_to_keep
-        return self.shared.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 use_cache=use_cache, **kwargs)
+        return self.shared.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **kwargs
+        )
 
     __call__ = forward
 
@@ -195,8 +209,9 @@ class AdapterModel:
             save_file({}, path / "frozen_base.safetensors")  # no weights; the checkpoint verifier reads it
             return
         sd = get_peft_model_state_dict(self.shared.peft, adapter_name=self.adapter)
-        save_file({k: v.detach().cpu().contiguous() for k, v in sd.items()}, path / ADAPTER_WEIGHTS,
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in sd.items()}, path / ADAPTER_WEIGHTS, metadata={"format": "pt"}
+        )
         cfg = self.shared.peft.peft_config[self.adapter]
         cfg.base_model_name_or_path = self.shared.path
         cfg.save_pretrained(str(path))
@@ -224,21 +239,25 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
     """
     from transformers import AutoModelForCausalLM
 
-    from srpo_graph.backends import resolve_model
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
 
     if config.strategy == "fsdp" and dist.enabled:
-        raise ConfigError.at("field `strategy`", "LoRA adapter policies do not run under fsdp",
-                             why="the adapters are small and replicated; the frozen base is shared",
-                             fix="use strategy = \"ddp\" (the default)")
+        raise ConfigError.at(
+            "field `strategy`",
+            "LoRA adapter policies do not run under fsdp",
+            why="the adapters are small and replicated; the frozen base is shared",
+            fix='use strategy = "ddp" (the default)',
+        )
     dtype = getattr(torch, config.rollout.dtype)
     kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
     by_name = wf.policy_by_name
     bases: dict[str, SharedBase] = {}
     for base_name in sorted(wf.frozen_bases, key=[p.name for p in wf.policies].index):
         adapters = [p for p in wf.policies if p.adapter is not None and p.adapter.base == base_name]
-        bases[base_name] = SharedBase(resolve_model(by_name[base_name].model), adapters, dtype=dtype, device=device,
-                                      resume_from=resume_from)
+        bases[base_name] = SharedBase(
+            resolve_model(by_name[base_name].model), adapters, dtype=dtype, device=device, resume_from=resume_from
+        )
     slots: list[PolicySlot] = []
     for pol in wf.policies:
         if pol.name in wf.untrained_policies and pol.name not in wf.frozen_bases:
@@ -265,8 +284,18 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
             params = list(model.parameters())
         # a frozen base has no trainable parameter: its AdamW never holds state (no grads)
         opt, sched = make_optimizer(params, config)
-        slots.append(PolicySlot(name=pol.name, base=base, model=model, tokenizer=tok, optimizer=opt, scheduler=sched,
-                                backend=None, ref_model=ref))
+        slots.append(
+            PolicySlot(
+                name=pol.name,
+                base=base,
+                model=model,
+                tokenizer=tok,
+                optimizer=opt,
+                scheduler=sched,
+                backend=None,
+                ref_model=ref,
+            )
+        )
     return slots
 
 
@@ -291,6 +320,7 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
     from transformers.utils import logging as hf_logging
 
     from srpo_graph.models.tiny import load_tokenizer
+
     hf_logging.disable_progress_bar()
     source, out = Path(source), Path(out)
     checkpoint: Path | None = source
@@ -298,8 +328,11 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
         checkpoint, damaged = ckpt.latest_good_checkpoint(source)
         if checkpoint is None:
             why = "; ".join(f"{p.name}: {w}" for p, w in damaged) or "no checkpoint"
-            raise ConfigError.at(str(source), f"no good checkpoint to export from ({why})",
-                                 fix="give a run folder with a complete checkpoint (train with checkpoint.every > 0)")
+            raise ConfigError.at(
+                str(source),
+                f"no good checkpoint to export from ({why})",
+                fix="give a run folder with a complete checkpoint (train with checkpoint.every > 0)",
+            )
     assert checkpoint is not None
     folder = ckpt.policy_path(checkpoint, policy)
     if not folder.is_dir():
@@ -307,11 +340,17 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
         raise ConfigError.at(str(checkpoint), f"no policy {policy!r} (has {have})")
     if (folder / FROZEN_MARKER).is_file():
         model = json.loads((folder / FROZEN_MARKER).read_text())["model"]
-        raise ConfigError.at(str(folder), f"policy {policy!r} is a frozen base, it was not trained",
-                             fix=f"its model is {model} as it was; export one of its adapters instead")
+        raise ConfigError.at(
+            str(folder),
+            f"policy {policy!r} is a frozen base, it was not trained",
+            fix=f"its model is {model} as it was; export one of its adapters instead",
+        )
     if not (folder / ADAPTER_CONFIG).is_file():
-        raise ConfigError.at(str(folder), f"policy {policy!r} is not a LoRA adapter",
-                             fix="a full policy's folder already is a complete model (load it with from_pretrained)")
+        raise ConfigError.at(
+            str(folder),
+            f"policy {policy!r} is not a LoRA adapter",
+            fix="a full policy's folder already is a complete model (load it with from_pretrained)",
+        )
     if out.exists() and any(out.iterdir()):
         raise ConfigError.at(str(out), "the folder is not empty", fix="choose a new folder")
     base_path = json.loads((folder / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]

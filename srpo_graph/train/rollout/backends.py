@@ -80,7 +80,8 @@ def server_scope() -> Iterator[None]:
 
 def with_backend_defaults(config: Any) -> Any:
     """``config`` with its backend's ``loss_defaults`` (``BACKENDS[...]``) for the loss options not set
-    explicitly: ``loss.mismatch = tis`` on SGLang (Note [Mismatch on SGLang] in docs/sglang.md)."""
+    explicitly: ``loss.mismatch = tis`` on SGLang (docs/sglang.md, "bf16 sampler, fp32 trainer: the mismatch and
+    its correction")."""
     defaults = {k: v for k, v in backend_spec(config.rollout.backend).loss_defaults.items()
                 if k not in config.loss.model_fields_set}
     if not defaults:

@@ -1,7 +1,8 @@
 """Trainer stage, rollouts: the episodes each training step learns from (the synchronous stage).
 
 The loop asks :class:`Rollouts` for step ``s``'s episodes; it chooses the step's tasks (a seeded
-cursor it owns and checkpoints, like a torchtitan dataloader), runs the workflow on the policies' backends (``runtime.run``: G episodes per task, each
+cursor it owns and checkpoints, like a torchtitan dataloader), runs the workflow on the policies' backends
+(``runtime.run``: G episodes per task, each
 output tagged with the weight version it was sampled at) and hands back the episodes and the
 rollout's statistics. Under torchrun every rank samples its share of the tasks and the shares are
 gathered on every rank (in-process backends, ``ranks.py``), or rank 0 samples alone and
@@ -35,8 +36,17 @@ from srpo_graph.train.rollout.worker.client import close_worker, worker_of
 _STOP = b"STOP\n"  # rank 0's broadcast when the failure budget stops the run (episode lines start with "{")
 
 
-def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, progress: bool = False,
-            frozen: dict[str, Any] | None = None):
+def rollout(
+    wf,
+    tasks,
+    slots,
+    config,
+    seed: int,
+    dist: DistInfo,
+    samples: int,
+    progress: bool = False,
+    frozen: dict[str, Any] | None = None,
+):
     """Sample ``samples`` episodes of each of ``tasks``: on every rank, each its share of the tasks
     (``ranks.py``), or on rank 0 alone, which broadcasts them. A collective under torchrun.
 
@@ -46,23 +56,39 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
     Raises:
         FailureBudgetExceeded: on every rank at once, when too many episodes failed.
     """
-    on_backend_error = "fail" if backend_spec(config.rollout.backend).remote \
-        or any(p.external is not None for p in wf.policies) else "raise"
+    on_backend_error = (
+        "fail"
+        if backend_spec(config.rollout.backend).remote or any(p.external is not None for p in wf.policies)
+        else "raise"
+    )
 
     def sample(some_tasks):  # frozen policies sample too, always at version 0 (never synced)
         worker = worker_of(slots)
         if worker is not None:  # rollout.worker: the whole batch in the worker process, on its copies;
             # each output records the version the worker holds (what it was pushed last), which is the
             # truth even when another thread is pushing newer weights right now (overlapped rollouts)
-            return worker.run(wf, some_tasks, samples=samples, seed=seed, policy_versions=None,
-                              on_backend_error=on_backend_error, deadlines=config.rollout.deadlines,
-                              scheduler=config.rollout.scheduler)
-        return run_episodes(wf, some_tasks, {**(frozen or {}), **{s.name: s.backend for s in slots}}, samples=samples,
-                            seed=seed, policy_versions={**{n: 0 for n in frozen or {}},
-                                                        **{s.name: s.version for s in slots}},
-                            progress=progress,
-                            on_backend_error=on_backend_error,
-                            deadlines=config.rollout.deadlines, scheduler=config.rollout.scheduler)
+            return worker.run(
+                wf,
+                some_tasks,
+                samples=samples,
+                seed=seed,
+                policy_versions=None,
+                on_backend_error=on_backend_error,
+                deadlines=config.rollout.deadlines,
+                scheduler=config.rollout.scheduler,
+            )
+        return run_episodes(
+            wf,
+            some_tasks,
+            {**(frozen or {}), **{s.name: s.backend for s in slots}},
+            samples=samples,
+            seed=seed,
+            policy_versions={**{n: 0 for n in frozen or {}}, **{s.name: s.version for s in slots}},
+            progress=progress,
+            on_backend_error=on_backend_error,
+            deadlines=config.rollout.deadlines,
+            scheduler=config.rollout.scheduler,
+        )
 
     if samples_on_every_rank(config, dist):
         share = rank_share(len(tasks), dist.rank, dist.world_size)
@@ -91,7 +117,7 @@ def rollout(wf, tasks, slots, config, seed: int, dist: DistInfo, samples: int, p
             data = "\n".join(ep.to_json() for ep in res.episodes).encode()
     data = broadcast_bytes(data, dist)
     if data.startswith(_STOP):
-        raise FailureBudgetExceeded(data[len(_STOP):].decode())
+        raise FailureBudgetExceeded(data[len(_STOP) :].decode())
     episodes = [Episode.model_validate_json(line) for line in data.decode().splitlines() if line]
     return episodes, main_stats
 
@@ -118,10 +144,23 @@ class Rollouts:
         cursor: batches of tasks consumed from the seeded training order (``tasks.task_indices``).
     """
 
-    def __init__(self, wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
-                 frozen: dict[str, Any] | None = None) -> None:
-        self.wf, self.train_tasks, self.slots, self.config, self.dist, self.frozen = \
-            wf, train_tasks, slots, config, dist, frozen
+    def __init__(
+        self,
+        wf,
+        train_tasks: list,
+        slots: list,
+        config: TrainConfig,
+        dist: DistInfo,
+        frozen: dict[str, Any] | None = None,
+    ) -> None:
+        self.wf, self.train_tasks, self.slots, self.config, self.dist, self.frozen = (
+            wf,
+            train_tasks,
+            slots,
+            config,
+            dist,
+            frozen,
+        )
         self.cursor = 0
         self._t0 = time.perf_counter()
 
@@ -139,11 +178,20 @@ class Rollouts:
         t0 = time.perf_counter()
         idx = task_indices(len(self.train_tasks), self.cursor, r.tasks_per_step, self.config.seed)
         self.cursor += 1
-        episodes, stats = rollout(self.wf, [self.train_tasks[i] for i in idx], self.slots, self.config,
-                                  rollout_seed(self.config.seed, step), self.dist, r.samples, frozen=self.frozen)
+        episodes, stats = rollout(
+            self.wf,
+            [self.train_tasks[i] for i in idx],
+            self.slots,
+            self.config,
+            rollout_seed(self.config.seed, step),
+            self.dist,
+            r.samples,
+            frozen=self.frozen,
+        )
         seconds = time.perf_counter() - t0
-        return StepRollout(episodes, stats, seconds, {"time/rollout_wait": seconds,
-                                                      "time/clock": time.perf_counter() - self._t0})
+        return StepRollout(
+            episodes, stats, seconds, {"time/rollout_wait": seconds, "time/clock": time.perf_counter() - self._t0}
+        )
 
     def weights_updated(self, version: int) -> None:
         """Every policy's weights now have ``version`` (synced to the backends)."""

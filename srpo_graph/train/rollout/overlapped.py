@@ -114,7 +114,8 @@ class AsyncRollouts:
         self.wf, self.train_tasks, self.slots, self.config, self.dist = wf, train_tasks, slots, config, dist
         self.k = config.rollout.max_staleness
         self.close_seconds = close_seconds
-        self.sampler = sampler  # None: lockstep.rollout through the gated backends (Note [In-process backends: the rollout worker])
+        # None: lockstep.rollout through the gated backends (Note [In-process backends: the rollout worker])
+        self.sampler = sampler
         self.on_weights = on_weights  # e.g. lambda v: worker.push_weights(slots, v), before batches of v may start
         gates: dict[int, WeightGate] = {}
 

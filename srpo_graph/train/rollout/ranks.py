@@ -3,14 +3,14 @@ tasks on its own in-process backend, and every rank ends up with the same list o
 
 Consumes the step's task list, the rank (``DistInfo``) and this rank's :class:`RunResult`;
 produces the whole step's episodes in (task, sample) order and the merged :class:`RunStats`, the
-same on every rank. The rollout stage (``rollout_stage.rollout``) calls it when
+same on every rank. The rollout stage (``lockstep.rollout``) calls it when
 :func:`samples_on_every_rank` says so.
 
 * **Shares are whole groups.** Rank ``r`` of ``W`` samples the contiguous tasks
   :func:`rank_share` gives it (all ``G`` samples of each), so a group's advantage never needs
   episodes from two ranks and the split is uneven by at most one task.
 * **Independent of the number of ranks.** Every request's seed derives from (run seed, task id,
-  sample, output index) (``runtime.executor.derive_seed`` / ``output_seed``) and the transformers
+  sample, output index) (``runtime.seeds.derive_seed`` / ``output_seed``) and the transformers
   backend draws each request from its own generator, so an episode is the same whichever rank
   samples it, beside whichever others.
 * **JSON over the process group, never pickle.** Each rank's share travels as JSON lines (a
@@ -52,20 +52,30 @@ def samples_on_every_rank(config: Any, dist: DistInfo) -> bool:
         return False
     if getattr(config.rollout, "worker", False):  # rank 0's rollout worker samples every task
         if choice is True:
-            raise ConfigError.at("field `rollout.every_rank`", "with rollout.worker = true, rank 0's rollout worker "
-                                 "process samples every task", fix="rollout.every_rank = \"auto\" (or rollout.worker = false)")
+            raise ConfigError.at(
+                "field `rollout.every_rank`",
+                "with rollout.worker = true, rank 0's rollout worker process samples every task",
+                fix='rollout.every_rank = "auto" (or rollout.worker = false)',
+            )
         return False
     in_process = backend_spec(config.rollout.backend).in_process
     if choice == "auto":
         return in_process and config.strategy != "fsdp"
     if not in_process:
-        raise ConfigError.at("field `rollout.every_rank`", f"rollout backend {config.rollout.backend!r} is a server: "
-                             "rank 0 alone sends it requests", why="one server batches every request, so more client "
-                             "ranks sample no faster", fix="rollout.every_rank = \"auto\" (or use the transformers backend)")
+        raise ConfigError.at(
+            "field `rollout.every_rank`",
+            f"rollout backend {config.rollout.backend!r} is a server: rank 0 alone sends it requests",
+            why="one server batches every request, so more client ranks sample no faster",
+            fix='rollout.every_rank = "auto" (or use the transformers backend)',
+        )
     if config.strategy == "fsdp":
-        raise ConfigError.at("field `rollout.every_rank`", "strategy = \"fsdp\" samples on rank 0 only",
-                             why="the other ranks hold only shards of each policy; rank 0's unsharded replica is the "
-                             "one model to sample from", fix="rollout.every_rank = \"auto\" (or strategy = \"ddp\")")
+        raise ConfigError.at(
+            "field `rollout.every_rank`",
+            'strategy = "fsdp" samples on rank 0 only',
+            why="the other ranks hold only shards of each policy; rank 0's unsharded replica is the "
+            "one model to sample from",
+            fix='rollout.every_rank = "auto" (or strategy = "ddp")',
+        )
     return True
 
 
@@ -103,19 +113,25 @@ def merge_stats(parts: Sequence[RunStats]) -> RunStats:
     return RunStats(
         episodes=episodes,
         mean_reward=sum(p.mean_reward * p.episodes for p in parts) / episodes if episodes else 0.0,
-        tokens_generated=sum(p.tokens_generated for p in parts), seconds=max((p.seconds for p in parts), default=0.0),
-        failures=sum(p.failures for p in parts), truncated=sum(p.truncated for p in parts),
-        generate_calls=sum(p.generate_calls for p in parts), backend_failures=sum(p.backend_failures for p in parts),
+        tokens_generated=sum(p.tokens_generated for p in parts),
+        seconds=max((p.seconds for p in parts), default=0.0),
+        failures=sum(p.failures for p in parts),
+        truncated=sum(p.truncated for p in parts),
+        generate_calls=sum(p.generate_calls for p in parts),
+        backend_failures=sum(p.backend_failures for p in parts),
         backend_error=next((p.backend_error for p in parts if p.backend_error is not None), None),
-        stale_outputs=sum(p.stale_outputs for p in parts), failed_by_kind=dict(sorted(by_kind.items())),
-        first_failure=dict(sorted(first.items())))
+        stale_outputs=sum(p.stale_outputs for p in parts),
+        failed_by_kind=dict(sorted(by_kind.items())),
+        first_failure=dict(sorted(first.items())),
+    )
 
 
 _RAISED = {"BackendError": BackendError, "ConfigError": ConfigError}  # else RuntimeFailure
 
 
-def gather_rollout(result: RunResult | BaseException, share: range, samples: int,
-                   dist: DistInfo) -> tuple[list[Episode], RunStats]:
+def gather_rollout(
+    result: RunResult | BaseException, share: range, samples: int, dist: DistInfo
+) -> tuple[list[Episode], RunStats]:
     """Every rank's share of the step, put together on every rank. A collective: every rank calls it.
 
     Args:
@@ -129,11 +145,14 @@ def gather_rollout(result: RunResult | BaseException, share: range, samples: int
         (BackendError, ConfigError, else RuntimeFailure) naming the rank it came from.
     """
     if not isinstance(result, BaseException) and len(result.episodes) != len(share) * samples:
-        result = RuntimeFailure(f"rank {dist.rank} sampled {len(result.episodes)} episodes for {len(share)} tasks x "
-                                f"{samples} samples")  # sent like any error: no rank waits for this one
+        result = RuntimeFailure(
+            f"rank {dist.rank} sampled {len(result.episodes)} episodes for {len(share)} tasks x {samples} samples"
+        )  # sent like any error: no rank waits for this one
     if isinstance(result, BaseException):
-        head: dict[str, Any] = {"rank": dist.rank, "error": {"type": type(result).__name__,
-                                                             "message": str(result).strip() or repr(result)}}
+        head: dict[str, Any] = {
+            "rank": dist.rank,
+            "error": {"type": type(result).__name__, "message": str(result).strip() or repr(result)},
+        }
         lines = [json.dumps(head)]
     else:
         head = {"rank": dist.rank, "start": share.start, "stats": result.stats.model_dump(mode="json")}

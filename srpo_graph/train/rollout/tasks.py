@@ -104,7 +104,8 @@ def task_indices(num_tasks: int, cursor: int, count: int, seed: int) -> list[int
 
     >>> task_indices(5, 0, 2, seed=1) == task_indices(5, 0, 2, seed=1)
     True
-    >>> sorted(task_indices(5, 0, 2, 1) + task_indices(5, 1, 2, 1))[:4] == sorted(set(task_indices(5, 0, 2, 1) + task_indices(5, 1, 2, 1)))
+    >>> two = task_indices(5, 0, 2, 1) + task_indices(5, 1, 2, 1)
+    >>> sorted(two)[:4] == sorted(set(two))
     True
     >>> sorted(task_indices(3, 7, 10, seed=0))
     [0, 1, 2]
@@ -135,7 +136,8 @@ def override_workflow(
     unknown = sorted(set(models) - {p.name for p in workflow.policies} - {"*"})
     if unknown:
         raise ConfigError.at(
-            "field `rollout.models`", f"unknown policies {unknown} in workflow {workflow.name!r}",
+            "field `rollout.models`",
+            f"unknown policies {unknown} in workflow {workflow.name!r}",
             fix=f"use one of {[p.name for p in workflow.policies]} or `*`",
         )
     if not models and max_tokens is None and not greedy and logprobs in (None, "full"):

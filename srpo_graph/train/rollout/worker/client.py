@@ -190,11 +190,18 @@ class RolloutWorker:
         """
         from srpo_graph.runtime.usercode import Deadlines
 
-        header = {"op": "run", "workflow": workflow.model_dump_json(), "tasks": [t.model_dump(mode="json") for t in tasks],
-                  "samples": samples, "seed": seed, "policy_versions": dict(policy_versions or {}),
-                  "on_backend_error": on_backend_error,
-                  "deadlines": (deadlines or Deadlines()).model_dump(mode="json"), "scheduler": scheduler,
-                  "max_concurrent": max_concurrent}
+        header = {
+            "op": "run",
+            "workflow": workflow.model_dump_json(),
+            "tasks": [t.model_dump(mode="json") for t in tasks],
+            "samples": samples,
+            "seed": seed,
+            "policy_versions": dict(policy_versions or {}),
+            "on_backend_error": on_backend_error,
+            "deadlines": (deadlines or Deadlines()).model_dump(mode="json"),
+            "scheduler": scheduler,
+            "max_concurrent": max_concurrent,
+        }
 
         def exchange() -> RunResult:
             t0 = time.monotonic()
@@ -215,6 +222,7 @@ class RolloutWorker:
         Raises:
             BackendError: a name or shape the worker's model lacks, a worker that died or stalled.
         """
+
         def push_all() -> None:  # under one hold of the channel: no rollout batch starts between two policies
             for name, model in models.items():
                 self._push_one(name, model, int(version))
@@ -279,8 +287,9 @@ class WorkerPolicy:
         self.weight_version = 0
 
     def generate(self, requests: Any) -> list:
-        raise BackendError(f"policy {self.name!r} samples in the {self.worker.name}: run the whole batch there "
-                           "(RolloutWorker.run)")
+        raise BackendError(
+            f"policy {self.name!r} samples in the {self.worker.name}: run the whole batch there (RolloutWorker.run)"
+        )
 
     def sync_weights(self, model: Any, version: int) -> None:
         self.worker.push_weights({self.name: model}, version)
@@ -308,8 +317,9 @@ def start_for_training(wf: Any, config: Any, slots: Sequence[Any], device: str) 
     """Start the run's rollout worker, give it every slot's current weights (version 0; a resumed run
     pushes its checkpoint's after) and return each slot's backend."""
     r = config.rollout
-    worker = RolloutWorker(wf, device=device, dtype=r.dtype, max_batch_size=r.transformers.max_batch_size,
-                           timeout=r.worker_timeout)
+    worker = RolloutWorker(
+        wf, device=device, dtype=r.dtype, max_batch_size=r.transformers.max_batch_size, timeout=r.worker_timeout
+    )
     try:
         worker.push_weights({s.name: s.replica if s.replica is not None else s.model for s in slots}, 0)
     except BaseException:

@@ -119,9 +119,9 @@ def load_policies(wf: Any, options: dict[str, Any]) -> tuple[dict[str, Any], dic
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from srpo_graph.backends import resolve_model
     from srpo_graph.backends.openai import OpenAIBackend
     from srpo_graph.backends.transformers import TransformersBackend
+    from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.train.policies.lora import AdapterModel, SharedBase
 
