@@ -1,8 +1,16 @@
 """The workflow language: ``.wf`` text -> AST (:mod:`.parser`) -> checked :class:`Workflow` (:mod:`.checker`).
 
-Stage: lang, the first of the pipeline. Also the canonical formatter (:mod:`.fmt`) and the
-``check`` summary (:mod:`.summary`). Public verbs: :func:`load_workflow`, :func:`parse`,
-:func:`check`, :func:`format_source`.
+Stage: lang, the first of the pipeline. Public verbs: :func:`load_workflow`, :func:`parse`,
+:func:`check`, :func:`format_source`. The modules: ``parser.py`` (Lark -> AST with spans),
+``build.py`` (the Lark transformer), ``ast.py`` (one dataclass per rule), ``templates.py``
+(strings and ``{reference}`` holes), ``checker.py`` (the check driver), ``scope.py`` (names, types,
+references, calls), ``agents.py`` and ``transitions.py`` (one declaration each), ``analysis.py``
+(graph rules and proven facts), ``firing.py`` (the firing rule), ``explore.py`` (every run of it
+over all route choices), ``advice.py`` (warnings about the models), ``callables.py`` (the one
+importer of user modules), ``adapters.py`` (``lora(...)``), ``chat.py`` (chat agents),
+``external.py`` (frozen and external policies), ``fmt.py`` (the canonical formatter),
+``summary.py`` (what ``check`` prints), ``stdref.py`` (the ``std`` reference), ``commands.py``
+(``check``, ``fmt``).
 """
 
 from __future__ import annotations

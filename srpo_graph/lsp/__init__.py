@@ -4,7 +4,12 @@ Stage: lsp, after lang and viz: it reuses the parser, the checker, the formatter
 ``std`` reference of :mod:`srpo_graph.lang` (no rule is repeated here) and ``viz``'s SVG, and
 answers an editor over the Language Server Protocol (stdio, pygls): diagnostics, hover,
 definition, references, completion, rename, outline, formatting (:mod:`.server`). Needs the
-``lsp`` extra (``pip install "srpo-graph[lsp]"``). See docs/editor.md.
+``lsp`` extra (``pip install "srpo-graph[lsp]"``). See docs/editor.md. The modules:
+``server.py`` (the server and its requests), ``document.py`` (one document parsed, checked,
+indexed), ``symbols.py`` (declarations and uses), ``features.py`` (hover, definition, references,
+rename, outline, formatting), ``completion.py``, ``positions.py`` (spans <-> LSP positions),
+``pyfiles.py`` (user modules read with ``ast``), ``imports.py`` (the import check in a child
+process), ``commands.py`` (``lsp``).
 """
 
 from __future__ import annotations

@@ -7,12 +7,14 @@ produces :class:`~srpo_graph.runtime.trace.Episode` traces (JSONL). Its verb is
 The modules:
 
 * ``executor.py``: ``run``, the one entry point: sets a run up and picks its scheduler;
-  ``RunResult``, ``RunStats``, ``derive_seed``;
+  ``RunResult``, ``RunStats``;
 * ``lockstep.py``: the lockstep scheduler (one batch of every live episode per round, for
   in-process backends); ``streaming.py``: the streaming scheduler (each episode on its own as its
   answers return, for servers);
-* ``requests.py``: what both schedulers share: requests batched per backend, their seeds
-  (``output_seed``), sampling, the answers checked and handed back;
+* ``requests.py``: what both schedulers share: requests batched per backend with their seeds,
+  sampling, the answers checked and handed back;
+* ``seeds.py``: every random stream of a run (episode and output seeds, the trainer's per-step
+  rollout, shuffling, task order and evaluation seeds), each by one named function;
 * ``episode.py``: one episode's state machine (``lang/firing.py``'s rule);
   ``usercode.py``: tools, rewards and extractors off the main thread with deadlines;
 * ``prompts.py`` (per-agent sampling plans), ``chat.py`` (chat agents' conversations),

@@ -2,6 +2,9 @@
 ``dot`` when it is on ``PATH``), DOT and Mermaid.
 
 Stage: viz. Consumes a checked :class:`~srpo_graph.workflow.Workflow`; produces images or text.
+The modules: ``layout.py`` (the layered layout), ``render.py`` (the one renderer), ``text.py``
+(DOT and Mermaid), ``commands.py`` (``viz``); this one exports ``to_svg``, ``to_png``,
+``write_graph``.
 """
 
 from __future__ import annotations
