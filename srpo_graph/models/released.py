@@ -11,9 +11,15 @@ transformers and in SGLang, and tokenizes exactly as the released checkpoint doe
   ``num_hidden_layers`` 2 instead of 24 / 28 (~180 / ~190M parameters, 136 / 156M of them the
   tied 151,936-row embedding): widths, heads, vocabulary, RoPE, norms, ids all as released.
 * ``qwen2.5-realvocab-test`` / ``qwen3-realvocab-test`` / ``llama3-realvocab-test``: the same
-  vocabulary (151,936 / 128,256 rows) at the test width (hidden 64, 4 heads, 2 kv heads, MLP 128,
-  2 layers; ~10M parameters, nearly all embedding), for tests of the id-level rules on the real
-  vocabulary. Llama 3's is Llama 3.2-1B-Instruct's config.json at that width and depth.
+  tokenizer at the test width (hidden 64, 4 heads, 2 kv heads, MLP 128, 2 layers; ~10M
+  parameters, nearly all embedding), for tests of the id-level rules on the real vocabulary.
+  Their embedding has one row per token of the tokenizer (151,665 / 151,669 / 128,256), not
+  Qwen's 151,936: an untrained model would sample the padding rows, ids no tokenizer decodes.
+  Llama 3's is Llama 3.2-1B-Instruct's config.json at that width and depth.
+
+The ``2layer`` models are for loading, serving and measuring (their random weights do sample
+Qwen's padding rows, which the runtime refuses as ids outside the tokenizer); pre-trained
+models on the exact vocabulary (recipes.py) learn to give those rows no mass.
 
 Names say what the model is, never a hub name: a workflow that names ``"Qwen/Qwen2.5-0.5B-Instruct"``
 gets the released checkpoint from the Hugging Face cache (``models.resolve_model``). Builds are
@@ -28,7 +34,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-VERSION = 1
+VERSION = 2  # 2: the test size has one embedding row per token
 MARKER = "srpo_graph_released.json"
 SEED = 4321
 
@@ -160,11 +166,14 @@ TEST_WIDTH: dict[str, Any] = dict(hidden_size=64, num_attention_heads=4, num_key
 _TEST_HEAD_DIM = {"qwen3": 16, "llama3": 16}  # where the released config names head_dim
 
 # name -> (family, the fields that differ from the released config.json)
+# (the test size's embedding has exactly the tokenizer's rows: 151,665 / 151,669 / 128,256; an
+# untrained model gives the released checkpoints' 271 / 267 padding rows as much mass as any token,
+# and an id the tokenizer cannot decode ends a rollout, so the sampled test models have none)
 SHAPED_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2.5-0.5b-2layer": ("qwen2.5", {"num_hidden_layers": 2}),
     "qwen3-0.6b-2layer": ("qwen3", {"num_hidden_layers": 2}),
-    "qwen2.5-realvocab-test": ("qwen2.5", {**TEST_WIDTH, "num_hidden_layers": 2}),
-    "qwen3-realvocab-test": ("qwen3", {**TEST_WIDTH, "head_dim": 16, "num_hidden_layers": 2}),
+    "qwen2.5-realvocab-test": ("qwen2.5", {**TEST_WIDTH, "num_hidden_layers": 2, "vocab_size": 151_665}),
+    "qwen3-realvocab-test": ("qwen3", {**TEST_WIDTH, "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 151_669}),
     "llama3-realvocab-test": ("llama3", {**TEST_WIDTH, "head_dim": 16, "num_hidden_layers": 2}),
 }
 

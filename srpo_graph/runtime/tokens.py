@@ -6,7 +6,8 @@ diagnostics: an ``allow`` entry that is not exactly one token is an error (sampl
 be constrained to it), so is a chat agent on a tokenizer without a chat template, literal prompt text the tokenizer
 turns into its unknown token is a
 warning (``<judge>`` silently becoming ``<unk>`` for the tiny model). Only tokenizers found on
-this machine are used -- ``"tiny"`` and local model folders -- never a download.
+this machine are used -- ``"tiny"``, local model folders and, offline, hub names in the Hugging
+Face cache (models/hub.py) -- never a download.
 """
 
 from __future__ import annotations
@@ -26,10 +27,18 @@ def local_tokenizers(workflow: Workflow) -> dict[str, Any]:
     """A tokenizer for every policy whose model is on this machine (``tiny`` or a folder)."""
     from srpo_graph.models.tiny import load_tokenizer
 
+    from srpo_graph.hfcache import cached_snapshot, is_hub_name, is_offline
+
     out = {}
     for pol in workflow.policies:
+        if pol.external is not None:
+            continue
         if pol.model == TINY or (Path(pol.model).is_dir() and any(Path(pol.model).glob("tokenizer*"))):
             out[pol.name] = load_tokenizer(resolve_model(pol.model))
+        elif is_offline() and is_hub_name(pol.model):  # a hub name in the local cache: read, never fetched
+            snapshot = cached_snapshot(pol.model)
+            if snapshot is not None and any(snapshot.glob("tokenizer*")):
+                out[pol.name] = load_tokenizer(snapshot)
     return out
 
 
@@ -125,6 +134,11 @@ def cached_tokenizer(model: str) -> Any | None:
             return load_tokenizer(built) if any(built.glob("tokenizer*")) else None
         if Path(model).is_dir():
             return load_tokenizer(model)
+        from srpo_graph.hfcache import cached_snapshot, is_hub_name
+
+        snapshot = cached_snapshot(model) if is_hub_name(model) else None
+        if snapshot is not None:  # the standard cache, read from its files (offline or not)
+            return load_tokenizer(snapshot)
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(model, local_files_only=True)
