@@ -107,7 +107,7 @@ class AgentPlan:
     tokenizer: Any
     allowed_token_ids: tuple[int, ...] | None
     stop_token_ids: tuple[int, ...]
-    stop_strings: tuple[str, ...]  # multi-token stops, matched on the decoded text
+    stop_strings: tuple[str, ...]  # every stop string, matched on the decoded text (one-token ones also in stop_token_ids)
     chat: ChatPlan | None = None  # a chat agent's conversation rules (runtime/chat.py)
     # the G samples of a task send the same prompts and sample the same short completions:
     # encoding a text (decoding ids) once and reusing the result is exact, both are pure functions
@@ -177,8 +177,13 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
             allowed = tuple(dict.fromkeys(i for _, i in ids if i is not None))
         stop_ids, stop_strs = [], []
         for s in agent.sampling.stop:
+            # a stop string is text: matched on the decoded completion, wherever its characters fall
+            # (a real BPE vocabulary has "ans" as a token *and* inside " answer"); one that is a
+            # single token also stops the sampler at that id (a fast path, not the rule)
             tid = single_token_id(tok, s)
-            (stop_ids.append(tid) if tid is not None else stop_strs.append(s))
+            if tid is not None:
+                stop_ids.append(tid)
+            stop_strs.append(s)
         eos = getattr(tok, "eos_token_id", None)
         if eos is not None and eos not in stop_ids:
             stop_ids.append(eos)
