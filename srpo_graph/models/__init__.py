@@ -18,7 +18,21 @@ any policy's ``model`` string into what ``from_pretrained`` loads (backends, the
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Iterable
+
+# Note [Threads for small models]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's intra-op threads pay a synchronisation per operator; a model of hidden size 64-128
+# (tiny, the recipes, the ``*-test`` models) runs thousands of operators too small to split, and
+# on a shared CPU a parallel region waits for a descheduled thread. Measured on 2 cores under load
+# (benchmarks/bench_chat_step.py, docs/performance.md P13): a training step of
+# workflows/chat_search_qwen3.wf on qwen3-test, 8 tasks x 4 samples, one epoch, took 5-10x longer
+# on torch's default 2 threads than on 1 (the update alone 52-125 s against 10-11 s). So on CPU,
+# ``run`` and ``train`` use one thread when every model is that small, unless OMP_NUM_THREADS says.
+SMALL_HIDDEN = 256
 
 
 def local_names() -> list[str]:
@@ -29,10 +43,31 @@ def local_names() -> list[str]:
     """
     from srpo_graph.models.architectures import LOCAL_MODELS
     from srpo_graph.models.recipes import RECIPES
-
     from srpo_graph.models.released import SHAPED_MODELS
 
     return ["tiny", *RECIPES, *LOCAL_MODELS, *SHAPED_MODELS]
+
+
+def cpu_threads(models: Iterable[str]) -> int | None:
+    """The torch thread count for sampling and training ``models`` on CPU (Note [Threads for small
+    models]): 1 when every one has a hidden size <= ``SMALL_HIDDEN``, else None (torch's default);
+    None too when ``OMP_NUM_THREADS`` is set (the user chose) or a model's config is not local.
+
+    >>> cpu_threads([]) is None
+    True
+    """
+    names = list(dict.fromkeys(models))
+    if not names or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    for name in names:
+        try:
+            config = json.loads((Path(resolve_model(name)) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        config = config.get("text_config", config)
+        if int(config.get("hidden_size", config.get("n_embd", SMALL_HIDDEN + 1))) > SMALL_HIDDEN:
+            return None
+    return 1
 
 
 def local_model_path(name: str) -> Path | None:

@@ -175,8 +175,8 @@ def build_atomically(target: Path, write: Callable[[Path], None], is_good: Calla
 
 def load_tokenizer(path: str | os.PathLike):
     """Load a tokenizer: the tiny one, the Qwen/Llama-shaped models built here (architectures.py,
-    released.py) and the exact tokenizers (vocab.py) explicitly as ``PreTrainedTokenizerFast`` (a Qwen config would make ``AutoTokenizer`` swap in
-    Qwen's own tokenizer class), else ``AutoTokenizer``."""
+    released.py) and the exact tokenizers (vocab.py) explicitly as ``PreTrainedTokenizerFast`` (a
+    Qwen config would make ``AutoTokenizer`` swap in Qwen's own tokenizer class), else ``AutoTokenizer``."""
     built_here = ("srpo_graph_local.json", "srpo_graph_vocab.json", "srpo_graph_released.json")
     if is_tiny_dir(path) or any((Path(path) / marker).is_file() for marker in built_here):
         from transformers import PreTrainedTokenizerFast

@@ -305,7 +305,7 @@ def build_vocab_tokenizer(name: str):
         pre_tokenizers.Split(Regex(v.split_pattern), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     for content, special in v.added:  # one at a time, so each takes the next id, as released
         token = AddedToken(content, special=special, normalized=False)
         (tok.add_special_tokens if special else tok.add_tokens)([token])

@@ -137,7 +137,7 @@ def _options_from_flags(kind: str, flags: dict):
     "--threads",
     type=int,
     default=None,
-    help="torch CPU threads (default: 1 when every policy is the tiny model, else torch's default).",
+    help="torch CPU threads (default: 1 when every model is small, hidden size <= 256, else torch's default).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option(
@@ -186,9 +186,13 @@ def run_cmd(
     if backend_spec(backend_kind).in_process:
         import torch
 
-        # the tiny model is far faster on one thread; on a busy CPU more threads can be 50x slower
-        if threads or all(m == "tiny" for m in chosen.values()):
-            torch.set_num_threads(threads or 1)
+        from srpo_graph.models import cpu_threads
+
+        # small models are far faster on one thread; on a busy CPU more threads can be 50x slower
+        # (models/__init__.py, Note [Threads for small models])
+        threads = threads or (cpu_threads(chosen.values()) if device == "cpu" else None)
+        if threads:
+            torch.set_num_threads(threads)
     by_model = {m: load_backend(backend_kind, m, options, device=device) for m in dict.fromkeys(chosen.values())}
     backends = {p: by_model[m] for p, m in chosen.items()}
     from srpo_graph.backends.openai import OpenAIBackend

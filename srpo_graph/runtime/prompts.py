@@ -107,7 +107,7 @@ class AgentPlan:
     tokenizer: Any
     allowed_token_ids: tuple[int, ...] | None
     stop_token_ids: tuple[int, ...]
-    stop_strings: tuple[str, ...]  # every stop string, matched on the decoded text (one-token ones also in stop_token_ids)
+    stop_strings: tuple[str, ...]  # every stop string, matched on the decoded text (one-token ones: stop ids too)
     chat: ChatPlan | None = None  # a chat agent's conversation rules (runtime/chat.py)
     # the G samples of a task send the same prompts and sample the same short completions:
     # encoding a text (decoding ids) once and reusing the result is exact, both are pure functions

@@ -25,9 +25,8 @@ TINY = "tiny"
 
 def local_tokenizers(workflow: Workflow) -> dict[str, Any]:
     """A tokenizer for every policy whose model is on this machine (``tiny`` or a folder)."""
-    from srpo_graph.models.tiny import load_tokenizer
-
     from srpo_graph.hfcache import cached_snapshot, is_hub_name, is_offline
+    from srpo_graph.models.tiny import load_tokenizer
 
     out = {}
     for pol in workflow.policies:

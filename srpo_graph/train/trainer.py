@@ -36,6 +36,7 @@ import torch
 from srpo_graph import exiting
 from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
+from srpo_graph.models import cpu_threads
 from srpo_graph.train.checkpoint import Checkpointer, LoopState
 from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.config.schema import TrainConfig
@@ -156,6 +157,10 @@ class Trainer:
         r = config.rollout
         self.workflow = override_workflow(wf_base, models=r.models, max_tokens=r.max_tokens, logprobs=r.logprobs)
         frozen_policies.check_something_trains(self.workflow, self.workflow_path)
+        if str(self.device) == "cpu":  # small models: one thread (models/__init__.py, Note [Threads for small models])
+            threads = cpu_threads(p.model for p in self.workflow.policies if p.external is None)
+            if threads:
+                torch.set_num_threads(threads)
         self.workflow_eval = override_workflow(self.workflow, greedy=config.eval.mode == "greedy")
         self.run_dir = Path(config.run_dir) if config.run_dir is not None else default_run_dir(self.workflow.name)
         task_path, train_tasks, eval_tasks = resolve_tasks(self.workflow_path, self.workflow, config)

@@ -114,7 +114,8 @@ def test_added_tokens_sit_at_their_released_ids_with_their_flags(exact):
                                                        "</think>", "<|eot_id|>", "<|begin_of_text|>")}
     if family == "qwen2.5":
         assert [ids[t] for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [151643, 151644, 151645]
-        assert tok.convert_tokens_to_ids("<tool_call>") == 151657 and tok.convert_tokens_to_ids("<|file_sep|>") == 151664
+        assert tok.convert_tokens_to_ids("<tool_call>") == 151657
+        assert tok.convert_tokens_to_ids("<|file_sep|>") == 151664
     if family == "qwen3":
         assert ids["<think>"] == 151667 and ids["</think>"] == 151668
         assert tok.convert_tokens_to_ids("<tool_response>") == 151665

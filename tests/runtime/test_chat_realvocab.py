@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 import test_chat_agents as base  # tests/runtime is on sys.path (conftest.py)
+import torch
 
 from srpo_graph.backends.transformers import TransformersBackend
 
@@ -89,8 +89,8 @@ def test_stop_strings_and_multibyte_characters_split_across_tokens(qwen3_real):
     assert len(split) >= 2, [(c, enc(c)) for c in "龘𝄞𓀀鱻齉🦩"]
     stop = split[0]
     wf = check(parse(f'workflow w\npolicy m = "{path}"\nagent a {{\n  policy: m\n  prompt: "x"\n'
-                     f'  sample {{ max_tokens: 30, stop: ["{stop}"] }}\n}}\ntransition t {{ consume: a activate: end }}\n'
-                     "start: a\n"))
+                     f'  sample {{ max_tokens: 30, stop: ["{stop}"] }}\n}}\n'
+                     "transition t { consume: a activate: end }\nstart: a\n"))
     plan = plan_agents(wf, {"m": backend})["a"]
     head = enc(" the ") + enc(split[1]) + enc(" then ")
     ids = head + enc(stop) + enc(" more")
