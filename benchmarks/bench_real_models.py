@@ -13,7 +13,11 @@ completion tokens in all) goes through one update step: ``packed_logprobs`` (pad
 * ``chunked``: the default since issue 21 (srpo/lm_head.py, Note [Chunked head]);
 * ``+ bf16``: the step under ``optim.autocast = "bfloat16"`` (weights stay float32);
 * ``+ ckpt``: ``optim.gradient_checkpointing = true``;
-* ``bf16 weights``: the model in bfloat16 (``rollout.dtype``), for the per-parameter costs.
+* ``bf16 weights``: the model in bfloat16 (``rollout.dtype``), for the per-parameter costs;
+* ``exact tokenizer``: the models of srpo_graph/models/released.py (``qwen2.5-0.5b-2layer``: the
+  released Qwen2.5-0.5B-Instruct config.json with 2 layers; ``qwen2.5-realvocab-test``: its
+  vocabulary at the test width) on the ids of chat turns in Qwen2.5's exact tokenizer (needs the
+  ``tokenizers`` extra).
 
 Measured per run: *peak* = peak RSS during forward + backward minus the RSS just before (the
 loaded model and optimizer), so it includes the gradients (4 bytes per parameter in float32);
@@ -57,12 +61,17 @@ def one(spec: dict) -> dict:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    cfg = build_config("qwen2.5", spec["size"], spec["vocab"])
-    cfg.vocab_size = spec["vocab"]
-    if spec.get("layers", 2) != 2:
-        cfg = type(cfg)(**{**cfg.to_dict(), "num_hidden_layers": spec["layers"], "layer_types": None})
     dtype = getattr(torch, spec.get("dtype", "float32"))
-    model = AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    if spec.get("model"):  # a model on a released tokenizer (models/released.py), as built
+        from srpo_graph.models import resolve_model
+
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(spec["model"]), dtype=dtype).eval()
+    else:
+        cfg = build_config("qwen2.5", spec["size"], spec["vocab"])
+        cfg.vocab_size = spec["vocab"]
+        if spec.get("layers", 2) != 2:
+            cfg = type(cfg)(**{**cfg.to_dict(), "num_hidden_layers": spec["layers"], "layer_types": None})
+        model = AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     if spec.get("ckpt"):
         enable_gradient_checkpointing(model)
     params = sum(p.numel() for p in model.parameters())
@@ -71,6 +80,16 @@ def one(spec: dict) -> dict:
     eps = synthetic_episodes(8, 1, seed=0, max_set=1, max_events=1, prompt_len=(n, n), completion_len=(n, n),
                              vocab=min(spec["vocab"], 1500), constrained_share=0.0, policies=("p",))
     b = compile(eps, CompileConfig(micro_batch_tokens=10**7))
+    if spec.get("model"):  # the ids of real chat turns, in the exact tokenizer (the cost does not depend on them)
+        from srpo_graph.models.tiny import load_tokenizer
+
+        tok = load_tokenizer(resolve_model(spec["model"]))
+        text = "".join(
+            tok.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + {i}? 中文 🙂"},
+                                     {"role": "assistant", "content": f"<think>\nadd\n</think>\n\n{2 * i}"}],
+                                    tokenize=False) for i in range(200))
+        ids = tok(text, add_special_tokens=False)["input_ids"][: b.num_tokens]
+        b = b.with_(input_ids=torch.tensor(ids, dtype=b.input_ids.dtype))
     loss_cfg = LossConfig()
     b = b.with_(old_logprobs=b.sampler_logprobs)
     import gc
@@ -125,6 +144,11 @@ def configs(tokens: int) -> list[dict]:
             out.append(
                 {"name": f"{size}, V={vocab:,}, {head}", "size": size, "vocab": vocab, "head": head, "tokens": tokens}
             )
+    for model, label in (("qwen2.5-0.5b-2layer", "Qwen2.5-0.5B config, 2 layers, exact tokenizer, V=151,936"),
+                         ("qwen2.5-realvocab-test", "test width, exact tokenizer, V=151,665")):
+        for head in ("whole", "chunked"):  # models/released.py: the released config / vocabulary, chat ids
+            out.append({"name": f"{label}, {head}", "size": "mid", "vocab": 151_936, "head": head, "tokens": tokens,
+                        "model": model})
     for extra in ({"bf16": True}, {"ckpt": True}):  # at the scale size
         tag = " + bf16" if extra.get("bf16") else " + ckpt"
         out.append(
