@@ -172,6 +172,10 @@ def test_the_checker_knows_every_local_models_chat_template_by_name():
     truth |= {name: bool(getattr(recipe_tokenizer(r), "chat_template", None)) for name, r in RECIPES.items()}
     families = {fam: bool(build_bpe_tokenizer(fam).chat_template) for fam, _ in set(LOCAL_MODELS.values())}
     truth |= {name: families[fam] for name, (fam, _) in LOCAL_MODELS.items()}
+    # the exact tokenizers (vocab.py) carry their family's template, set in build_vocab_tokenizer
+    from srpo_graph.models.released import SHAPED_MODELS
+
+    truth |= {name: bool(FAMILIES[fam].template) for name, (fam, _) in SHAPED_MODELS.items()}
     assert set(truth) == set(local_names())
     assert {name: builtin_chat_template(name) for name in local_names()} == truth
     assert builtin_chat_template("qwen3-huge") is None and builtin_chat_template("org/qwen3-test") is None
