@@ -27,11 +27,12 @@ from typing import Iterable
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # torch's intra-op threads pay a synchronisation per operator; a model of hidden size 64-128
 # (tiny, the recipes, the ``*-test`` models) runs thousands of operators too small to split, and
-# on a shared CPU a parallel region waits for a descheduled thread. Measured on 2 cores under load
-# (benchmarks/bench_chat_step.py, docs/performance.md P13): a training step of
-# workflows/chat_search_qwen3.wf on qwen3-test, 8 tasks x 4 samples, one epoch, took 5-10x longer
-# on torch's default 2 threads than on 1 (the update alone 52-125 s against 10-11 s). So on CPU,
-# ``run`` and ``train`` use one thread when every model is that small, unless OMP_NUM_THREADS says.
+# on a shared CPU a parallel region waits for a descheduled thread. Measured on the 2-core machines
+# here: a training step of workflows/chat_search_qwen3.wf on qwen3-test, 8 tasks x 4 samples, one
+# epoch, took 4.2x longer on torch's default 2 threads than on 1 (17.9 s vs 4.2 s, load ~9;
+# benchmarks/bench_chat_step.py, docs/performance.md), 5-10x under load 12-14 (profiled: the
+# update 52-125 s vs 10-11 s). So on CPU, ``run`` and ``train`` use one thread when every model is
+# that small, unless OMP_NUM_THREADS says.
 SMALL_HIDDEN = 256
 
 

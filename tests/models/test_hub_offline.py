@@ -4,8 +4,8 @@ A Hugging Face cache laid out exactly as ``huggingface_hub`` lays it out
 (``models--Qwen--Qwen2.5-0.5B-Instruct/{blobs/<sha256>, snapshots/<revision>/<file> -> ../../blobs/...,
 refs/main}``) holds a model on Qwen2.5's exact tokenizer (``qwen2.5-realvocab-test``, built here)
 under the name ``Qwen/Qwen2.5-0.5B-Instruct``. With ``HF_HUB_OFFLINE=1`` and every connection off
-this machine refused, ``check``, ``run``, ``train`` and ``eval`` of a chat workflow naming that hub
-name each succeed with one command, and none of them tried to connect anywhere; a hub name that is
+this machine refused, ``check``, the language server's analysis and token rule, ``run``, ``train`` and
+``eval`` of a chat workflow naming that hub name each succeed (the commands with one command each), and none of them tried to connect anywhere; a hub name that is
 not in the cache is one error naming the cache and the fix.
 """
 
@@ -115,6 +115,14 @@ def test_check_run_train_eval_resolve_a_hub_name_from_the_offline_cache(offline_
     cli = CliRunner()
     res = cli.invoke(app, ["check", "chat_hub.wf"])
     assert res.exit_code == 0, res.output
+    # the language server's view of the same file: its analysis and its token rule (as `check`'s)
+    from srpo_graph.lsp.document import analyze
+    from srpo_graph.lsp.server import _token_diagnostics
+    from srpo_graph.runtime.tokens import local_tokenizers
+
+    doc = analyze(Path("chat_hub.wf").read_text(), str(work / "chat_hub.wf"))
+    assert doc.workflow is not None and not [d for d in doc.diagnostics if d.severity == "error"], doc.diagnostics
+    assert _token_diagnostics(doc) == [] and len(local_tokenizers(doc.workflow)["m"]) == 151_665
     res = cli.invoke(app, ["run", "chat_hub.wf", "--tasks", "tasks/chat_hub.jsonl", "--samples", "2", "--limit", "2",
                            "--out", "traces.jsonl", "--quiet"])
     assert res.exit_code == 0, res.output
