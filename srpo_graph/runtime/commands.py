@@ -423,7 +423,9 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hi
     metavar="NAME",
     help="Build a Qwen/Llama-shaped model with a byte-level BPE tokenizer and its chat template instead: "
     "FAMILY-SIZE, FAMILY one of qwen2.5, qwen3, llama3 and SIZE one of test, mid, scale "
-    '(e.g. qwen3-test); cached like the tiny model; policies name it as `policy m = "NAME"`.',
+    "(e.g. qwen3-test), or one on a released tokenizer (needs `pip install 'srpo-graph[tokenizers]'`): "
+    "qwen2.5-0.5b-2layer, qwen3-0.6b-2layer, qwen2.5-realvocab-test, qwen3-realvocab-test, "
+    'llama3-realvocab-test; cached like the tiny model; policies name it as `policy m = "NAME"`.',
 )
 def init_model_cmd(directory, show_vocab, recipe, local):
     """Build the tiny default model into DIRECTORY (default: the cache used for policy "tiny")."""
@@ -431,17 +433,26 @@ def init_model_cmd(directory, show_vocab, recipe, local):
 
     if local is not None:
         from srpo_graph.models.architectures import LOCAL_MODELS, ensure_local_model, local_info
+        from srpo_graph.models.released import SHAPED_MODELS, ensure_shaped_model, shaped_info
 
-        if local not in LOCAL_MODELS:
-            raise click.BadParameter(
-                f"unknown model {local!r} (known: {', '.join(LOCAL_MODELS)})", param_hint="--model"
+        if local in SHAPED_MODELS:
+            path = ensure_shaped_model(local, directory)
+            info = shaped_info(path)
+            click.echo(
+                f"{local} ready at {path}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
+                f"rows ({info['tokenizer']['size']:,} tokens in {SHAPED_MODELS[local][0]}'s released tokenizer)"
             )
-        path = ensure_local_model(local, directory)
-        info = local_info(path)
-        click.echo(
-            f"{local} ready at {path}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
-            f"rows ({info['tokenizer_size']:,} tokens in the tokenizer)"
-        )
+        elif local not in LOCAL_MODELS:
+            raise click.BadParameter(
+                f"unknown model {local!r} (known: {', '.join([*LOCAL_MODELS, *SHAPED_MODELS])})", param_hint="--model"
+            )
+        else:
+            path = ensure_local_model(local, directory)
+            info = local_info(path)
+            click.echo(
+                f"{local} ready at {path}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
+                f"rows ({info['tokenizer_size']:,} tokens in the tokenizer)"
+            )
         if show_vocab:
             from srpo_graph.models.tiny import load_tokenizer
 

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-from sglang_servers import require_sglang, start_real_server  # noqa: E402
+from sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
 from test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -28,9 +28,10 @@ ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
 def realvocab_server(tmp_path_factory, realvocab):
     require_sglang()
     path = realvocab("qwen3-realvocab-test")
-    server = start_real_server(path, tmp_path_factory.mktemp("sglang-realvocab"))
+    # a 151,669-row model on a loaded 2-core machine: its start-up has been seen past 300 s
+    (server,) = start_real_servers([path], tmp_path_factory.mktemp("sglang-realvocab"), health_timeout=900)
     yield path, server
-    server.stop()
+    stop_servers([server])
 
 
 def test_the_exact_vocabulary_runs_token_in_token_out_on_sglang(realvocab_server):

@@ -5,8 +5,9 @@ A Hugging Face cache laid out exactly as ``huggingface_hub`` lays it out
 refs/main}``) holds a model on Qwen2.5's exact tokenizer (``qwen2.5-realvocab-test``, built here)
 under the name ``Qwen/Qwen2.5-0.5B-Instruct``. With ``HF_HUB_OFFLINE=1`` and every connection off
 this machine refused, ``check``, the language server's analysis and token rule, ``run``, ``train`` and
-``eval`` of a chat workflow naming that hub name each succeed (the commands with one command each), and none of them tried to connect anywhere; a hub name that is
-not in the cache is one error naming the cache and the fix.
+``eval`` of a chat workflow naming that hub name each succeed (one command each), and none of them
+tried to connect anywhere; a hub name that is not in the cache is one error naming the cache and
+the fix.
 """
 
 from __future__ import annotations

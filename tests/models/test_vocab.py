@@ -219,3 +219,14 @@ def test_autotokenizer_a_server_loads_agrees_with_the_explicit_load(realvocab):
     for text in ["Hello, World! 12345", "ünïcödé 🙂 中文", "<|im_start|>user\nhi<|im_end|>\n<tool_call>x</tool_call>"]:
         assert auto(text)["input_ids"] == ours(text)["input_ids"]
     assert auto.chat_template == ours.chat_template and auto.eos_token == "<|im_end|>"
+
+
+def test_init_model_builds_and_names_a_shaped_model(realvocab):
+    from click.testing import CliRunner
+
+    from srpo_graph.cli import app
+
+    path = realvocab("qwen2.5-realvocab-test")
+    res = CliRunner().invoke(app, ["init-model", "--model", "qwen2.5-realvocab-test", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "151,665 rows (151,665 tokens in qwen2.5's released tokenizer)" in " ".join(res.output.split())
