@@ -34,6 +34,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from srpo_graph.models.architectures import default_dir  # $SRPO_GRAPH_HOME/NAME, like the other local models
+
 VERSION = 2  # 2: the test size has one embedding row per token
 MARKER = "srpo_graph_released.json"
 SEED = 4321
@@ -187,12 +189,6 @@ def config_json(name: str) -> dict[str, Any]:
     """
     family, changed = SHAPED_MODELS[name]
     return {**RELEASED_CONFIGS[family], **changed}
-
-
-def default_dir(name: str) -> Path:
-    """``$SRPO_GRAPH_HOME/NAME``, else ``~/.cache/srpo-graph/NAME``."""
-    home = os.environ.get("SRPO_GRAPH_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "srpo-graph") / name
 
 
 def is_shaped_dir(path: str | os.PathLike, name: str | None = None) -> bool:

