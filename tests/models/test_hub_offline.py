@@ -104,6 +104,7 @@ def offline_hub(tmp_path, monkeypatch, realvocab):
     return work, hub, NoNetwork(monkeypatch)
 
 
+@pytest.mark.slow
 def test_check_run_train_eval_resolve_a_hub_name_from_the_offline_cache(offline_hub):
     from click.testing import CliRunner
 
