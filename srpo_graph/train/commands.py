@@ -154,13 +154,17 @@ def train_command(
             if main_rank:
                 click.echo(exc.advice(workflow), err=True)
             sys.exit(exc.exit_code)
-    except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM in the loop: no traceback, say how to continue
+    except KeyboardInterrupt as exc:
+        # (TrainingInterrupted is a KeyboardInterrupt; it is looked up here, not named in an `except`, because a
+        # Ctrl-C can land inside the import above, before the name is bound: tests/test_except_names.py)
+        from srpo_graph.train.stops import TrainingInterrupted
+
         exiting.decided()
-        if main_rank:
-            click.echo(exc.advice(workflow), err=True)
-        sys.exit(_interrupt_code())
-    except KeyboardInterrupt:  # before the loop started (imports, loading models and tasks)
-        exiting.decided()
+        if isinstance(exc, TrainingInterrupted):  # Ctrl-C / SIGTERM in the loop: no traceback, say how to continue
+            if main_rank:
+                click.echo(exc.advice(workflow), err=True)
+            sys.exit(_interrupt_code())
+        # before the loop started (imports, loading models and tasks)
         if main_rank:
             from srpo_graph.train.stops import continue_command
 
