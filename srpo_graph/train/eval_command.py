@@ -85,8 +85,35 @@ def source_config(source: Source, config_path: Path | None, overrides: Sequence[
     from srpo_graph.train.config.build import build_config
 
     resume = source.path if source.kind == "run" else None
+    refuse_training_only(config_path, overrides)
     cfg = build_config(config_path, list(overrides), resume=resume)
-    return cfg.model_copy(update={"run_dir": out / "work", "overwrite": True})
+    rollout = cfg.rollout.model_copy(update=SAMPLING_ALONE)  # a run's overlap settings are the trainer's
+    return cfg.model_copy(update={"run_dir": out / "work", "overwrite": True, "rollout": rollout})
+
+
+# Note [Sampling outside the trainer]: the rollout worker and overlapped rollouts overlap sampling
+# with the trainer's updates; a command that only samples (eval) has no updates to overlap with, so
+# a run trained with them is evaluated by its backend in this process (issue 39, item 1: `eval` on a
+# `rollout.worker = true` run used to meet the worker's "run the whole batch there").
+SAMPLING_ALONE = {"worker": False, "max_staleness": 0, "partial_rollouts": False}
+
+
+def refuse_training_only(config_path: Path | None, overrides: Sequence[str]) -> None:
+    """Refuse a training-only rollout setting given to a command that only samples.
+
+    Raises:
+        ConfigError: ``rollout.worker``, ``rollout.max_staleness`` or ``rollout.partial_rollouts``
+            set by an override or by ``--config`` (named).
+    """
+    from srpo_graph.train.config.loading import load_toml
+
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    if config_path is not None:
+        given |= {f"rollout.{k}" for k in (load_toml(config_path).get("rollout") or {})}
+    for key in sorted(given & {f"rollout.{k}" for k in SAMPLING_ALONE}):
+        raise ConfigError.at(f"field `{key}`", "is a training setting: it overlaps sampling with the trainer's "
+                             "updates, and `eval` only samples (it runs the backend in this process)",
+                             fix=f"leave {key} out of eval's overrides and --config")
 
 
 def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None, *, samples: int, seed: int,
