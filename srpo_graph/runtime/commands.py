@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from srpo_graph.errors import ConfigError, RuntimeFailure
+from srpo_graph.fmt import fixed
 
 
 def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[str, str]:
@@ -222,7 +223,7 @@ def run_cmd(
     s = result.stats
     console.print(
         f"[bold]{wf.name}[/]: {s.episodes} episodes ({len(tasks)} tasks x {samples}), mean reward "
-        f"{s.mean_reward:.3f}, {s.tokens_generated} tokens generated in {s.seconds:.2f}s "
+        f"{fixed(s.mean_reward)}, {s.tokens_generated} tokens generated in {s.seconds:.2f}s "
         f"({s.tokens_per_second:,.0f} tokens/s, {s.generate_calls} batches), failures {s.failures}, "
         f"truncated {s.truncated} -> {out_file}"
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from srpo_graph import exiting
+from srpo_graph.fmt import fixed
 from srpo_graph.train.eval_command import eval_command
 
 
@@ -186,12 +187,12 @@ def train_command(
         )
         return
     if main_rank:
-        evals = ", ".join(f"step {s}: {r:.3f}" for s, r in summary.eval_rewards[-3:]) or "-"
+        evals = ", ".join(f"step {s}: {fixed(r)}" for s, r in summary.eval_rewards[-3:]) or "-"
         click.echo(
             f"trained {summary.workflow} for {summary.steps_this_run} steps in {summary.seconds:.1f} s"
             f"{f' (resumed; the run is now at step {summary.steps})' if resume is not None else ''}\n"
-            f"  reward: first step {summary.first_reward:.3f} -> last {min(10, summary.steps)} steps "
-            f"{summary.final_reward:.3f}\n"
+            f"  reward: first step {fixed(summary.first_reward)} -> last {min(10, summary.steps)} steps "
+            f"{fixed(summary.final_reward)}\n"
             f"  eval reward: {evals}\n"
             f"  skipped updates: {summary.skipped_updates}\n"
             f"  run folder: {summary.run_dir} (metrics.jsonl, plots/, checkpoints/, tensorboard/)"

@@ -29,6 +29,7 @@ import click
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.eval.score import Comparison, EvalReport, compare, score
+from srpo_graph.fmt import fixed
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def markdown(reports: Sequence[EvalReport], comparisons: Sequence[Comparison]) -
         lines.append(
             f"| {r.label} | {r.overall.avg.fmt()} | "
             + " | ".join(r.overall.pass_at[x].fmt() for x in ks)
-            + f" | {r.terminal_reward:.3f} | {st.get('ok', 0)} / {st.get('truncated', 0)} / {st.get('failed', 0)} |"
+            + f" | {fixed(r.terminal_reward)} | {st.get('ok', 0)} / {st.get('truncated', 0)} / {st.get('failed', 0)} |"
         )
     for title, attr in (
         ("task family", "by_family"),
@@ -244,7 +245,7 @@ def markdown(reports: Sequence[EvalReport], comparisons: Sequence[Comparison]) -
         ]
         for t in declared:
             cells = [
-                f"{x.mean_reward:.3f} ({x.firings_per_episode:.2f})" if (x := r.transition_rewards.get(t)) else "-"
+                f"{fixed(x.mean_reward)} ({x.firings_per_episode:.2f})" if (x := r.transition_rewards.get(t)) else "-"
                 for r in reports
             ]
             lines.append(f"| {t} | " + " | ".join(cells) + " |")

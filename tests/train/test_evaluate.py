@@ -362,3 +362,13 @@ def test_eval_on_a_run_that_sampled_in_the_rollout_worker(tmp_path, staleness):
     assert rep.overall.avg.value == rows[0]["eval/reward"]
     with pytest.raises(ConfigError, match="rollout.worker.*training setting"):
         _eval(d, tmp_path / "e", overrides=["rollout.worker=true"])
+
+
+def test_no_printed_number_is_a_negative_zero():
+    """Issue 39, item 7: ``eval`` printed ``-0.000``. Intervals and differences that round to zero print
+    without a sign (differences with ``+``), through the one formatter (srpo_graph/fmt.py)."""
+    from srpo_graph.eval.score import Difference, Estimate
+
+    assert Estimate(value=-1e-9, low=-4e-4, high=3e-4).fmt() == "0.000 [0.000, 0.000]"
+    assert Difference(value=-1e-9, low=-2e-4, high=0.25, p=1.0).fmt() == "+0.000 [+0.000, +0.250], p=1"
+    assert Estimate(value=-0.5, low=float("nan"), high=float("nan")).fmt() == "-0.500"

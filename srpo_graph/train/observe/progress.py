@@ -19,6 +19,8 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping
 
+from srpo_graph.fmt import fixed
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
@@ -80,8 +82,8 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
     clip = _clip(record)
     tps = float(record.get("throughput/gen_tokens_per_s", 0.0) or 0.0)
     ev = record.get("eval/reward", last_eval)
-    reward = f"{record.get('reward', float('nan')):.3f}"
-    ev_s = "-" if ev is None else f"{ev:.3f}"
+    reward = fixed(record.get('reward', float('nan')))
+    ev_s = "-" if ev is None else fixed(ev)
     clip_s = "-" if clip is None else f"{clip:.3f}"
     failed = int(record.get("episodes_failed", 0) or 0)
     trouble = (f" failed {failed}/{int(record.get('episodes', 0) or 0)}" if failed else "") + (
