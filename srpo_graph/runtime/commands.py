@@ -38,6 +38,17 @@ def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[
     return out
 
 
+def declared_policies(workflow_file: str | Path) -> list[str]:
+    """The policies of a ``.wf`` file a ``--model`` may name (all but ``openai(...)`` ones), read from
+    its syntax tree: before the check, which then judges the overridden models."""
+    from srpo_graph.lang import ast, parse
+    from srpo_graph.lang.parser import read_source
+
+    module = parse(read_source(workflow_file), str(workflow_file))
+    return [it.name.value for it in module.items
+            if isinstance(it, ast.PolicyDecl) and not isinstance(it.model, ast.OpenaiExpr)]
+
+
 def _backend_names() -> list[str]:
     from srpo_graph.backends import BACKENDS
 
@@ -179,10 +190,11 @@ def run_cmd(
     from srpo_graph.runtime.tasks import load_tasks
 
     limits = parse_deadlines(deadlines)
-    wf = load_workflow(workflow_file)
+    overrides = parse_model_overrides(models, declared_policies(workflow_file)) if models else {}
+    wf = load_workflow(workflow_file, models=overrides)  # the check judges the models that will run
     tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
     chosen = {p.name: p.model for p in wf.policies if p.external is None}  # external: their own endpoint
-    chosen.update(parse_model_overrides(models, list(chosen)))
+    chosen.update(overrides)
     options = _options_from_flags(backend_kind, backend_flags)
     if backend_spec(backend_kind).in_process:
         import torch

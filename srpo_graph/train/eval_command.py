@@ -137,7 +137,7 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
     from srpo_graph.train.rollout.tasks import default_task_file, override_workflow
 
     cfg = source_config(source, config_path, overrides, out)
-    wf = load_workflow(workflow_path)
+    wf = load_workflow(workflow_path, models=cfg.rollout.models)  # checked on the models that will run
     models = dict(cfg.rollout.models or {})
     if source.kind == "model":
         models = {p.name: str(source.path) for p in wf.policies if p.adapter is None}

@@ -151,7 +151,7 @@ class Trainer:
                                                       dist, follow=os.environ.get(FOLLOW_ENV) == "1")),
                               "rank 0's config")
         torch.manual_seed(config.seed)
-        wf_base = load_workflow(self.workflow_path)
+        wf_base = load_workflow(self.workflow_path, models=config.rollout.models)  # checked on the run's models
         if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
             check_resumed_workflow(Path(config.run_dir), wf_base, self.workflow_path)  # named as such, nothing else
         r = config.rollout
@@ -248,6 +248,7 @@ class Trainer:
                     for step in range(self.state.step + 1, self.config.steps + 1):
                         # a SIGTERM whose exception a finalizer swallowed still stops the run
                         exiting.raise_if_stopped()
+                        t_step = time.perf_counter()  # time/wall (Note [Step time])
                         # 1. rollout: the step's episodes (sampled ahead when rollouts overlap the update)
                         rolled = self.rollouts.get(step)
                         # 2. compile + update, from the weights every policy has now
@@ -257,7 +258,8 @@ class Trainer:
                         sync_seconds = self.syncer.sync(step)
                         self.rollouts.weights_updated(step)
                         # 4. evaluate and log
-                        record = self._record(step, rolled, learned, versions, sync_seconds)
+                        record = self._record(step, rolled, learned, versions, sync_seconds,
+                                              wall_seconds=time.perf_counter() - t_step)
                         self.observer.log(record, rolled.episodes)
                         # 5. checkpoint
                         if self.checkpointer.due(step):
@@ -284,7 +286,8 @@ class Trainer:
         return self._summary()
 
     def _record(
-        self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float
+        self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float,
+        wall_seconds: float | None = None,
     ) -> StepRecord:
         """Step ``step``'s record, with its evaluation when due; the loop state moves on to it."""
         if learned.update is not None:
@@ -299,6 +302,7 @@ class Trainer:
             skipped_updates=self.state.skipped_updates,
             lr=self.policies[0].scheduler.get_last_lr()[0],
             device=self.device,
+            wall_seconds=wall_seconds,
         )
         s = self.state
         s.step, s.cursor = step, self.rollouts.state_dict()["cursor"]

@@ -72,6 +72,8 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
 
     >>> describe({"reward": 0.5, "throughput/gen_tokens_per_s": 1200.0})
     'reward 0.500  eval -  clip -  1200 tok/s'
+    >>> describe({"reward": 0.5, "throughput/gen_tokens_per_s": 1200.0, "time/wall": 2.345})
+    'reward 0.500  eval -  clip -  1200 tok/s  2.3 s/step'
     >>> describe({"reward": 0.5}, 0.75, Layout.COMPACT)
     'r 0.500 ev 0.750 clip -'
     >>> describe({"reward": 0.5}, None, Layout.MINIMAL)
@@ -93,7 +95,9 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
         return f"r {reward}{trouble}"
     if layout is Layout.COMPACT:
         return f"r {reward} ev {ev_s} clip {clip_s}{trouble}"
-    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s{trouble.replace(' ', '  ', 1)}"
+    wall = record.get("time/wall")  # the step's wall time (Note [Step time] in record.py)
+    per_step = f"  {wall:.1f} s/step" if isinstance(wall, (int, float)) else ""
+    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s{per_step}{trouble.replace(' ', '  ', 1)}"
 
 
 def _hms(seconds: float) -> str:
