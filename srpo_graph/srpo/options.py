@@ -109,7 +109,9 @@ class LossConfig(BaseModel):
             "Sampler/trainer (or stale-rollout) correction: none | tis | mask (one event-level weight exp(H_e) "
             "on pi_old / sampler) | decoupled (decoupled PPO, AReaL: the ratio's denominator is pi_old, the "
             "trainer's proximal policy, and the sampler's log-probs enter only an importance weight pi_old / "
-            "sampler of the ratio unit's own items; docs/algorithm.md)."
+            "sampler of the ratio unit's own items; docs/algorithm.md). Unset, a training run resolves it: "
+            "decoupled with rollout.max_staleness >= 1 on every backend (none is then refused), else the "
+            "backend's default (tis on sglang, none on transformers)."
         ),
     )
     mismatch_threshold: float = Field(
