@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import random
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -44,28 +43,6 @@ def end_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
         eos = getattr(source, "eos_token_id", None)
         found += list(eos) if isinstance(eos, (list, tuple)) else [eos]
     return tuple(sorted({int(e) for e in found if e is not None}))
-
-
-def _check_model_folder(path: str) -> None:
-    """A local folder that is no model directory is named as what it is (a training run folder: its
-    checkpoints' policies are the model directories), not left to the hub's "Repo id" error.
-
-    Raises:
-        BackendError: ``path`` is a folder without ``config.json``.
-    """
-    folder = Path(path)
-    if not folder.is_dir() or (folder / "config.json").is_file():
-        return
-    steps = sorted((p for p in folder.glob("checkpoints/step_*/policies") if p.is_dir()),
-                   key=lambda p: int(p.parent.name[5:]) if p.parent.name[5:].isdigit() else -1)
-    if steps:
-        names = sorted(p.name for p in steps[-1].iterdir() if p.is_dir())
-        raise BackendError.at(str(folder), f"a training run folder, not a model directory (its newest checkpoint "
-                              f"holds policies {names})", fix=f"give one policy's model directory, e.g. {steps[-1]}/"
-                              f"{names[0] if names else '<policy>'} (or `srpo-graph consolidate {folder}` for "
-                              "a sharded run; `srpo-graph eval` takes run folders as they are)")
-    raise BackendError.at(str(folder), "not a model directory (no config.json)",
-                          fix="give a folder written by save_pretrained, a Hugging Face name, or `tiny`")
 
 
 class TransformersBackend:
@@ -117,7 +94,6 @@ class TransformersBackend:
 
         path = resolve_model(name_or_path)
         hf_logging.disable_progress_bar()
-        _check_model_folder(path)
         try:
             tokenizer = load_tokenizer(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype if dtype is not None else torch.float32)

@@ -99,6 +99,19 @@ def test_run_with_a_run_folder_as_its_model_names_the_policies_inside(runs, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_run_folder_given_as_a_policys_model_names_the_policies_inside(runs, tmp_path, command):
+    """``rollout.models.<policy>`` pointed at a run folder (every path that loads a model goes through
+    ``models.resolve_model``), in training and in evaluation alike."""
+    override = f'rollout.models.tiny="{runs["selfplay_frozen"]}"'
+    args = (["train", WF["coord_par2"], "--steps", "1", "--run-dir", tmp_path / "r", override] if command == "train"
+            else ["eval", WF["coord_par2"], "-o", override, "--samples", "1", "--num-tasks", "1", "--out",
+                  tmp_path / "ev", "--no-progress"])
+    text = _fails(args, 3)
+    assert "a training run folder, not a model directory" in text and "['me']" in text
+
+
+@pytest.mark.slow
 def test_consolidate_and_export_of_a_policy_the_run_does_not_hold(runs, tmp_path):
     text = _fails(["consolidate", runs["coord_par2"], "--out", tmp_path / "c", "--policy", "me"], 7)
     assert "no policy 'me'" in text and "['tiny']" in text
