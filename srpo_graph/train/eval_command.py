@@ -353,7 +353,7 @@ def evaluate_all(
 
 
 @click.command("eval")
-@click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("workflow", type=click.Path(exists=True, path_type=Path))  # a run folder: its recorded .wf
 @click.argument("sources", nargs=-1)
 @click.option(
     "--tasks",
@@ -433,9 +433,19 @@ def eval_command(
 ):
     """Evaluate SOURCES (run folders, checkpoints, model directories, `base`) on a task file.
 
+    WORKFLOW may be a run folder itself (`srpo-graph eval RUN_DIR`): the workflow it recorded
+    evaluates it, and it is the first source.
+
     Example: srpo-graph eval workflows/tinysearch.wf base runs/tinysearch --samples 16 --compare base runs/tinysearch
     """
     from srpo_graph.lang import load_workflow
+
+    if workflow.is_dir():  # the run folder first, as typed after `train`: its own workflow (run_folder.py)
+        from srpo_graph.train.run_folder import workflow_given_a_folder
+
+        wf_file = workflow_given_a_folder(workflow, "eval")
+        click.echo(f"srpo-graph eval: {workflow} is a run of {wf_file}; evaluating it with that workflow", err=True)
+        workflow, sources = wf_file, (str(workflow), *sources)
 
     try:
         ks = [int(x) for x in pass_k.split(",")] if pass_k else None

@@ -38,6 +38,7 @@ from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models import cpu_threads
 from srpo_graph.train.checkpoint import Checkpointer, LoopState
+from srpo_graph.train.config.defaults import with_loss_defaults
 from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.learn.step import Learner
@@ -49,7 +50,7 @@ from srpo_graph.train.parallel.multinode import FOLLOW_ENV, agree_config, ship_c
 from srpo_graph.train.policies import frozen as frozen_policies
 from srpo_graph.train.policies.build import build_policies, device_of
 from srpo_graph.train.policies.slot import PolicySlot
-from srpo_graph.train.rollout.backends import attach_backends, load_frozen, server_scope, with_backend_defaults
+from srpo_graph.train.rollout.backends import attach_backends, load_frozen, server_scope
 from srpo_graph.train.rollout.lockstep import Rollouts
 from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make_rollouts
 from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
@@ -142,7 +143,7 @@ class Trainer:
     def __init__(self, workflow_path: str | Path, config: TrainConfig, *, resume: bool = False) -> None:
         self._t_start = time.perf_counter()
         self.workflow_path = Path(workflow_path)
-        config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
+        config = with_loss_defaults(config)  # a no-op once validated: config/defaults.py (stale samples corrected)
         self.device = device_of(config)
         self.dist = dist = init_distributed(self.device, config.dist_timeout)
         check_async(config, dist)  # overlapped rollouts: a server backend or a rollout worker, one process
