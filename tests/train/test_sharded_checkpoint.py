@@ -89,10 +89,15 @@ def test_the_verifier_names_a_damaged_shard_and_a_nan_weight(tiny, tmp_path):
         next(m.parameters()).view(-1)[0] = float("nan")
     msd, osd = get_state_dict(m, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(ck2 / "dcp" / "p"))
+    from srpo_graph.train.checkpoint.layout import manifest
+
     marker = json.loads((ck2 / ckpt.COMPLETE).read_text())
-    marker.pop("files")  # a manifest-less (older) marker: the finiteness check still runs
+    marker["files"] = manifest(ck2)  # a manifest that matches the NaN shards: the finiteness check finds them
     (ck2 / ckpt.COMPLETE).write_text(json.dumps(marker))
     assert "is not finite" in ckpt.verify_checkpoint(ck2)
+    marker.pop("files")  # no manifest: the .metadata pickle is never read unverified (Note [DCP metadata])
+    (ck2 / ckpt.COMPLETE).write_text(json.dumps(marker))
+    assert "has no manifest" in ckpt.verify_checkpoint(ck2)
     with pytest.raises(ValueError, match="not finite"):  # save itself refuses a NaN model
         _save(tmp_path / "c", m, opt, sched, tiny)
 

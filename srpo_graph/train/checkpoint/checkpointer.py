@@ -55,11 +55,24 @@ def verify_checkpoint(checkpoint: str | Path) -> str | None:
     problem, policies = verify_files(checkpoint)
     if problem is not None:
         return problem
+    if sharded.is_sharded_checkpoint(checkpoint) and not _has_manifest(checkpoint):  # Note [DCP metadata]
+        return (f"a sharded (DCP) checkpoint whose {COMPLETE} marker has no manifest: its .metadata pickle is "
+                "never read unverified")
     for name in policies:
         problem = format_of(checkpoint, name).check_weights(checkpoint, name)
         if problem is not None:
             return problem
     return None
+
+
+def _has_manifest(checkpoint: str | Path) -> bool:
+    import json
+
+    try:
+        marker = json.loads((Path(checkpoint) / COMPLETE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and isinstance(marker.get("files"), dict)
 
 
 def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
