@@ -59,8 +59,8 @@ def resolve_source(text: str, step: int | None = None) -> Source:
     if (path / "config.toml").is_file() and (path / "checkpoints").is_dir():  # Note [One verified read]
         return Source(text, "run", path, ckpt.open_checkpoint(path, step, reader="evaluate"))
     if (path / "config.json").is_file():
-        if ckpt.enclosing_checkpoint(path) is not None:  # a checkpoint's policy folder: its checkpoint verified
-            ckpt.open_checkpoint(path, reader="evaluate")
+        if ckpt.enclosing_checkpoint(path) is not None:  # a checkpoint's policy folder: a verified snapshot
+            return Source(text, "model", ckpt.open_checkpoint(path, reader="evaluate"))
         return Source(text, "model", path)
     raise ConfigError.at(text, "not a source to evaluate",
                          why="a source is `base`, a run folder (config.toml + checkpoints/), one "

@@ -105,3 +105,82 @@ def test_a_frozen_policy_pointing_into_a_damaged_checkpoint_is_refused(run, tmp_
     _flip(_weights(copy / "checkpoints" / "step_2"))
     with pytest.raises(ConfigError, match="does not match its checksum"):
         verified_model_path(str(folder))
+
+
+def test_a_reader_keeps_its_snapshot_when_the_checkpoint_is_rotated_away(run, tmp_path):
+    """Issue 40, item 6 (Note [Reading beside a training run]): what a reader opened is a snapshot, so
+    the checkpoint's rotation (keep_last) mid-read takes nothing from it."""
+    from srpo_graph.train.checkpoint import open_checkpoint
+    from srpo_graph.train.checkpoint.sharded import consolidate
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    snap = open_checkpoint(copy, reader="consolidate")
+    assert snap.name == "step_2" and snap != copy / "checkpoints" / "step_2"
+    shutil.rmtree(copy / "checkpoints" / "step_2")  # rotated away while the reader works
+    written = consolidate(snap, "tiny", tmp_path / "out")
+    assert any(written.glob("*.safetensors"))
+
+
+def test_a_checkpoint_removed_while_it_is_opened_is_named_or_the_newest_good_one_taken(run, tmp_path, monkeypatch,
+                                                                                        capsys):
+    """The rotation at the instant the reader links the checkpoint: a test double for that instant
+    (``os.link`` removes the folder on its first call, as a rotation would), which a real run cannot
+    produce on demand. A run folder's reader takes the newest good checkpoint left and says so; a
+    reader of that very checkpoint is told it was rotated away."""
+    import os
+
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.train.checkpoint import open_checkpoint
+
+    copy = tmp_path / "run"
+    real_link = os.link
+
+    def rotating_link(src, dst, *a, **kw):
+        step2 = copy / "checkpoints" / "step_2"
+        if step2.exists() and str(src).startswith(str(step2)):
+            shutil.rmtree(step2)
+        return real_link(src, dst, *a, **kw)
+
+    for explicit in (False, True):
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(run, copy)
+        monkeypatch.setattr(os, "link", rotating_link)
+        if explicit:
+            with pytest.raises(ConfigError, match="rotated it away"):
+                open_checkpoint(copy, 2, reader="evaluate")
+        else:
+            assert open_checkpoint(copy, reader="evaluate").name == "step_1"
+            assert "took step_1: step_2 removed while being opened" in capsys.readouterr().err
+        monkeypatch.undo()
+
+
+@pytest.mark.slow
+def test_consolidate_beside_a_real_run_that_rotates_its_checkpoints(tmp_path):
+    """A real training process (keep_last=1, a checkpoint every step) and consolidate called over and
+    over beside it: every call writes a model or names why, none ends in a traceback."""
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--steps", "12",
+                             "--run-dir", str(run_dir), "checkpoint.every=1", "checkpoint.keep_last=1",
+                             "rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0",
+                             "logging.progress=false", "logging.tensorboard=false", "logging.plots=false"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    outcomes = []
+    try:
+        while proc.poll() is None:
+            if not (run_dir / "checkpoints").is_dir():
+                time.sleep(0.2)
+                continue
+            out = tmp_path / f"out{len(outcomes)}"
+            res = CliRunner().invoke(app, ["consolidate", str(run_dir), "--out", str(out)])
+            outcomes.append((res.exit_code, res.output))
+    finally:
+        proc.wait(300)
+    assert proc.returncode == 0
+    assert outcomes and all(code in (0, 7) for code, _ in outcomes), outcomes
+    assert all("Traceback" not in text for _, text in outcomes)
+    assert sum(code == 0 for code, _ in outcomes) >= len(outcomes) // 2, outcomes

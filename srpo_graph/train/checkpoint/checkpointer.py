@@ -90,38 +90,105 @@ def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple
     return None, skipped
 
 
-def open_checkpoint(source: str | Path, step: int | None = None, *, reader: str = "read") -> Path:
+def open_checkpoint(source: str | Path, step: int | None = None, *, reader: str = "read",
+                    snapshot: bool = True) -> Path:
     """The one way a command opens a checkpoint (Note [One verified read]): ``source`` is a run folder
     (its newest good checkpoint, or ``step``), one ``checkpoints/step_N`` folder, or a policy folder
     inside one (``.../step_N/policies/NAME``, used as a model); the checkpoint is verified --
     manifest, every file's size and sha256 before any is opened, the pickle of a DCP ``.metadata``
     only after its checksum -- before it is returned.
 
+    With ``snapshot`` (Note [Reading beside a training run]) what is verified and returned is a
+    snapshot of the checkpoint (hard links, made in an instant, removed at exit), so a training run
+    that rotates the checkpoint away (``checkpoint.keep_last``) mid-read takes nothing from the
+    reader; a checkpoint that vanishes before it is linked is named, and a run folder's reader takes
+    the newest good one left.
+
+    Returns:
+        The checkpoint folder (or the policy folder inside it, for a policy folder ``source``).
     Raises:
-        ConfigError: no checkpoint there, or a damaged one, naming the file and what is wrong.
+        ConfigError: no checkpoint there, or a damaged or vanished one, naming the file and what is wrong.
     """
     path = Path(source)
     chosen = enclosing_checkpoint(path)
-    if chosen is None:
-        if step is not None:
-            chosen = path / "checkpoints" / f"step_{step}"
-            if not chosen.is_dir():
-                have = [s for s, _ in checkpoint_dirs(path)]
-                raise ConfigError.at(str(chosen), f"cannot {reader} step {step}: no such checkpoint",
-                                     fix=f"choose one of the run's checkpoints: steps {have}")
-        else:
-            good, damaged = latest_good_checkpoint(path)
-            if good is None:
-                why = "; ".join(f"{p.name}: {w}" for p, w in damaged) or "no checkpoint"
-                raise ConfigError.at(str(path), f"no good checkpoint to {reader} ({why})",
-                                     fix="train with checkpoint.every > 0, or give another source")
-            return good  # latest_good_checkpoint verified it
-    problem = verify_checkpoint(chosen)
-    if problem is not None:
-        raise ConfigError.at(str(chosen), f"cannot {reader} this checkpoint: {problem}",
+    inner = path.relative_to(chosen) if chosen is not None else Path()  # a policy folder inside it
+    explicit = chosen is not None or step is not None
+    if chosen is None and step is not None:
+        chosen = path / "checkpoints" / f"step_{step}"
+        if not chosen.is_dir():
+            have = [s for s, _ in checkpoint_dirs(path)]
+            raise ConfigError.at(str(chosen), f"cannot {reader} step {step}: no such checkpoint",
+                                 fix=f"choose one of the run's checkpoints: steps {have}")
+    candidates = [chosen] if chosen is not None else [p for _, p in reversed(step_dirs(path))]
+    skipped: list[tuple[Path, str]] = []
+    for candidate in candidates:
+        try:
+            read = take_snapshot(candidate) if snapshot else candidate
+        except FileNotFoundError:
+            skipped.append((candidate, "removed while being opened (the training run rotated it away: "
+                                       "checkpoint.keep_last)"))
+            continue
+        problem = verify_checkpoint(read)
+        if problem is not None and not candidate.exists():
+            problem = "removed while being opened (the training run rotated it away: checkpoint.keep_last)"
+        if problem is None:
+            if skipped and not explicit:
+                print(f"srpo-graph: took {candidate.name}: "
+                      + "; ".join(f"{p.name} {why}" for p, why in skipped), file=sys.stderr)
+            return read / inner
+        skipped.append((candidate, problem))
+    if explicit:
+        where, why = skipped[0]
+        raise ConfigError.at(str(where), f"cannot {reader} this checkpoint: {why}",
                              why="a checkpoint is read only after every file matches its manifest",
                              fix="use another checkpoint of the run (its newest good one: give the run folder)")
-    return chosen
+    why = "; ".join(f"{p.name}: {w}" for p, w in skipped) or "no checkpoint"
+    raise ConfigError.at(str(path), f"no good checkpoint to {reader} ({why})",
+                         fix="train with checkpoint.every > 0, or give another source")
+
+
+# Note [Reading beside a training run]: a reader (eval, consolidate, export-adapter) may run while the
+# run trains and rotates its checkpoints away (keep_last). A checkpoint's files are never changed
+# after its COMPLETE marker (written in a .tmp- folder, renamed), so hard links to them taken at once
+# are a consistent snapshot that the rotation cannot remove; the reader verifies and reads the
+# snapshot (RUN_DIR/.readers/<pid>-<token>/step_N, removed when the process exits). Where hard links
+# cannot be made (another file system), the files are copied. Issue 40, item 6.
+
+
+def take_snapshot(checkpoint: Path) -> Path:
+    """A hard-linked snapshot of ``checkpoint`` (Note above); removed when this process exits.
+
+    Raises:
+        FileNotFoundError: the checkpoint (or one of its files) vanished while it was linked.
+    """
+    import atexit
+    import os
+    import secrets
+    import shutil
+
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(str(checkpoint))
+    root = checkpoint.parent.parent / ".readers" / f"{os.getpid()}-{secrets.token_hex(4)}"
+    target = root / checkpoint.name
+    atexit.register(shutil.rmtree, root, True)
+    try:
+        for dirpath, _, files in os.walk(checkpoint):
+            rel = Path(dirpath).relative_to(checkpoint)
+            (target / rel).mkdir(parents=True, exist_ok=True)
+            for name in files:
+                src, dst = Path(dirpath) / name, target / rel / name
+                try:
+                    os.link(src, dst)
+                except FileNotFoundError:
+                    raise
+                except OSError:  # another file system, or links not allowed: a copy
+                    shutil.copy2(src, dst)
+        if not (target / COMPLETE).is_file():
+            raise FileNotFoundError(str(checkpoint / COMPLETE))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return target
 
 
 def enclosing_checkpoint(path: str | Path) -> Path | None:
@@ -148,7 +215,7 @@ def verified_model_path(path: str) -> str:
         ConfigError: that checkpoint is damaged (named).
     """
     if enclosing_checkpoint(path) is not None:
-        open_checkpoint(path, reader="load a policy of")
+        open_checkpoint(path, reader="load a policy of", snapshot=False)  # loaded now, while the run lives
     return path
 
 

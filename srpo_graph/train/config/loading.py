@@ -273,8 +273,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 
 def to_data(config: BaseModel) -> dict[str, Any]:
-    """Plain TOML-able data (paths as strings, tuples as lists, None dropped)."""
-    return _drop_none(config.model_dump(mode="json"))
+    """Plain TOML-able data (paths as strings, tuples as lists, None dropped); a training config
+    without the fields the trainer fills (:data:`FILLED_BY_TRAINER`), which are no settings."""
+    data = _drop_none(config.model_dump(mode="json"))
+    if isinstance(config, TrainConfig) and isinstance(data.get("compile"), dict):
+        data["compile"] = {k: v for k, v in data["compile"].items() if k not in FILLED_BY_TRAINER}
+    return data
 
 
 def _drop_none(value: Any) -> Any:
