@@ -102,6 +102,7 @@ def test_external_text_outputs_are_the_same_under_both_schedulers(tiny_backend):
         assert v.text == f"echo:<b>{s.text}" and v.policy_version == 0
 
 
+@pytest.mark.proc
 def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
     """`srpo-graph run` on the same workflow: every episode is written to the traces, failed with the
     URL, and -- since every one failed -- the run exits 5 saying so (a run that produced nothing
@@ -262,6 +263,7 @@ def test_the_external_example_trains_with_one_command(chat_server, tmp_path):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step_2" / "policies").iterdir()) == ["m"]
 
 
+@pytest.mark.proc
 def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_path):
     """`srpo-graph run --backend openai` on a workflow of plain policies (a real local echo server):
     the answers are recorded as text only; an agent with `allow:` is refused, located, before any request."""

@@ -61,6 +61,7 @@ def _signal_during_exit(proc: subprocess.Popen, marker: Path, *signals: int) -> 
     return err, time.monotonic() - t0
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_the_clis_exit_keeps_the_status_and_prints_no_traceback(tmp_path, sig):
     proc = _start(_AS_CLI, tmp_path / "marker", 2.0, "check", WF)
@@ -69,6 +70,7 @@ def test_a_signal_during_the_clis_exit_keeps_the_status_and_prints_no_traceback(
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_a_train_workers_exit_keeps_the_status_and_prints_no_traceback(tmp_path, sig):
     """The torchrun worker's entry point; the run stops on a bad override (a ConfigError, exit 7)
@@ -80,6 +82,7 @@ def test_a_signal_during_a_train_workers_exit_keeps_the_status_and_prints_no_tra
     assert "optim.lr" in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("code", [_AS_CLI, _AS_TORCHRUN_WORKER], ids=["cli", "torchrun-worker"])
 def test_a_second_signal_ends_a_slow_exit_at_once(tmp_path, code):
     args = ("check", WF) if code is _AS_CLI else (WF, "--steps", "1", "--run-dir", str(tmp_path / "run"))

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from srpo_graph.cli import app
@@ -24,6 +25,7 @@ def _frame(obj: dict) -> bytes:
     return f"Content-Length: {len(body)}\r\n\r\n".encode("ascii") + body
 
 
+@pytest.mark.proc
 def test_the_process_answers_initialize_and_exits_on_exit():
     messages = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"processId": None, "rootUri": None,

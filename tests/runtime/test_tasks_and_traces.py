@@ -54,6 +54,7 @@ def test_trace_round_trip_and_broken_lines(tmp_path, tiny_backend, coord_tasks):
     assert len(kept) == 2 and len(errors) == 2 and "tr.jsonl:3:" in str(errors[1])
 
 
+@pytest.mark.proc
 def test_committed_data_files_are_current():
     import subprocess
     import sys

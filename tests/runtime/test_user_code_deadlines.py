@@ -115,6 +115,7 @@ def test_failures_of_every_kind_are_counted_with_the_first_of_each(tmp_path, tin
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_one_signal_stops_run_while_a_tool_hangs(tmp_path, sig):
     """A real ``srpo-graph run`` process; the tool sleeps an hour (deadline 60 s): one signal ends it."""

@@ -287,6 +287,7 @@ def test_lora_run_folder(tmp_path):
     assert rep.overall.episodes == 6 and {o.policy for e in eps for o in e.outputs} == {"role_a", "role_b"}
 
 
+@pytest.mark.proc
 def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
     out = tmp_path / "ev"
     proc = subprocess.run(

@@ -94,6 +94,7 @@ def every_kind(tmp_path_factory):
     worker.close()
 
 
+@pytest.mark.proc
 def test_worker_episodes_equal_the_in_process_backend_for_every_kind_of_policy(every_kind):
     wf, tasks, worker = every_kind
     side = TrainerSide(wf)
@@ -112,6 +113,7 @@ def test_worker_episodes_equal_the_in_process_backend_for_every_kind_of_policy(e
         previous = logprobs
 
 
+@pytest.mark.proc
 def test_run_from_a_thread_while_the_main_thread_pushes(every_kind):
     """The overlapped stage's pattern: a producer thread samples while the trainer pushes new weights.
     Requests are served one at a time, so a batch samples each policy at one version throughout, the
@@ -147,6 +149,7 @@ def test_run_from_a_thread_while_the_main_thread_pushes(every_kind):
     assert worker.run(wf, tasks, samples=3, seed=11, policy_versions={"full": 23}).stats.episodes == 9
 
 
+@pytest.mark.proc
 def test_a_lora_push_carries_the_adapter_only(every_kind):
     wf, _, worker = every_kind
     side = TrainerSide(wf)
@@ -166,6 +169,7 @@ def test_a_lora_push_carries_the_adapter_only(every_kind):
         )  # noqa: E501
 
 
+@pytest.mark.proc
 def test_worker_errors_are_backend_errors_naming_it_and_it_serves_on(every_kind):
     wf, tasks, worker = every_kind
     side = TrainerSide(wf)
@@ -177,6 +181,7 @@ def test_worker_errors_are_backend_errors_naming_it_and_it_serves_on(every_kind)
     assert worker.run(wf, tasks[:1], samples=1, seed=0).stats.episodes == 1  # still serving
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("fault", ["killed", "stalled"])
 def test_a_dead_or_stalled_worker_is_named_within_its_deadline(fault):
     """A real fault on demand: SIGKILL (dies) or SIGSTOP (stalls: answers nothing, ever)."""
@@ -207,6 +212,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.proc
 def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
     script = (
         "import sys, time\n"
@@ -251,6 +257,7 @@ def _rows(run: Path) -> list[dict]:
     return [deterministic_fields(r) for r in read_metrics(run / "metrics.jsonl")]
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("workflow", ["every_kind", pytest.param("coord_lora2", marks=pytest.mark.slow)])
 def test_training_with_the_worker_gives_the_same_metrics_and_resumes(tmp_path, workflow):
     """Several policies of every kind (every_kind: a full policy, a LoRA adapter on a base that samples
@@ -284,6 +291,7 @@ def test_worker_is_refused_on_a_server_backend():
         validate({"rollout": {"worker": True, "backend": "sglang"}})
 
 
+@pytest.mark.proc
 def test_overlapped_rollouts_sample_in_the_worker_within_the_bound(tmp_path):
     """``rollout.max_staleness=1`` on the transformers backend through the rollout worker: batch s+1 is
     sampled in the worker while update s runs in the trainer, every output of step s was sampled at
