@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_openai_backend import _Server
 
 from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.compiler.options import CompileConfig
@@ -24,6 +23,7 @@ from srpo_graph.lang import check, parse
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.trace import Episode
+from tests.backends.test_openai_backend import _Server  # its real local HTTP server
 
 WF = """workflow ext
 import std
@@ -152,10 +152,9 @@ def chat_server(tmp_path_factory):
     (the model's generation_config has top_k 0, which SGLang's OpenAI route refuses)."""
     import os
 
-    from sglang_servers import _free_port, require_sglang
-
     from srpo_graph.backends.sglang_server import CPU_TEMPLATE, start_server
     from srpo_graph.models.tiny import ensure_tiny_model
+    from tests.support.sglang_servers import _free_port, require_sglang
 
     require_sglang()
     recipe = (

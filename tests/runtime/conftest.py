@@ -13,13 +13,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # runtime_workflows, failing_too
 
 @pytest.fixture(scope="session")
 def tiny_backend(tmp_path_factory, tiny_copy):
-    import torch
+    from tests.support.models import tiny_backend_at
 
-    from srpo_graph.backends.transformers import TransformersBackend
-
-    torch.set_num_threads(1)
-    path = tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny")
-    return TransformersBackend.from_pretrained(str(path))
+    return tiny_backend_at(tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny"))
 
 
 @pytest.fixture(scope="session")

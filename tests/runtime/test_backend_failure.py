@@ -1,6 +1,6 @@
 """A backend that stops answering mid-run: a clear BackendError, and the finished episodes kept.
 
-The server is the SGLang TEST DOUBLE of tests/backends/sglang_double.py (a real local HTTP
+The server is the SGLang TEST DOUBLE of tests/support/sglang_double.py (a real local HTTP
 server speaking SGLang's documented wire format; SGLang itself needs a GPU and cannot run
 here), told to die after a number of generations. The client, executor, CLI and trace file are
 the real ones.
@@ -8,7 +8,6 @@ the real ones.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ from click.testing import CliRunner
 from srpo_graph.cli import app
 from srpo_graph.errors import BackendError
 from srpo_graph.runtime.trace import read_traces
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from sglang_double import FakeSGLang  # noqa: E402
+from tests.support.sglang_double import FakeSGLang
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from user_code_cases import make
 
 from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.usercode import Deadlines
+from tests.support.user_code import make
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = [Task(id="t0", fields={"target": 4}), Task(id="t1", fields={"target": 7})]

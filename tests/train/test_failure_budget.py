@@ -21,14 +21,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from user_code_cases import make  # noqa: E402
-
-from srpo_graph.train.config.loading import validate  # noqa: E402
-from srpo_graph.train.observe.metrics import read_metrics  # noqa: E402
-from srpo_graph.train.stops import RunStopped  # noqa: E402
-from srpo_graph.train.trainer import train  # noqa: E402
-from tests.support.waiting import wait_for  # noqa: E402
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.observe.metrics import read_metrics
+from srpo_graph.train.stops import RunStopped
+from srpo_graph.train.trainer import train
+from tests.support.user_code import make
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
