@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # runtime_workflows, failing_tools (a user's tool module)
+# failing_tools: a user's tool module, found on sys.path as a user's own module would be
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

@@ -65,11 +65,10 @@ def test_a_completed_run_is_rewritten_in_task_order(tmp_path, monkeypatch, tiny_
 @pytest.mark.parametrize("error", [RuntimeError("device lost"), BackendError("sglang: gone")])
 def test_any_backend_exception_becomes_a_backend_error(tmp_path, error, tiny_copy):
     """A backend raising anything mid-run: the run raises BackendError naming the policy."""
-    import runtime_workflows as wfs
-
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import Task
+    from tests.support import workflows as wfs
 
     class Failing:  # a test double standing for an engine that breaks: it has no model at all
         tokenizer = load_tokenizer(tiny_copy(tmp_path / "tiny"))
