@@ -31,6 +31,7 @@ from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
 from srpo_graph.train.policies.lora import AdapterModel, SharedBase
 from srpo_graph.train.rollout.worker.client import RolloutWorker
 from srpo_graph.train.trainer import train
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_KIND = """workflow every_kind
@@ -230,10 +231,8 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
         assert _alive(pid)
         parent.kill()  # SIGKILL: no finalizer, no atexit runs in the trainer
         parent.wait()
-        deadline = time.monotonic() + 20
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(pid), "the rollout worker outlived its trainer"
+        # it notices the death and exits (a loaded machine delays both): a generous bound on a hang
+        wait_for(lambda: not _alive(pid), stall=180, what="the rollout worker's exit after its trainer's death")
     finally:
         parent.kill()
 
