@@ -13,4 +13,4 @@ fi
 cd "$(dirname "$0")/.."
 # (.ci/run has run the set-up already and says so with SRPO_GRAPH_SETUP_DONE=1: one pip pass, not two)
 [ -n "${SRPO_GRAPH_SETUP_DONE:-}" ] || bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "${fast[@]}" "$@"
+exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider ${fast[@]+"${fast[@]}"} "$@"  # (the +: bash 3 and set -u)
