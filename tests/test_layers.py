@@ -23,6 +23,7 @@ RANK = {
     "workflow": 0,
     "std": 0,
     "hfcache": 0,  # the local Hugging Face cache read from its files (hub names offline)
+    "fmt": 0,  # how numbers are printed (no "-0.000")
     "lang": 1,
     "models": 2,
     "viz": 3,

@@ -15,7 +15,9 @@ How no server is ever left behind:
 * the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGTERM)``) to be sent SIGTERM when the
   process that started it dies, so even a trainer killed with SIGKILL takes its servers down
   (SGLang's launcher then stops its own children);
-* a server that exits while starting is reported with the tail of its log.
+* a server that exits while starting is reported with the tail of its log and the class of its
+  failure (a signal such as SIGILL, a missing venv, a taken port, a model it cannot load:
+  ``sglang_start.py``).
 
 Recipes (``{model}``, ``{port}``, ``{host}`` and ``{python}`` are filled in):
 
@@ -51,6 +53,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from srpo_graph.backends.sglang_start import cannot_launch, exited_while_starting, read_tail
 from srpo_graph.errors import BackendError
 
 DEFAULT_VENV = Path.home() / ".cache" / "srpo-graph" / "sglang-venv"
@@ -217,19 +220,13 @@ class SGLangServer:
                     preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
-                raise BackendError(
-                    f"sglang: cannot start the server `{shlex.join(self.argv)}`: {exc.strerror} "
-                    f"(is SGLang installed? see docs/sglang.md; SRPO_GRAPH_SGLANG_PYTHON names its python)"
-                ) from None
+                raise cannot_launch(self.argv, exc, sglang_python()) from None
         with _LIVE_LOCK:
             _LIVE[self.proc.pid] = self
         return self
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return read_tail(self.log_path, lines)
 
     def wait_healthy(self, timeout: float = 300.0) -> "SGLangServer":
         """Poll ``/health`` until it answers 200.
@@ -243,11 +240,8 @@ class SGLangServer:
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 code = self.proc.returncode
-                self._forget()
-                raise BackendError(
-                    f"sglang: the server for {self.url} exited with code {code} while starting; "
-                    f"log {self.log_path}:\n{self.log_tail()}"
-                )
+                self.stop(grace=5.0)  # its children (scheduler, detokenizer) may outlive the launcher
+                raise exited_while_starting(self.url, code, self.log_path)
             try:
                 if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
                     return self._verify_identity()
@@ -302,9 +296,9 @@ class SGLangServer:
         if proc is None:
             return
         try:
-            pgid = os.getpgid(proc.pid)
-        except ProcessLookupError:
-            pgid = None
+            pgid: int | None = os.getpgid(proc.pid)
+        except ProcessLookupError:  # the launcher is gone; its session's group (id = its pid) may not be
+            pgid = proc.pid if _group_alive(proc.pid) else None
         for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             if pgid is not None:
                 try:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from srpo_graph.fmt import fixed
+
 
 def _read(path: Path, skip_bad: bool) -> tuple[list, list[str], int]:
     from srpo_graph.errors import TraceError
@@ -122,8 +124,8 @@ def inspect_cmd(batch: Path, as_json: bool) -> None:
         ("micro-batches", summary.micro_batches),
         ("real-token share (packed)", "100.0%"),
         ("real-token share (padded, TRL-style)", f"{100 * summary.real_token_share_padded:.1f}%"),
-        ("advantage mean / std", f"{summary.advantage_mean:.4f} / {summary.advantage_std:.4f}"),
-        ("advantage min / max", f"{summary.advantage_min:.4f} / {summary.advantage_max:.4f}"),
+        ("advantage mean / std", f"{fixed(summary.advantage_mean, 4)} / {fixed(summary.advantage_std, 4)}"),
+        ("advantage min / max", f"{fixed(summary.advantage_min, 4)} / {fixed(summary.advantage_max, 4)}"),
         ("advantage = 0 share", f"{100 * summary.advantage_zero_share:.1f}%"),
         ("policies", ", ".join(summary.policies)), ("transitions", ", ".join(summary.transitions)),
     ]

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from srpo_graph.fmt import fixed
 from srpo_graph.workflow import Ref, Workflow
 
 LEVEL = 0.95
@@ -109,8 +110,8 @@ class Estimate(_Frozen):
 
     def fmt(self, digits: int = 3) -> str:
         if math.isnan(self.low):
-            return f"{self.value:.{digits}f}"
-        return f"{self.value:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+            return fixed(self.value, digits)
+        return f"{fixed(self.value, digits)} [{fixed(self.low, digits)}, {fixed(self.high, digits)}]"
 
 
 # --------------------------------------------------------------------------- per-episode facts
@@ -385,7 +386,8 @@ class Difference(_Frozen):
     p: float
 
     def fmt(self, digits: int = 3) -> str:
-        return f"{self.value:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}], p={self.p:.3g}"
+        return (f"{fixed(self.value, digits, signed=True)} [{fixed(self.low, digits, signed=True)}, "
+                f"{fixed(self.high, digits, signed=True)}], p={self.p:.3g}")
 
 
 class Comparison(_Frozen):

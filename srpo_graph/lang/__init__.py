@@ -16,6 +16,7 @@ importer of user modules), ``adapters.py`` (``lora(...)``), ``chat.py`` (chat ag
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 from srpo_graph.workflow import Workflow
 
@@ -86,11 +87,15 @@ def format_source(text: str, path: str = "<string>") -> str:
     return _fmt(text, path)
 
 
-def load_workflow(path: str | Path) -> Workflow:
+def load_workflow(path: str | Path, models: Mapping[str, str] | None = None) -> Workflow:
     """Read, parse and check a ``.wf`` file.
 
     Args:
         path: the file.
+        models: the run's model per policy (``*`` = every policy), as ``run --model`` and
+            ``rollout.models`` give them: the check's model rules (a chat agent's template,
+            ``allow`` tokens, the advice) then judge the models that will run, not the declared
+            ones (issue 39, item 6). ``lora(...)`` and ``openai(...)`` policies keep their own.
 
     Returns:
         The checked :class:`Workflow` (its spans point into ``path``).
@@ -112,7 +117,26 @@ def load_workflow(path: str | Path) -> Workflow:
     from srpo_graph.lang.parser import read_source
 
     text = read_source(path)
-    return _check(_parse(text, str(path)), text)
+    module = _parse(text, str(path))
+    if models:
+        module = with_models(module, models)
+    return _check(module, text)
 
 
-__all__ = ["load_workflow", "parse", "check", "format_source"]
+def with_models(module, models: Mapping[str, str]):
+    """``module`` with each named policy's model string replaced (``*``: every plain-model policy)."""
+    import dataclasses
+
+    from srpo_graph.lang import ast
+
+    items = []
+    for it in module.items:
+        if isinstance(it, ast.PolicyDecl) and isinstance(it.model, ast.StringLit):
+            model = models.get(it.name.value, models.get("*"))
+            if model is not None:
+                it = dataclasses.replace(it, model=dataclasses.replace(it.model, value=str(model)))
+        items.append(it)
+    return dataclasses.replace(module, items=tuple(items) if isinstance(module.items, tuple) else items)
+
+
+__all__ = ["load_workflow", "parse", "check", "format_source", "with_models"]

@@ -1,7 +1,7 @@
 """``check``'s advice about the models a workflow names: warnings, never errors.
 
 Stage: lang (check). Consumes a checked :class:`~srpo_graph.workflow.Workflow`; produces warning
-diagnostics for three traps that cost users time (each names its ``.wf`` line and the fix):
+diagnostics for the traps that cost users time (each names its ``.wf`` line and the fix):
 
 * ``tiny-lora`` -- a LoRA adapter on the random-init ``tiny`` model: adapters on a random base
   cannot learn (docs/lora.md, *adapters vs full copies*); ``tiny-reason`` or a real model can.
@@ -10,6 +10,8 @@ diagnostics for three traps that cost users time (each names its ``.wf`` line an
   reference (``"<a>{task.target}"``) gets that value back under greedy decoding -- and ``train``'s evaluation is
   greedy by default (``eval.mode``), so a
   held-out score before any training can be the maximum. Said once per workflow.
+* ``think-no-effect`` -- ``think:`` on an agent whose policy's chat template never writes a
+  ``<think>`` block (Llama 3, Qwen2.5): the setting would change nothing.
 * ``frozen-base`` -- an agent on a policy that is the base of adapters: the base is frozen, so
   that agent never learns (its outputs still count in their active sets).
 
@@ -19,7 +21,10 @@ It knows nothing about the training config: a run with ``rollout.models`` overri
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from srpo_graph.errors import Diagnostic
+from srpo_graph.lang.chat import template_thinks
 from srpo_graph.workflow import Ref, Workflow
 
 TINY = "tiny"
@@ -86,4 +91,20 @@ def model_advice(workflow: Workflow) -> list[Diagnostic]:
                 )
             )
             break  # once per workflow: the same cause for every such agent
+    for a in workflow.agents:  # `think:` on a model whose template never writes a thinking block
+        pol = policies.get(a.policy)
+        if a.chat is None or "think" not in a.chat.model_fields_set or pol is None or pol.external is not None:
+            continue
+        base = Path(pol.span.path).parent if pol.span is not None and not pol.span.path.startswith("<") else None
+        if template_thinks(pol.model, base) is False:
+            out.append(
+                Diagnostic(
+                    f"agent '{a.name}' sets `think: {a.chat.think}`, but the chat template of policy '{pol.name}' "
+                    f"(model \"{pol.model}\") writes no `<think>` blocks: `think:` changes nothing for it",
+                    a.span,
+                    "drop `think:`, or use a model whose template thinks (Qwen3, e.g. \"qwen3-test\")",
+                    "warning",
+                    "think-no-effect",
+                )
+            )
     return out

@@ -94,6 +94,36 @@ def has_chat_template(model: str, base_dir: Path | None = None) -> bool | None:
     return None
 
 
+def template_thinks(model: str, base_dir: Path | None = None) -> bool | None:
+    """Whether ``model``'s chat template writes thinking blocks (``<think>``/``</think>``, Qwen3's), so
+    that ``think:`` acts on its turns (None: not known here). A model built here is known by name.
+
+    >>> template_thinks("qwen3-test"), template_thinks("llama3-test"), template_thinks("qwen2.5-realvocab-test")
+    (True, False, False)
+    """
+    if builtin_chat_template(model):
+        return model.startswith("qwen3")
+    folders = [Path(model)] + ([base_dir / model] if base_dir is not None else [])
+    if "/" not in model and model:
+        folders.append(_home() / model)
+    if is_hub_name(model):
+        snapshot = cached_snapshot(model)
+        if snapshot is not None:
+            folders.append(snapshot)
+    for folder in folders:
+        for name, key in (("chat_template.jinja", None), ("tokenizer_config.json", "chat_template")):
+            try:
+                text = (folder / name).read_text(encoding="utf-8")
+                if key is not None:
+                    data = json.loads(text)
+                    text = json.dumps(data.get(key)) if isinstance(data, dict) else ""
+            except (OSError, ValueError):
+                continue
+            if text and text != "null":
+                return "</think>" in text
+    return None
+
+
 def chat_of(scope: Scope, a: ast.AgentDecl, policy: Policy | None, refs: list[Ref]) -> Chat | None:
     """The :class:`Chat` of agent ``a`` (None when it has no chat item); problems go to ``scope``.
     References of ``system`` are appended to ``refs`` (the agent's references, for the path rules)."""

@@ -26,7 +26,7 @@ from srpo_graph.lang.callables import import_module, python_module_name, return_
 from srpo_graph.lang.external import check_external_agent, check_not_trained, check_openai
 from srpo_graph.lang.scope import MAX_COUNT, Scope, Uses, close_names
 from srpo_graph.lang.transitions import build_transition
-from srpo_graph.workflow import Import, Policy, TextType, Workflow, source_hash
+from srpo_graph.workflow import Import, Policy, TextType, Workflow, source_hash, type_str
 
 # Names a node, tool result or import alias cannot take: each is read as a keyword or literal
 # where a name may stand (`activate: end`, `activate: route r`, `f(true)`, `{task.x}`), so a node
@@ -227,10 +227,10 @@ class _Checker(Scope):
         for a in agents:  # output types first: templates may refer to any agent
             out = next((i for i in a.items if isinstance(i, ast.OutputItem)), None)
             self.agent_types.setdefault(a.name.value, self.type_of(out.type) if out else TextType())
-        for t in transitions:  # tool variables are global names too
+        for t in transitions:  # tool variables are names of the episode's state (Note [Tool names])
             for i in t.items:
                 if isinstance(i, ast.ToolItem):
-                    self._tool_name(i)
+                    self._tool_name(i, t.name.value)
         for a in agents:
             check_external_agent(self, a, self.policies)
         built_agents = [x for x in (build_agent(self, a) for a in agents) if x is not None]
@@ -300,11 +300,21 @@ class _Checker(Scope):
             mod = None
         self.modules[alias] = (python_module_name(dotted), mod, it.span)
 
-    def _tool_name(self, i: ast.ToolItem) -> None:
+    # Note [Tool names]: a tool result is a variable of the episode's state, read by name (`{check}`);
+    # a firing replaces its value. Several transitions may each declare a tool of one name -- "a tool
+    # per transition" is what users write (issue 39, item 7) -- when every declaration has the same
+    # result type (a reader sees one type, whichever transition fired last); one transition declaring
+    # a name twice, a different type, or a name that is also a node's stays an error.
+    def _tool_name(self, i: ast.ToolItem, transition: str) -> None:
         name = i.name
-        if name.value in RESERVED or name.value in self.decl_spans or name.value in self.tool_types:
-            self.err(f"tool variable '{name.value}' clashes with another name", name.span,
-                     "give each tool result its own name (not an agent, transition or another tool)", "duplicate-name")
+        earlier = self.tool_owner.get(name.value)
+        twice = (transition, name.value) in self.tool_seen
+        self.tool_seen.add((transition, name.value))
+        if name.value in RESERVED or name.value in self.decl_spans or twice:
+            why = (f"transition '{transition}' declares tool '{name.value}' twice" if twice
+                   else f"tool variable '{name.value}' clashes with another name")
+            self.err(why, name.span, "give each tool result its own name (not an agent, transition or another tool "
+                     "of this transition)", "duplicate-name")
             return
         call = self.resolve_call(i.call, "tool")
         t = None
@@ -316,9 +326,22 @@ class _Checker(Scope):
                          i.call.span, "annotate its return type (str, int, float, bool, list[...], dict, or "
                          "Literal[\"a\", \"b\"] for a choice a route can read: distinct identifier labels)",
                          "bad-signature")
-        if call is None or call[1] is None:  # not imported: its return type is unknown
+        untyped = call is None or call[1] is None  # not imported: its return type is unknown
+        t = t if t is not None else TextType()
+        if earlier is not None:  # declared by another transition too: one variable, one type
+            before = self.tool_types[name.value]
+            if not untyped and name.value not in self.untyped_tools and t != before:
+                self.err(f"tool '{name.value}' returns {type_str(t)} here but {type_str(before)} in transition "
+                         f"'{earlier}': one tool result has one type", name.span,
+                         "give one of them another name, or make both functions return the same type",
+                         "type-mismatch")
+            if untyped:
+                self.untyped_tools.add(name.value)
+            return
+        if untyped:
             self.untyped_tools.add(name.value)
-        self.tool_types[name.value] = t if t is not None else TextType()
+        self.tool_owner[name.value] = transition
+        self.tool_types[name.value] = t
 
     def _top_level(self, items):
         starts = [i for i in items if isinstance(i, ast.StartStmt)]

@@ -104,6 +104,8 @@ class Scope:
         self.policies: dict[str, Policy] = {}
         self.agent_types: dict[str, WfType] = {}
         self.tool_types: dict[str, WfType] = {}
+        self.tool_owner: dict[str, str] = {}  # tool name -> the first transition that declares it
+        self.tool_seen: set[tuple[str, str]] = set()  # (transition, tool name) declared so far
         # tools whose function was not imported (`check --no-import`, the editor, a failed import):
         # their values' types are unknown, so what reads them is not judged on a guess
         self.untyped_tools: set[str] = set()

@@ -113,7 +113,7 @@ def resolve_model(name: str) -> str:
         Hugging Face cache (``srpo_graph/hfcache.py``), so nothing downstream (transformers, SGLang) looks it up.
     Raises:
         BackendError: offline, and the hub name is not in the cache (the message names the cache
-            and the fix).
+            and the fix); a local folder that is no model directory (:func:`check_model_folder`).
 
     >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
     'Qwen/Qwen2.5-0.5B-Instruct'
@@ -130,4 +130,32 @@ def resolve_model(name: str) -> str:
 
             raise BackendError(missing_message(name))
         return str(snapshot)
+    check_model_folder(name)
     return name
+
+
+def check_model_folder(path: str) -> None:
+    """A local folder that is no model directory is named as what it is (a training run folder: its
+    checkpoints' policies are the model directories), never left to a loader's "Repo id" or
+    "Unrecognized model" error. Anything else (a hub name, a model directory) passes.
+
+    Raises:
+        BackendError: ``path`` is a folder without ``config.json``.
+
+    >>> check_model_folder("Qwen/Qwen2.5-0.5B-Instruct")
+    """
+    from srpo_graph.errors import BackendError
+
+    folder = Path(path)
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return
+    steps = sorted((p for p in folder.glob("checkpoints/step_*/policies") if p.is_dir()),
+                   key=lambda p: int(p.parent.name[5:]) if p.parent.name[5:].isdigit() else -1)
+    if steps:
+        names = sorted(p.name for p in steps[-1].iterdir() if p.is_dir())
+        raise BackendError.at(str(folder), f"a training run folder, not a model directory (its newest checkpoint "
+                              f"holds policies {names})", fix=f"give one policy's model directory, e.g. {steps[-1]}/"
+                              f"{names[0] if names else '<policy>'} (or `srpo-graph consolidate {folder}` for "
+                              "a sharded run; `srpo-graph eval` takes run folders as they are)")
+    raise BackendError.at(str(folder), "not a model directory (no config.json)",
+                          fix="give a folder written by save_pretrained, a Hugging Face name, or `tiny`")

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from srpo_graph.errors import ConfigError, RuntimeFailure
+from srpo_graph.fmt import fixed
 
 
 def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[str, str]:
@@ -35,6 +36,17 @@ def parse_model_overrides(values: tuple[str, ...], policies: list[str]) -> dict[
                 )
             out[pol] = name
     return out
+
+
+def declared_policies(workflow_file: str | Path) -> list[str]:
+    """The policies of a ``.wf`` file a ``--model`` may name (all but ``openai(...)`` ones), read from
+    its syntax tree: before the check, which then judges the overridden models."""
+    from srpo_graph.lang import ast, parse
+    from srpo_graph.lang.parser import read_source
+
+    module = parse(read_source(workflow_file), str(workflow_file))
+    return [it.name.value for it in module.items
+            if isinstance(it, ast.PolicyDecl) and not isinstance(it.model, ast.OpenaiExpr)]
 
 
 def _backend_names() -> list[str]:
@@ -178,10 +190,11 @@ def run_cmd(
     from srpo_graph.runtime.tasks import load_tasks
 
     limits = parse_deadlines(deadlines)
-    wf = load_workflow(workflow_file)
+    overrides = parse_model_overrides(models, declared_policies(workflow_file)) if models else {}
+    wf = load_workflow(workflow_file, models=overrides)  # the check judges the models that will run
     tasks = load_tasks(tasks_file, wf)[: limit if limit else None]
     chosen = {p.name: p.model for p in wf.policies if p.external is None}  # external: their own endpoint
-    chosen.update(parse_model_overrides(models, list(chosen)))
+    chosen.update(overrides)
     options = _options_from_flags(backend_kind, backend_flags)
     if backend_spec(backend_kind).in_process:
         import torch
@@ -222,7 +235,7 @@ def run_cmd(
     s = result.stats
     console.print(
         f"[bold]{wf.name}[/]: {s.episodes} episodes ({len(tasks)} tasks x {samples}), mean reward "
-        f"{s.mean_reward:.3f}, {s.tokens_generated} tokens generated in {s.seconds:.2f}s "
+        f"{fixed(s.mean_reward)}, {s.tokens_generated} tokens generated in {s.seconds:.2f}s "
         f"({s.tokens_per_second:,.0f} tokens/s, {s.generate_calls} batches), failures {s.failures}, "
         f"truncated {s.truncated} -> {out_file}"
     )

@@ -105,10 +105,16 @@ def timeline(ep: Episode) -> list[tuple[str, Any]]:
 
 
 def print_episode(console: Any, ep: Episode, index: int | None = None, decode: Decoder | None = None) -> None:
-    """Print one episode with rich; with ``decode``, each output's prompt too (None = hidden)."""
-    from rich.markup import escape
+    """Print one episode with rich; with ``decode``, each output's prompt too (None = hidden).
+
+    Every text that comes from a trace (outputs, prompts, values, names, tool results, errors) is a
+    plain ``rich.text.Text`` span, never markup: ``[bold]`` in an output prints as written, and a
+    trailing backslash stays one backslash (markup escaping doubled it).
+    """
+    from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
+    from rich.text import Text
 
     outs = {o.id: o for o in ep.outputs}
     table = Table(show_header=True, header_style="bold", expand=True, box=None)
@@ -118,42 +124,36 @@ def print_episode(console: Any, ep: Episode, index: int | None = None, decode: D
     for kind, obj in timeline(ep):
         if kind == "output":
             lp = sum(obj.logprobs)
-            prompt = ""
+            details = Text.assemble((f"{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+"
+                                     f"{len(obj.completion_ids)} tok, logp {lp:.2f}, {obj.finish_reason}", "dim"), "\n")
             if decode is not None:
                 text = decode(obj)
                 chat = None if text is None else _conversation_lines(text)
-                prompt = (
-                    f"[dim]prompt ({len(obj.prompt_ids)} ids, no local tokenizer for {escape(obj.policy)})[/]\n"
-                    if text is None
-                    else f"[blue]conversation[/]\n{escape(chat)}\n[blue]assistant[/] [dim]│[/] "
-                    if chat is not None
-                    else f"[blue]prompt[/] [dim]│[/] {escape(text)}\n[blue]output[/] [dim]│[/] "
-                )
-            table.add_row(
-                str(obj.step),
-                f"[cyan]{obj.id}[/] [bold]{obj.agent}[/]",
-                f"[dim]{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+{len(obj.completion_ids)} tok, "
-                f"logp {lp:.2f}, {obj.finish_reason}[/]\n{prompt}{escape(_short(obj.text))} "
-                f"[magenta]→ {escape(_short(obj.value))}[/]",
-            )
+                if text is None:
+                    details.append(f"prompt ({len(obj.prompt_ids)} ids, no local tokenizer for {obj.policy})\n",
+                                   style="dim")
+                elif chat is not None:
+                    details.append_text(Text.assemble(("conversation", "blue"), "\n", chat, "\n", ("assistant", "blue"),
+                                                      (" │ ", "dim")))
+                else:
+                    details.append_text(Text.assemble(("prompt", "blue"), (" │ ", "dim"), text, "\n",
+                                                      ("output", "blue"), (" │ ", "dim")))
+            details.append_text(Text.assemble(_short(obj.text), " ", (f"→ {_short(obj.value)}", "magenta")))
+            table.add_row(str(obj.step), Text.assemble((obj.id, "cyan"), " ", (obj.agent, "bold")), details)
         else:
             members = ", ".join(f"{c} ({outs[c].agent})" if c in outs else c for c in obj.consumed)
-            lines = [f"consumed {{{members}}}  (set size {len(obj.consumed)}) → activates {', '.join(obj.activated)}"]
+            lines = Text(f"consumed {{{members}}}  (set size {len(obj.consumed)}) → activates "
+                         f"{', '.join(obj.activated)}")
             for name, value in (obj.tool_results or {}).items():
-                lines.append(f"[blue]tool {name}[/] = {_short(value)}")
+                lines.append_text(Text.assemble("\n", (f"tool {name}", "blue"), f" = {_short(value)}"))
             if obj.reward is not None:
-                lines.append(f"[green]reward {obj.reward:g}[/]")
-            table.add_row(str(obj.step), f"[yellow]{obj.id}[/] [bold]{obj.name}[/]", "\n".join(lines))
+                lines.append(f"\nreward {obj.reward:g}", style="green")
+            table.add_row(str(obj.step), Text.assemble((obj.id, "yellow"), " ", (obj.name, "bold")), lines)
     color = _STATUS_COLOR[ep.status]
-    title = (
-        f"{'#' + str(index) + ' ' if index is not None else ''}{ep.workflow.name} · task {ep.task_id} · "
-        f"sample {ep.sample} · [{color}]{ep.status}[/] · reward {ep.reward:g}"
-    )
+    title = Text.assemble(f"{'#' + str(index) + ' ' if index is not None else ''}{ep.workflow.name} · task "
+                          f"{ep.task_id} · sample {ep.sample} · ", (ep.status, color), f" · reward {ep.reward:g}")
     body: Any = table
     if ep.error:
-        from rich.console import Group
-        from rich.text import Text
-
         body = Group(table, Text(f"error: {ep.error}", style="red"))
     console.print(Panel(body, title=title, title_align="left"))
 

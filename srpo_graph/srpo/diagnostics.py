@@ -23,6 +23,14 @@ import torch
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.mismatch import ItemWeight
 
+# the keys :func:`diagnose` fills (every one, every time): what a reduction over processes sums
+SUM_KEYS = ("loss", "pg_loss", "kl_loss", "items", "clip_upper", "clip_lower", "ratio_sum", "tokens", "k3_old",
+            "old_minus_new", "events", "adv", "adv_sq", "adv_zero", "mismatch_abs", "mismatch_weight", "masked",
+            "truncated", "tokens_masked", "tokens_clipped", "sets_clipped", "members", "ref_k3", "entropy")
+SIZE_KEYS = ("items", "clip_upper", "clip_lower", "log_ratio", "ratio", "events", "is_weight", "is_weight_sq",
+             "is_truncated", "is_masked")
+AGENT_KEYS = ("tokens", "clip_upper", "clip_lower", "ratio")
+
 
 def _pad_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = max(a.numel(), b.numel())

@@ -369,6 +369,7 @@ def srpo_loss(
         event=items.event,
         aggregate=items.aggregate,
         cfg=config,
+        item_of_token=items.of_token(),
     )
     w_pg = w if iw is None else w * iw.weight
     pg_loss = -(w_pg * sr.objective).sum() / D

@@ -18,7 +18,10 @@ how that gap enters the loss, as a stop-gradient weight m_i on each item's objec
   K^(-alpha)-scaled sum, like the ratio). So ratio x weight is the unit's ratio against the
   behaviour policy, and the clip acts only on the step the update takes. ``decoupled_cap``:
   ``truncate`` (min(w, C)), ``mask`` (AReaL's ``behav_imp_weight_cap``: items with w > C, or
-  below ``mismatch_low`` when set, get weight 0) or ``none``.
+  below ``mismatch_low`` when set, get weight 0) or ``none``. ``decoupled_weight``: ``normalized``
+  (the default, just described) or ``joint``: each item's full probability ratio
+  exp(sum of its token gaps), for the set unit pi_prox(S) / mu(S) = exp(sum_j l_j), the importance
+  weight of the set as one action (docs/algorithm.md, "The behaviour weight of a set").
 
 Weights are computed once per loss call from the token gaps ``old - sampler`` and carry no gradient.
 """
@@ -30,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from srpo_graph.srpo.options import DecoupledCap, LossConfig, Mismatch
+from srpo_graph.srpo.options import DecoupledCap, DecoupledWeight, LossConfig, Mismatch
 
 
 @dataclass
@@ -44,14 +47,16 @@ class ItemWeight:
 
 
 def item_weight(h_tok: torch.Tensor, *, token_set: torch.Tensor, num_sets: int, event: torch.Tensor,
-                aggregate: Callable[[torch.Tensor], torch.Tensor], cfg: LossConfig) -> ItemWeight | None:
+                aggregate: Callable[[torch.Tensor], torch.Tensor], cfg: LossConfig,
+                item_of_token: torch.Tensor | None = None) -> ItemWeight | None:
     """The importance weight of every item, or None when ``cfg.mismatch`` is ``none``.
 
     Args:
         h_tok: [C] token gaps log pi_old - log mu on completion tokens (detached).
         token_set: [C] the event of each completion token. num_sets: events in the batch.
         event: [I] the event of each item. aggregate: the ratio unit's token -> item map.
-        cfg: the loss options (``mismatch``, its threshold and cap).
+        cfg: the loss options (``mismatch``, its threshold and cap, ``decoupled_weight``).
+        item_of_token: [C] the item of each completion token (needed by ``decoupled_weight = joint``).
     """
     mode = Mismatch(cfg.mismatch)
     if mode is Mismatch.NONE:
@@ -60,7 +65,14 @@ def item_weight(h_tok: torch.Tensor, *, token_set: torch.Tensor, num_sets: int, 
     c = cfg.logratio_clamp
     C = cfg.mismatch_threshold
     if mode is Mismatch.DECOUPLED:
-        raw = aggregate(h_tok).clamp(-c, c).exp()
+        if DecoupledWeight(cfg.decoupled_weight) is DecoupledWeight.JOINT:
+            if item_of_token is None:
+                raise ValueError("decoupled_weight = joint needs item_of_token")
+            log_w = torch.zeros(event.numel(), dtype=h_tok.dtype, device=h_tok.device)
+            log_w = log_w.index_add_(0, item_of_token, h_tok)  # the item's full log-ratio: sum of its tokens
+        else:
+            log_w = aggregate(h_tok)  # like the ratio: the set's K^(-alpha)-scaled sum, a member's sum or mean
+        raw = log_w.clamp(-c, c).exp()
         cap = DecoupledCap(cfg.decoupled_cap)
         no = torch.zeros_like(raw, dtype=torch.bool)
         if cap is DecoupledCap.TRUNCATE:

@@ -56,6 +56,11 @@ class DecoupledCap(str, Enum):
     NONE = "none"  # untruncated
 
 
+class DecoupledWeight(str, Enum):
+    NORMALIZED = "normalized"  # pi_prox / mu aggregated like the ratio: the set's (pi_prox(S)/mu(S))^(K^-alpha)
+    JOINT = "joint"  # the item's full probability ratio exp(sum of its token gaps): the set's pi_prox(S)/mu(S)
+
+
 class LossConfig(BaseModel):
     """Options of :func:`~srpo_graph.srpo.loss.srpo_loss`; the defaults are the SRPO paper's (where known).
 
@@ -109,7 +114,9 @@ class LossConfig(BaseModel):
             "Sampler/trainer (or stale-rollout) correction: none | tis | mask (one event-level weight exp(H_e) "
             "on pi_old / sampler) | decoupled (decoupled PPO, AReaL: the ratio's denominator is pi_old, the "
             "trainer's proximal policy, and the sampler's log-probs enter only an importance weight pi_old / "
-            "sampler of the ratio unit's own items; docs/algorithm.md)."
+            "sampler of the ratio unit's own items; docs/algorithm.md). Unset, a training run resolves it: "
+            "decoupled with rollout.max_staleness >= 1 on every backend (none is then refused), else the "
+            "backend's default (tis on sglang, none on transformers)."
         ),
     )
     mismatch_threshold: float = Field(
@@ -127,6 +134,18 @@ class LossConfig(BaseModel):
         description=(
             "With mismatch = decoupled: 'truncate' the item weight at C, 'mask' items whose weight exceeds C "
             "(AReaL's behav_imp_weight_cap; also below mismatch_low when set), or 'none' (untruncated)."
+        ),
+    )
+
+    decoupled_weight: DecoupledWeight = Field(
+        DecoupledWeight.NORMALIZED,
+        description=(
+            "With mismatch = decoupled, the behaviour weight of an item: 'normalized' = pi_old / sampler aggregated "
+            "like the ratio (set unit: (pi_old(S)/mu(S))^(K^-alpha); member mean: the length-normalized mean), so "
+            "ratio x weight is the unit's own ratio against the sampler, with its variance; 'joint' = the item's "
+            "full probability ratio exp(sum of its token gaps) (set unit: pi_old(S)/mu(S), the set's importance "
+            "weight as one action; larger: 2.23 vs 1.49 at 0.2 nats per member, K = 4). Same for the token unit "
+            "and for member sums (docs/algorithm.md, 'The behaviour weight of a set')."
         ),
     )
 

@@ -20,11 +20,12 @@ from pathlib import Path
 import click
 
 from srpo_graph import exiting
+from srpo_graph.fmt import fixed
 from srpo_graph.train.eval_command import eval_command
 
 
 @click.command("train", context_settings={"ignore_unknown_options": False})
-@click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("workflow", type=click.Path(exists=True, path_type=Path))  # a folder: refused, naming its .wf
 @click.argument("overrides", nargs=-1)
 @click.option("--steps", type=int, default=None, help="Training steps (default 100, or the resumed run's).")
 @click.option("--seed", type=int, default=None, help="Seed (task order, sampling, shuffling).")
@@ -89,6 +90,14 @@ def train_command(
 
     Example: srpo-graph train workflows/coord_par3.wf --steps 50 optim.lr=2e-3 loss.eps_high=0.28
     """
+    if workflow.is_dir():  # a run folder where the .wf belongs: say what it is and both ways on
+        from srpo_graph.errors import ConfigError
+        from srpo_graph.train.run_folder import run_folder_of, workflow_given_a_folder
+
+        wf_file = workflow_given_a_folder(workflow, "train")
+        raise ConfigError.at(str(workflow), f"a run of {wf_file}: `srpo-graph train` takes the workflow (.wf) first",
+                             fix=f"continue it: srpo-graph train {wf_file} --resume {run_folder_of(workflow)}; "
+                                 f"or start another run of it: srpo-graph train {wf_file} --run-dir NEW_DIR")
     if plan_gpus is not None:
         _print_plan(workflow, plan_gpus, overrides)
         return
@@ -186,12 +195,12 @@ def train_command(
         )
         return
     if main_rank:
-        evals = ", ".join(f"step {s}: {r:.3f}" for s, r in summary.eval_rewards[-3:]) or "-"
+        evals = ", ".join(f"step {s}: {fixed(r)}" for s, r in summary.eval_rewards[-3:]) or "-"
         click.echo(
             f"trained {summary.workflow} for {summary.steps_this_run} steps in {summary.seconds:.1f} s"
             f"{f' (resumed; the run is now at step {summary.steps})' if resume is not None else ''}\n"
-            f"  reward: first step {summary.first_reward:.3f} -> last {min(10, summary.steps)} steps "
-            f"{summary.final_reward:.3f}\n"
+            f"  reward: first step {fixed(summary.first_reward)} -> last {min(10, summary.steps)} steps "
+            f"{fixed(summary.final_reward)}\n"
             f"  eval reward: {evals}\n"
             f"  skipped updates: {summary.skipped_updates}\n"
             f"  run folder: {summary.run_dir} (metrics.jsonl, plots/, checkpoints/, tensorboard/)"

@@ -29,6 +29,7 @@ import click
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.eval.score import Comparison, EvalReport, compare, score
+from srpo_graph.fmt import fixed
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,35 @@ def source_config(source: Source, config_path: Path | None, overrides: Sequence[
     from srpo_graph.train.config.build import build_config
 
     resume = source.path if source.kind == "run" else None
+    refuse_training_only(config_path, overrides)
     cfg = build_config(config_path, list(overrides), resume=resume)
-    return cfg.model_copy(update={"run_dir": out / "work", "overwrite": True})
+    rollout = cfg.rollout.model_copy(update=SAMPLING_ALONE)  # a run's overlap settings are the trainer's
+    return cfg.model_copy(update={"run_dir": out / "work", "overwrite": True, "rollout": rollout})
+
+
+# Note [Sampling outside the trainer]: the rollout worker and overlapped rollouts overlap sampling
+# with the trainer's updates; a command that only samples (eval) has no updates to overlap with, so
+# a run trained with them is evaluated by its backend in this process (issue 39, item 1: `eval` on a
+# `rollout.worker = true` run used to meet the worker's "run the whole batch there").
+SAMPLING_ALONE = {"worker": False, "max_staleness": 0, "partial_rollouts": False}
+
+
+def refuse_training_only(config_path: Path | None, overrides: Sequence[str]) -> None:
+    """Refuse a training-only rollout setting given to a command that only samples.
+
+    Raises:
+        ConfigError: ``rollout.worker``, ``rollout.max_staleness`` or ``rollout.partial_rollouts``
+            set by an override or by ``--config`` (named).
+    """
+    from srpo_graph.train.config.loading import load_toml
+
+    given = {o.split("=", 1)[0].strip() for o in overrides}
+    if config_path is not None:
+        given |= {f"rollout.{k}" for k in (load_toml(config_path).get("rollout") or {})}
+    for key in sorted(given & {f"rollout.{k}" for k in SAMPLING_ALONE}):
+        raise ConfigError.at(f"field `{key}`", "is a training setting: it overlaps sampling with the trainer's "
+                             "updates, and `eval` only samples (it runs the backend in this process)",
+                             fix=f"leave {key} out of eval's overrides and --config")
 
 
 def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None, *, samples: int, seed: int,
@@ -109,7 +137,7 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
     from srpo_graph.train.rollout.tasks import default_task_file, override_workflow
 
     cfg = source_config(source, config_path, overrides, out)
-    wf = load_workflow(workflow_path)
+    wf = load_workflow(workflow_path, models=cfg.rollout.models)  # checked on the models that will run
     models = dict(cfg.rollout.models or {})
     if source.kind == "model":
         models = {p.name: str(source.path) for p in wf.policies if p.adapter is None}
@@ -186,7 +214,7 @@ def markdown(reports: Sequence[EvalReport], comparisons: Sequence[Comparison]) -
         lines.append(
             f"| {r.label} | {r.overall.avg.fmt()} | "
             + " | ".join(r.overall.pass_at[x].fmt() for x in ks)
-            + f" | {r.terminal_reward:.3f} | {st.get('ok', 0)} / {st.get('truncated', 0)} / {st.get('failed', 0)} |"
+            + f" | {fixed(r.terminal_reward)} | {st.get('ok', 0)} / {st.get('truncated', 0)} / {st.get('failed', 0)} |"
         )
     for title, attr in (
         ("task family", "by_family"),
@@ -217,7 +245,7 @@ def markdown(reports: Sequence[EvalReport], comparisons: Sequence[Comparison]) -
         ]
         for t in declared:
             cells = [
-                f"{x.mean_reward:.3f} ({x.firings_per_episode:.2f})" if (x := r.transition_rewards.get(t)) else "-"
+                f"{fixed(x.mean_reward)} ({x.firings_per_episode:.2f})" if (x := r.transition_rewards.get(t)) else "-"
                 for r in reports
             ]
             lines.append(f"| {t} | " + " | ".join(cells) + " |")
@@ -325,7 +353,7 @@ def evaluate_all(
 
 
 @click.command("eval")
-@click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("workflow", type=click.Path(exists=True, path_type=Path))  # a run folder: its recorded .wf
 @click.argument("sources", nargs=-1)
 @click.option(
     "--tasks",
@@ -405,9 +433,19 @@ def eval_command(
 ):
     """Evaluate SOURCES (run folders, checkpoints, model directories, `base`) on a task file.
 
+    WORKFLOW may be a run folder itself (`srpo-graph eval RUN_DIR`): the workflow it recorded
+    evaluates it, and it is the first source.
+
     Example: srpo-graph eval workflows/tinysearch.wf base runs/tinysearch --samples 16 --compare base runs/tinysearch
     """
     from srpo_graph.lang import load_workflow
+
+    if workflow.is_dir():  # the run folder first, as typed after `train`: its own workflow (run_folder.py)
+        from srpo_graph.train.run_folder import workflow_given_a_folder
+
+        wf_file = workflow_given_a_folder(workflow, "eval")
+        click.echo(f"srpo-graph eval: {workflow} is a run of {wf_file}; evaluating it with that workflow", err=True)
+        workflow, sources = wf_file, (str(workflow), *sources)
 
     try:
         ks = [int(x) for x in pass_k.split(",")] if pass_k else None

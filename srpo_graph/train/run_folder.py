@@ -149,6 +149,34 @@ def recorded_workflow(run_dir: str | Path) -> dict[str, str] | None:
     return None
 
 
+def run_folder_of(path: str | Path) -> Path | None:
+    """The run folder ``path`` is, or whose ``checkpoints/step_N`` it is; None: neither."""
+    path = Path(path)
+    for run in (path.parent.parent if path.parent.name == "checkpoints" else None, path):  # a checkpoint's run first
+        if run is not None and ((run / RUN_WORKFLOW).is_file() or (run / "config.toml").is_file()):
+            return run
+    return None
+
+
+def workflow_given_a_folder(path: str | Path, command: str) -> Path:
+    """The ``.wf`` file of the run folder (or checkpoint) ``path`` that was given where ``command``
+    expects the workflow first, when the run recorded one that still exists.
+
+    Raises:
+        ConfigError: ``path`` is not a run folder, or its workflow file is not recorded or is gone;
+            the message says the workflow comes first.
+    """
+    run = run_folder_of(path)
+    got = recorded_workflow(run) if run is not None else None
+    if got is not None and got.get("file") and Path(got["file"]).is_file():
+        return Path(got["file"])
+    what = (f"a run of workflow {got['name']!r}" + (f" (its file {got['file']} is gone)" if got.get("file") else "")
+            if got is not None else "a run folder with no record of its workflow" if run is not None
+            else "a folder, not a .wf file")
+    raise ConfigError.at(str(path), f"{what}: `srpo-graph {command}` takes the workflow (.wf) first",
+                         fix=f"srpo-graph {command} WORKFLOW.wf {path} ...")
+
+
 def check_resumed_workflow(run_dir: str | Path, workflow: Workflow, workflow_path: str | Path) -> None:
     """Refuse to resume ``run_dir`` with a workflow of another name than the one it trained.
 

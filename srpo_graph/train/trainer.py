@@ -38,6 +38,7 @@ from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models import cpu_threads
 from srpo_graph.train.checkpoint import Checkpointer, LoopState
+from srpo_graph.train.config.defaults import with_loss_defaults
 from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.learn.step import Learner
@@ -49,7 +50,7 @@ from srpo_graph.train.parallel.multinode import FOLLOW_ENV, agree_config, ship_c
 from srpo_graph.train.policies import frozen as frozen_policies
 from srpo_graph.train.policies.build import build_policies, device_of
 from srpo_graph.train.policies.slot import PolicySlot
-from srpo_graph.train.rollout.backends import attach_backends, load_frozen, server_scope, with_backend_defaults
+from srpo_graph.train.rollout.backends import attach_backends, load_frozen, server_scope
 from srpo_graph.train.rollout.lockstep import Rollouts
 from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make_rollouts
 from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
@@ -142,7 +143,7 @@ class Trainer:
     def __init__(self, workflow_path: str | Path, config: TrainConfig, *, resume: bool = False) -> None:
         self._t_start = time.perf_counter()
         self.workflow_path = Path(workflow_path)
-        config = with_backend_defaults(config)  # e.g. loss.mismatch=tis on SGLang unless set (docs/sglang.md)
+        config = with_loss_defaults(config)  # a no-op once validated: config/defaults.py (stale samples corrected)
         self.device = device_of(config)
         self.dist = dist = init_distributed(self.device, config.dist_timeout)
         check_async(config, dist)  # overlapped rollouts: a server backend or a rollout worker, one process
@@ -151,7 +152,7 @@ class Trainer:
                                                       dist, follow=os.environ.get(FOLLOW_ENV) == "1")),
                               "rank 0's config")
         torch.manual_seed(config.seed)
-        wf_base = load_workflow(self.workflow_path)
+        wf_base = load_workflow(self.workflow_path, models=config.rollout.models)  # checked on the run's models
         if resume and config.run_dir is not None:  # before overrides, tasks, checkpoints, models: another .wf is
             check_resumed_workflow(Path(config.run_dir), wf_base, self.workflow_path)  # named as such, nothing else
         r = config.rollout
@@ -248,6 +249,7 @@ class Trainer:
                     for step in range(self.state.step + 1, self.config.steps + 1):
                         # a SIGTERM whose exception a finalizer swallowed still stops the run
                         exiting.raise_if_stopped()
+                        t_step = time.perf_counter()  # time/wall (Note [Step time])
                         # 1. rollout: the step's episodes (sampled ahead when rollouts overlap the update)
                         rolled = self.rollouts.get(step)
                         # 2. compile + update, from the weights every policy has now
@@ -257,7 +259,8 @@ class Trainer:
                         sync_seconds = self.syncer.sync(step)
                         self.rollouts.weights_updated(step)
                         # 4. evaluate and log
-                        record = self._record(step, rolled, learned, versions, sync_seconds)
+                        record = self._record(step, rolled, learned, versions, sync_seconds,
+                                              wall_seconds=time.perf_counter() - t_step)
                         self.observer.log(record, rolled.episodes)
                         # 5. checkpoint
                         if self.checkpointer.due(step):
@@ -284,7 +287,8 @@ class Trainer:
         return self._summary()
 
     def _record(
-        self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float
+        self, step: int, rolled: Any, learned: Any, versions: dict[str, int], sync_seconds: float,
+        wall_seconds: float | None = None,
     ) -> StepRecord:
         """Step ``step``'s record, with its evaluation when due; the loop state moves on to it."""
         if learned.update is not None:
@@ -299,6 +303,7 @@ class Trainer:
             skipped_updates=self.state.skipped_updates,
             lr=self.policies[0].scheduler.get_last_lr()[0],
             device=self.device,
+            wall_seconds=wall_seconds,
         )
         s = self.state
         s.step, s.cursor = step, self.rollouts.state_dict()["cursor"]

@@ -14,7 +14,7 @@ import io
 from dataclasses import dataclass, field
 
 from srpo_graph.viz.layout import layout
-from srpo_graph.viz.text import policy_caption, policy_colors, sizes_label
+from srpo_graph.viz.text import legend_label, policy_caption, policy_colors, sizes_label
 from srpo_graph.workflow import Workflow
 
 X_GAP, Y_GAP = 2.6, 1.5
@@ -283,9 +283,7 @@ def _figure(w: Workflow, usage: Usage | None = None, engine: str = "auto"):
         ax.text(near, y, notes[t.name], ha="left" if side > 0 else "right", va="center", fontsize=NOTE_FONT,
                 color="#333333", zorder=6, bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#bbbbbb", lw=0.6),
                 gid=f"note:{t.name}")
-    handles = [Patch(fc=colors[p.name], ec="#222222", label=f"{p.name} = {p.label().strip(chr(34))}"
-                     + (" (frozen base)" if p.name in w.frozen_bases else " (frozen)" if p.frozen and p.external is None
-                        else " (external, frozen)" if p.external is not None else "")) for p in w.policies]
+    handles = [Patch(fc=colors[p.name], ec="#222222", label=legend_label(w, p.name)) for p in w.policies]
     if handles:
         ax.legend(handles=handles, loc="upper right", fontsize=7, title="policies", title_fontsize=7, frameon=False)
     ax.text(left + X_GAP * 0.05, 1.15, w.name, fontsize=11, ha="left", va="top", weight="bold", gid="title")

@@ -35,6 +35,25 @@ def policy_caption(w: Workflow, name: str) -> str:
     return f"{name} (frozen)" if name in w.frozen_bases or (pol is not None and pol.frozen) else name
 
 
+def legend_label(w: Workflow, name: str) -> str:
+    """A policy's entry in a picture's legend: ``p = tiny``, ``judge = tiny (frozen)``, ``base = tiny
+    (frozen base)``, ``s = lora("base", r=8, ...)``, ``v = openai("http://...", model="m") (external, frozen)``:
+    the model as declared, then the policy's status once.
+
+    >>> from srpo_graph.lang import load_workflow
+    >>> w = load_workflow("workflows/selfplay_frozen.wf")
+    >>> legend_label(w, "past")
+    'past = tiny (frozen)'
+    """
+    pol = w.policy_by_name[name]
+    if pol.external is not None:
+        return f"{name} = {pol.external.label()} (external, frozen)"
+    if pol.adapter is not None:
+        return f"{name} = {pol.adapter.label()}"
+    status = " (frozen base)" if name in w.frozen_bases else " (frozen)" if pol.frozen else ""
+    return f"{name} = {pol.model}{status}"
+
+
 def sizes_label(sizes: tuple[int, ...]) -> str:
     """``|S|=1`` or ``|S|=1..3``.
 

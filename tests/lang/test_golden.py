@@ -19,6 +19,8 @@ REGEN = os.environ.get("SRPO_GRAPH_REGEN_GOLDEN") == "1"
 # every error class issue 2 lists, with the diagnostic code its golden file must produce
 EXPECTED_CODES = {
     "syntax_unexpected_token": "syntax",
+    # issue 39, item 7: a tool name per transition, one type (Note [Tool names])
+    "tool_types_differ": "type-mismatch",
     "syntax_missing_colon": "syntax",
     "syntax_unclosed_block": "unclosed-block",
     "syntax_bad_string": "bad-string",

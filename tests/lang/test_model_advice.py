@@ -78,3 +78,26 @@ def test_check_prints_the_warnings_and_succeeds():
         res.exit_code == 0
         and "warning: policy 'role_a' is a LoRA adapter on the random-init `tiny` model" in res.output
     )
+
+
+def test_think_on_a_model_whose_template_never_thinks_is_warned(tmp_path):
+    """Issue 39, item 6: `think:` on a Llama model changed nothing and said nothing. Every model built here
+    by name, and a model folder by its template's text."""
+    path = str(ROOT / "workflows" / "chat_search_qwen3.wf")  # its chat_tools.py is found next to it
+    text = Path(path).read_text()
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if s.startswith("agent searcher"))
+    assert "think: strip" in text
+
+    def _codes(text: str) -> list[tuple[str, int]]:
+        return [(d.code, d.span.line) for d in check_module(parse(text, path)).warnings]
+
+    assert _codes(text) == []  # qwen3-test's template writes <think> blocks
+    for model in ("llama3-test", "qwen2.5-test", "llama3-realvocab-test"):
+        assert _codes(text.replace('"qwen3-test"', f'"{model}"')) == [("think-no-effect", line)], model
+    assert _codes(text.replace('"qwen3-test"', '"llama3-test"').replace("  think: strip\n", "")) == []
+    folder = tmp_path / "m"  # a model folder: its template is read, nothing is loaded
+    folder.mkdir()
+    (folder / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    assert _codes(text.replace('"qwen3-test"', f'"{folder}"')) == [("think-no-effect", line)]
+    (folder / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}<think></think>"}')
+    assert _codes(text.replace('"qwen3-test"', f'"{folder}"')) == []

@@ -25,9 +25,24 @@ ROOT = Path(__file__).resolve().parents[2]
 EXT = ROOT / "editors/vscode"
 EXAMPLES = sorted((ROOT / "workflows").rglob("*.wf")) + sorted((ROOT / "tests/lang/golden/ok").glob("*.wf"))
 
+
+
+def _node_modules() -> Path:
+    """Where the extension's npm packages are: a node_modules/ next to it (``npm ci`` by hand), else
+    ``editors/vscode/ci.sh``'s build folder (it never writes into the checkout)."""
+    import os
+
+    build = Path(os.environ.get("SRPO_GRAPH_VSCODE_BUILD")
+                 or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "srpo-graph" / "vscode-ext")
+    here = EXT / "node_modules"
+    return here if (here / "vscode-textmate").is_dir() else build / "node_modules"
+
+
+NODE_MODULES = _node_modules()
+NODE_ENV = {**__import__("os").environ, "NODE_PATH": str(NODE_MODULES)}
 pytestmark = pytest.mark.skipif(
-    shutil.which("node") is None or not (EXT / "node_modules/vscode-textmate").is_dir(),
-    reason="node or the extension's npm packages are missing (cd editors/vscode && npm ci)")
+    shutil.which("node") is None or not (NODE_MODULES / "vscode-textmate").is_dir(),
+    reason="node or the extension's npm packages are missing (bash editors/vscode/ci.sh installs them)")
 
 TYPES = {"text", "int", "float", "bool", "choice", "choices", "list"}
 CONSTANTS = {"end", "true", "false"}
@@ -35,7 +50,7 @@ CONSTANTS = {"end", "true", "false"}
 
 def _tokens(files: list[Path]) -> dict[str, list]:
     out = subprocess.run(["node", str(EXT / "test/tokens.js"), *map(str, files)], capture_output=True, text=True,
-                         timeout=120, check=True)
+                         timeout=120, check=True, env=NODE_ENV)
     return {d["file"]: d["lines"] for d in json.loads(out.stdout)}
 
 
@@ -143,7 +158,7 @@ def test_the_assertion_tests_of_the_grammar_pass():
     run = subprocess.run(
         [
             "node",
-            str(EXT / "node_modules/vscode-tmgrammar-test/dist/unit.js"),
+            str(NODE_MODULES / "vscode-tmgrammar-test/dist/unit.js"),
             "-g",
             "syntaxes/wf.tmLanguage.json",
             "test/*.wf",
@@ -152,5 +167,22 @@ def test_the_assertion_tests_of_the_grammar_pass():
         capture_output=True,
         text=True,
         timeout=120,
+        env=NODE_ENV,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_ci_sh_writes_nothing_into_the_checkout_but_the_package(tmp_path):
+    """Issue 39, item 7: ``ci.sh`` ran ``npm ci`` inside the checkout, which fails on a read-only one.
+    It builds in its build folder (the packages already there are reused) and copies the .vsix back."""
+    if NODE_MODULES.parent == EXT:
+        pytest.skip("the npm packages are in the checkout (npm ci by hand): ci.sh's build folder is not set up")
+    checkout = tmp_path / "vscode"
+    shutil.copytree(EXT, checkout, ignore=shutil.ignore_patterns("node_modules", "*.vsix"))
+    before = sorted(p.relative_to(checkout) for p in checkout.rglob("*"))
+    run = subprocess.run(["bash", str(checkout / "ci.sh")], capture_output=True, text=True, timeout=600,
+                         env={**NODE_ENV, "SRPO_GRAPH_VSCODE_BUILD": str(NODE_MODULES.parent)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    after = sorted(p.relative_to(checkout) for p in checkout.rglob("*"))
+    assert [p for p in after if p not in before] == [Path("srpo-graph-wf.vsix")]
+

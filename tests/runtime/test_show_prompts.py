@@ -107,3 +107,24 @@ def test_a_trace_in_a_run_folder_finds_its_workflow(tmp_path):
     record_workflow(run, load_workflow(wf), wf)
     res = CliRunner().invoke(app, ["show", str(run / "traces" / "step_1.jsonl"), "--episode", "0"], terminal_width=200)
     assert res.exit_code == 0 and f"prompt │ {_expected(episodes[0])['b']}" in res.output, res.output
+
+
+def test_trace_text_prints_as_written(tmp_path):
+    """Issue 39, item 7: a trailing backslash printed twice (markup escaping). Every trace text
+    (output, value, agent, tool result, error) is printed as written, never read as markup."""
+    from rich.console import Console
+
+    from srpo_graph.runtime.show import print_episode
+
+    _, _, episodes = _run(tmp_path)
+    ep = episodes[0]
+    odd = ["ends in \\", "[bold]not bold[/]", "a \\[b] c\\\\"]
+    outs = [o.model_copy(update={"text": odd[i % 3], "value": odd[(i + 1) % 3]}) for i, o in enumerate(ep.outputs)]
+    trs = [t.model_copy(update={"tool_results": {"t": odd[2]}}) for t in ep.transitions]
+    ep = ep.model_copy(update={"outputs": outs, "transitions": trs, "error": odd[0]})
+    console = Console(record=True, width=300)
+    print_episode(console, ep, 0, None)
+    shown = console.export_text()
+    for text in odd:
+        assert text in shown, (text, shown)
+    assert "ends in \\\\" not in shown and "[bold]not bold[/]" in shown

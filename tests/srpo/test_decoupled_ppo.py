@@ -19,7 +19,7 @@ from srpo_graph.compiler.compile import CompileConfig, compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.diagnostics import staleness_histogram
 from srpo_graph.srpo.loss import srpo_loss
-from srpo_graph.srpo.options import DecoupledCap, LossConfig, MemberLogRatio, RatioUnit, Reduction
+from srpo_graph.srpo.options import DecoupledCap, DecoupledWeight, LossConfig, MemberLogRatio, RatioUnit, Reduction
 
 
 def _items(b, cfg: LossConfig):
@@ -65,7 +65,11 @@ def naive_decoupled(new: torch.Tensor, b, cfg: LossConfig):
         lr = agg(lambda t: new[t] - old[t])
         if not torch.is_tensor(lr):
             lr = torch.tensor(float(lr), dtype=torch.float64)
-        raw = math.exp(max(-c, min(c, agg(lambda t: old[t] - mu[t]))))
+        if cfg.decoupled_weight == DecoupledWeight.JOINT:  # the item's full probability ratio pi_old / mu
+            log_w = sum(old[t] - mu[t] for t in toks)
+        else:  # aggregated like the ratio (the set's K^-alpha-scaled sum, a member's mean)
+            log_w = agg(lambda t: old[t] - mu[t])
+        raw = math.exp(max(-c, min(c, log_w)))
         if cfg.decoupled_cap == DecoupledCap.TRUNCATE:
             wm = min(raw, C)
         elif cfg.decoupled_cap == DecoupledCap.MASK:
@@ -111,13 +115,13 @@ def _check(b, cfg, seed=0):
     return diag, rows
 
 
+@pytest.mark.parametrize("weight", list(DecoupledWeight))
 @pytest.mark.parametrize("cap", list(DecoupledCap))
 @pytest.mark.parametrize("unit", list(RatioUnit))
 @pytest.mark.parametrize("member", list(MemberLogRatio))
-def test_decoupled_matches_plain_loop_every_unit(stale_batch, cap, unit, member):
-    cfg = LossConfig(
-        ratio_unit=unit, member_logratio=member, mismatch="decoupled", decoupled_cap=cap, mismatch_threshold=1.3
-    )
+def test_decoupled_matches_plain_loop_every_unit(stale_batch, cap, unit, member, weight):
+    cfg = LossConfig(ratio_unit=unit, member_logratio=member, mismatch="decoupled", decoupled_cap=cap,
+                     mismatch_threshold=1.3, decoupled_weight=weight)
     diag, rows = _check(stale_batch, cfg)
     acts = member == MemberLogRatio.SUM or unit == RatioUnit.TOKEN  # length-normalized weights stay near 1
     if cap == DecoupledCap.TRUNCATE and acts:
@@ -268,3 +272,18 @@ def test_staleness_histogram_matches_a_plain_loop(stale_batch):
     assert staleness_histogram(
         b.with_(member_policy_version=torch.zeros_like(versions)), {p: 0 for p in b.policies}
     ) == {"mean": 0.0, "max": 0.0, "s0": 1.0, "tokens_s0": 1.0}
+
+
+def test_the_two_set_weights_differ_as_derived(stale_batch):
+    """Set unit: the joint weight is the normalized one to the power K^alpha (log w_joint = K^alpha log
+    w_normalized, docs/algorithm.md), so they agree on sets of one member and differ on larger ones;
+    and the issue's example: 0.2 nats per member, K = 4 -> 1.49 vs 2.23; K = 8 -> 1.76 vs 4.95."""
+    cfgs = {w: LossConfig(mismatch="decoupled", decoupled_cap="none", decoupled_weight=w) for w in DecoupledWeight}
+    rows = {w: naive_decoupled(_new(stale_batch), stale_batch, c)[1] for w, c in cfgs.items()}
+    sizes = stale_batch.set_size.tolist()
+    for (s, raw_n, *_), (_, raw_j, *_) in zip(rows[DecoupledWeight.NORMALIZED], rows[DecoupledWeight.JOINT]):
+        assert math.log(raw_j) == pytest.approx(sizes[s] ** 0.5 * math.log(raw_n), abs=1e-9)
+    assert any(k > 1 for k in sizes) and any(k == 1 for k in sizes)
+    for k, n, j in ((4, 1.49, 2.23), (8, 1.76, 4.95)):
+        assert math.exp(k ** -0.5 * 0.2 * k) == pytest.approx(n, abs=0.01)
+        assert math.exp(0.2 * k) == pytest.approx(j, abs=0.01)

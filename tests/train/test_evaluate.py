@@ -339,3 +339,37 @@ def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
         timeout=120,
     )
     assert bad.returncode == 7 and "not a source to evaluate" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_eval_on_a_run_that_sampled_in_the_rollout_worker(tmp_path, staleness):
+    """Issue 39, item 1: a run trained with ``rollout.worker = true`` (and overlapped rollouts) is
+    evaluated in this process (Note [Sampling outside the trainer]), and the command reproduces the
+    trainer's own evaluation, which ran in the worker; a training-only setting given to eval is refused."""
+    from srpo_graph.errors import ConfigError
+    from srpo_graph.train.config.loading import load_config
+    from srpo_graph.train.observe.metrics import read_metrics
+    from srpo_graph.train.trainer import train
+
+    d = tmp_path / "run"
+    cfg = load_config(None, [f"run_dir={d}", "steps=2", "rollout.tasks_per_step=4", "rollout.samples=4",
+                             "checkpoint.every=1", "eval.every=1", "eval.mode=sampled", "eval.samples=2",
+                             "eval.num_tasks=6", "logging.progress=false", "logging.tensorboard=false",
+                             "logging.plots=false", "optim.lr=5e-3", "rollout.worker=true",
+                             f"rollout.max_staleness={staleness}"])
+    train(ROOT / "workflows" / "coord_par2.wf", cfg)
+    rows = read_metrics(d / "metrics.jsonl")
+    rep = _eval(d, tmp_path / "e", step=1, seed=1, tasks_path=ROOT / "workflows" / "tasks" / "coord_eval.jsonl")
+    assert rep.overall.avg.value == rows[0]["eval/reward"]
+    with pytest.raises(ConfigError, match="rollout.worker.*training setting"):
+        _eval(d, tmp_path / "e", overrides=["rollout.worker=true"])
+
+
+def test_no_printed_number_is_a_negative_zero():
+    """Issue 39, item 7: ``eval`` printed ``-0.000``. Intervals and differences that round to zero print
+    without a sign (differences with ``+``), through the one formatter (srpo_graph/fmt.py)."""
+    from srpo_graph.eval.score import Difference, Estimate
+
+    assert Estimate(value=-1e-9, low=-4e-4, high=3e-4).fmt() == "0.000 [0.000, 0.000]"
+    assert Difference(value=-1e-9, low=-2e-4, high=0.25, p=1.0).fmt() == "+0.000 [+0.000, +0.250], p=1"
+    assert Estimate(value=-0.5, low=float("nan"), high=float("nan")).fmt() == "-0.500"

@@ -110,3 +110,20 @@ def test_tools_are_drawn_on_their_transition() -> None:
     w = load_workflow(ROOT / "workflows" / "search.wf")
     assert "tool docs=retrieve" in to_svg(w, engine="grandalf")
     assert "docs = std.retrieve" in to_dot(w) and "docs = std.retrieve" in to_mermaid(w)
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
+def test_the_legend_names_each_policy_once_as_declared(path: Path) -> None:
+    """Issue 39, item 7: a frozen local policy's legend read ``judge = tiny" frozen (frozen)``. Every
+    entry is ``name = model`` with balanced quotes and its status (frozen, frozen base, external) once."""
+    import re
+
+    w, fig, _ = _drawn(path, "grandalf")
+    legend = fig.axes[0].get_legend()
+    texts = [t.get_text() for t in legend.get_texts()] if legend is not None else []
+    assert len(texts) == len(w.policies)
+    for p, text in zip(w.policies, texts):
+        assert text.startswith(f"{p.name} = "), text
+        assert text.count('"') % 2 == 0, text
+        assert len(re.findall(r"\bfrozen\b", text)) == (1 if p.frozen or p.external or p.name in w.frozen_bases
+                                                          else 0), text

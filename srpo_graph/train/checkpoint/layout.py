@@ -293,6 +293,42 @@ def read_state(checkpoint: str | Path) -> dict[str, Any]:
     return payload
 
 
+def check_holds(checkpoint: str | Path, needed: list[str], workflow: str) -> None:
+    """Refuse, before anything loads, a checkpoint that lacks a policy ``workflow`` loads from it
+    (e.g. a run of another workflow), naming the run, what it holds and what the workflow needs.
+    A checkpoint whose ``state.json`` does not read is left to the loader (it names the damage).
+
+    Raises:
+        ConfigError: a policy of ``needed`` is not in the checkpoint.
+    """
+    from srpo_graph.errors import ConfigError
+
+    ck = Path(checkpoint)
+    try:
+        payload = read_state(ck)
+        held = [str(p) for p in payload["policies"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    missing = [n for n in needed if n not in held]
+    if not missing:
+        return
+    run = ck.parent.parent if ck.parent.name == "checkpoints" else ck
+    extra = payload.get("extra")
+    trained = extra.get("workflow") if isinstance(extra, dict) else None
+    of = f" of workflow {trained!r}" if isinstance(trained, str) and trained != workflow else ""
+    try:  # the run folder's record of its .wf file (train/run_folder.py writes it)
+        file = json.loads((run / "workflow.json").read_text(encoding="utf-8")).get("file")
+    except (OSError, ValueError, AttributeError):
+        file = None
+    raise ConfigError.at(
+        str(run),
+        f"this run{of} holds policies {held} (checkpoint {ck.name}); workflow {workflow!r} loads {needed} from it: "
+        f"no {', '.join(repr(m) for m in missing)}",
+        fix=(f"use the workflow the run trained ({file})" if isinstance(file, str) else
+             "use the workflow the run trained") + f", or a run of {workflow!r}",
+    )
+
+
 def verify_files(checkpoint: str | Path) -> tuple[str | None, list[str]]:
     """Why ``checkpoint``'s files cannot be trusted (None when they can), and its policies.
 

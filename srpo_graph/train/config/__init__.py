@@ -5,5 +5,6 @@ rollout section's backend sections generated from ``backends.BACKENDS``, the str
 from ``parallel.strategies.STRATEGIES``, the objective's row filling ``loss`` and ``compile``),
 ``loading.py`` (TOML, ``key=value`` overrides, errors naming the field, the combinations that cannot
 train, writing ``config.toml``, the reference table), ``build.py`` (the config from the command
-line's pieces, a resumed run's saved config first).
+line's pieces, a resumed run's saved config first), ``defaults.py`` (the loss options a backend or
+overlapped rollouts set unless the run does: stale samples are corrected by default).
 """

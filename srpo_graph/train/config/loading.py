@@ -105,6 +105,7 @@ def validate(data: dict[str, Any], source: str = "<config>") -> TrainConfig:
     except ValidationError as exc:
         raise _config_error(exc, source) from None
     check_trainable(config, source)
+    refuse_filled_by_trainer(config, source)
     return config
 
 
@@ -161,6 +162,33 @@ def check_trainable(config: "TrainConfig", source: str = "<config>") -> None:
             why="Adam divides by sqrt(v) + eps; an eps that rounds to 0 gives inf/NaN weights",
             fix=f"use optim.eps >= {tiny:.3g} (the usual 1e-8 is safe for float32 and bfloat16)",
         )
+
+
+# CompileConfig fields the trainer fills from the workflow (compiler/options.py); a value in a
+# config would be overwritten, so one given is refused (issue 39, item 6: every accepted setting acts)
+FILLED_BY_TRAINER = {
+    "frozen_policies": "the policies declared `frozen` (or `openai(...)`) in the .wf",
+    "policies": "the workflow's policies, in declaration order",
+}
+
+
+def refuse_filled_by_trainer(config: "TrainConfig", source: str = "<config>") -> None:
+    """Refuse ``compile.frozen_policies`` / ``compile.policies`` given in a training config.
+
+    Raises:
+        ConfigError: naming the field, what fills it and the fix.
+
+    >>> refuse_filled_by_trainer(TrainConfig(compile={"frozen_policies": []}))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    srpo_graph.errors.ConfigError: <config>: error: field `compile.frozen_policies`: is not a setting ...
+    """
+    for name in sorted(FILLED_BY_TRAINER.keys() & config.compile.model_fields_set):
+        fix = ("remove it; to train a frozen policy, remove `frozen` from its declaration in the .wf; to freeze one, "
+               "add `frozen`" if name == "frozen_policies" else "remove it (policy ids follow the workflow)")
+        raise ConfigError.at(source, f"field `compile.{name}`: is not a setting of a training run: the trainer "
+                             f"fills it from the workflow ({FILLED_BY_TRAINER[name]}), so a value here would be "
+                             "ignored", fix=fix)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

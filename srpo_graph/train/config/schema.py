@@ -4,7 +4,8 @@ Every field says its unit and valid range; ``loading.py`` loads it from TOML and
 validation errors into :class:`~srpo_graph.errors.ConfigError` naming the field, and writes it
 to a run folder. The objective's :class:`LossConfig` and the compiler's :class:`CompileConfig`
 are embedded as the ``loss`` and ``compile`` sections; ``objective`` (a row of ``OBJECTIVES``)
-fills them in (:func:`resolve_objective`).
+fills them in (:func:`resolve_objective`), then ``defaults.py`` the loss options a backend or
+overlapped rollouts set unless the run does.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from srpo_graph.compiler.compile import CompileConfig
 from srpo_graph.runtime.usercode import Deadlines
 from srpo_graph.srpo.objectives import OBJECTIVES
 from srpo_graph.srpo.options import LossConfig
+from srpo_graph.train.config.defaults import resolve_loss_defaults
 from srpo_graph.train.parallel.strategies import STRATEGIES
 
 
@@ -109,7 +111,8 @@ class _RolloutFields(_Section):
         "synchronous loop (step s samples after update s-1 synced); k >= 1 = a producer thread samples the batches of "
         "the next steps while the trainer updates, and no output used by update s was sampled more than k weight "
         "versions before the weights it starts from (k = 1: one-step-off). Needs a server backend (sglang) or, "
-        "with the transformers backend, rollout.worker = true; not under torchrun yet.",
+        "with the transformers backend, rollout.worker = true; not under torchrun yet. Stale samples are corrected "
+        "against the sampling policy: loss.mismatch defaults to decoupled (none is refused).",
     )
     partial_rollouts: bool = Field(
         False,
@@ -422,8 +425,9 @@ class TrainConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _objective_fills_loss_and_compile(cls, data: Any) -> Any:
-        """``objective`` sets the loss and compile options of its row; explicit ones win (``resolve_objective``)."""
-        return resolve_objective(data) if isinstance(data, dict) else data
+        """``objective`` sets the loss and compile options of its row; explicit ones win (``resolve_objective``);
+        then the backend's and overlapped rollouts' loss defaults fill what is still unset (``defaults.py``)."""
+        return resolve_loss_defaults(resolve_objective(data)) if isinstance(data, dict) else data
 
 
 def resolve_objective(data: dict[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from srpo_graph.srpo.diagnostics import LossDiagnostics
 from srpo_graph.srpo.logprobs import Layout, packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
+from srpo_graph.train.learn.across_ranks import whole_batch
 from srpo_graph.train.parallel import fsdp as fsdp_mod
 from srpo_graph.train.parallel.collectives import DistInfo, all_reduce
 from srpo_graph.train.parallel.strategies import make_strategy
@@ -49,7 +50,8 @@ class UpdateResult:
     """What one step's update did.
 
     ``diagnostics`` are computed over the whole step (every micro-batch of every mini-batch of
-    every epoch, combined from sums: ``LossDiagnostics.combine``), and again per epoch under
+    every epoch, combined from sums: ``LossDiagnostics.combine``; under ``--nproc N`` summed over the
+    ranks first, ``across_ranks.py``, so they are the whole batch's), and again per epoch under
     ``epoch{e}/...`` (clipping can only act from epoch 2, where the ratio first leaves 1).
     """
 
@@ -248,13 +250,16 @@ def update_policies(
     ref_models = refs if any(r is not None for r in refs) else None
     gen = torch.Generator().manual_seed(seed)
     result = UpdateResult()
-    epoch_diags: list[LossDiagnostics] = []
+    epoch_diags: list[LossDiagnostics | None] = []  # this rank's, None where its shards were empty
+    epoch_chunks: list[int] = []
     norms: dict[str, list[float]] = {name: [] for name in batch.policies}
     losses: list[float] = []
     strat = make_strategy(strategy, dist)
     for _ in range(epochs):
         mini_diags: list[LossDiagnostics] = []
-        for chunk in _mini_batches(batch, mini_batches, gen):
+        chunks = _mini_batches(batch, mini_batches, gen)
+        epoch_chunks.append(len(chunks))
+        for chunk in chunks:
             mb = batch.select_sets(chunk)
             denom = loss_denominator(mb, loss_config)  # fixed for the whole mini-batch, every rank
             active = sorted(set(mb.member_policy.tolist()))
@@ -323,12 +328,13 @@ def update_policies(
                 norms[batch.policies[pid]].append(step_norms[batch.policies[pid]])
             losses.append(mb_loss)
             result.num_updates += 1
-        if mini_diags:
-            epoch_diags.append(LossDiagnostics.combine(mini_diags, "mini"))
+        epoch_diags.append(LossDiagnostics.combine(mini_diags, "mini") if mini_diags else None)
     for opt in optimizers:
         opt.zero_grad(set_to_none=True)
     result.padding_forwards = strat.finish(result.padding_forwards)
+    result.tokens = int(all_reduce(result.tokens, "sum", dist))  # the job's, not this rank's shard
     result.loss = sum(losses) / len(losses) if losses else float("nan")
-    result.diagnostics = _step_diagnostics(epoch_diags)
+    # every rank's shard -> the whole batch's sums, maxima and minima, before any mean (across_ranks.py)
+    result.diagnostics = _step_diagnostics(whole_batch(epoch_diags, epoch_chunks, batch, dist))
     result.grad_norm = {k: sum(v) / len(v) for k, v in norms.items() if v}
     return result

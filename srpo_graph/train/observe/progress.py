@@ -19,6 +19,8 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping
 
+from srpo_graph.fmt import fixed
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
@@ -70,6 +72,8 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
 
     >>> describe({"reward": 0.5, "throughput/gen_tokens_per_s": 1200.0})
     'reward 0.500  eval -  clip -  1200 tok/s'
+    >>> describe({"reward": 0.5, "throughput/gen_tokens_per_s": 1200.0, "time/wall": 2.345})
+    'reward 0.500  eval -  clip -  1200 tok/s  2.3 s/step'
     >>> describe({"reward": 0.5}, 0.75, Layout.COMPACT)
     'r 0.500 ev 0.750 clip -'
     >>> describe({"reward": 0.5}, None, Layout.MINIMAL)
@@ -80,8 +84,8 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
     clip = _clip(record)
     tps = float(record.get("throughput/gen_tokens_per_s", 0.0) or 0.0)
     ev = record.get("eval/reward", last_eval)
-    reward = f"{record.get('reward', float('nan')):.3f}"
-    ev_s = "-" if ev is None else f"{ev:.3f}"
+    reward = fixed(record.get('reward', float('nan')))
+    ev_s = "-" if ev is None else fixed(ev)
     clip_s = "-" if clip is None else f"{clip:.3f}"
     failed = int(record.get("episodes_failed", 0) or 0)
     trouble = (f" failed {failed}/{int(record.get('episodes', 0) or 0)}" if failed else "") + (
@@ -91,7 +95,9 @@ def describe(record: Mapping[str, Any], last_eval: float | None = None, layout: 
         return f"r {reward}{trouble}"
     if layout is Layout.COMPACT:
         return f"r {reward} ev {ev_s} clip {clip_s}{trouble}"
-    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s{trouble.replace(' ', '  ', 1)}"
+    wall = record.get("time/wall")  # the step's wall time (Note [Step time] in record.py)
+    per_step = f"  {wall:.1f} s/step" if isinstance(wall, (int, float)) else ""
+    return f"reward {reward}  eval {ev_s}  clip {clip_s}  {tps:.0f} tok/s{per_step}{trouble.replace(' ', '  ', 1)}"
 
 
 def _hms(seconds: float) -> str:

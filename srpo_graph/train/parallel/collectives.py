@@ -191,6 +191,25 @@ def all_reduce(value: float, op: str, dist: DistInfo) -> float:
     return float(t.item())
 
 
+def all_reduce_vector(values: torch.Tensor, op: str, dist: DistInfo) -> torch.Tensor:
+    """``values`` (a 1-d tensor, the same length on every rank) reduced elementwise over the ranks
+    with ``op`` (``sum`` or ``max``; a minimum travels negated), as a CPU float64 copy; one
+    collective, whatever its length, with the group's deadline like :func:`all_reduce`.
+
+    >>> all_reduce_vector(torch.tensor([1.0, 2.0]), "sum", DistInfo()).tolist()
+    [1.0, 2.0]
+    """
+    if op not in _OPS:
+        raise ValueError(f"unknown reduction {op!r}; known: {', '.join(_OPS)}")
+    t = values.detach().to("cpu", torch.float64).reshape(-1).clone()
+    if not dist.enabled:
+        return t
+    import torch.distributed as tdist
+
+    tdist.all_reduce(t, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}[op])
+    return t
+
+
 def current() -> DistInfo:
     """This process's place in the process group that is initialized now (one process: ``DistInfo()``),
     for code that runs inside a collective without being handed a :class:`DistInfo`.

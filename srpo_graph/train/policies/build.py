@@ -59,8 +59,12 @@ def build_policies(wf: Any, config: Any, device: str, resume_from: Path | None, 
     """One slot per trained policy of ``wf`` (backends not attached yet).
 
     Raises:
-        ConfigError: LoRA adapters under fsdp, a damaged adapter or shard (naming the file).
+        ConfigError: ``resume_from`` lacks a policy the workflow loads from it (a run of another workflow);
+            LoRA adapters under fsdp, a damaged adapter or shard (naming the file).
     """
+    if resume_from is not None:  # every trained slot (and a LoRA policy's shared base) reads policies/<name>/
+        layout.check_holds(resume_from, [p.name for p in wf.policies if p.name not in wf.untrained_policies
+                                         or p.name in wf.frozen_bases], wf.name)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

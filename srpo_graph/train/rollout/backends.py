@@ -9,10 +9,10 @@ run's config; produces:
   (``worker/``) when ``rollout.worker`` is on. Only the ranks that sample build backends (rank 0
   alone starts servers);
 * :func:`server_scope`: every server started inside it stops when training ends, fails or is
-  interrupted (``sglang_server``'s exit hook and parent-death signal cover a trainer that dies);
-* :func:`with_backend_defaults`: the backend's ``loss_defaults`` for the loss options not set
-  explicitly (``loss.mismatch = tis`` on SGLang: the server samples in bf16 with its own kernels
-  while the trainer recomputes in fp32, docs/sglang.md).
+  interrupted (``sglang_server``'s exit hook and parent-death signal cover a trainer that dies).
+
+A backend's ``loss_defaults`` (``loss.mismatch = tis`` on SGLang) are applied when the config is
+built (``train/config/defaults.py``).
 """
 
 from __future__ import annotations
@@ -77,15 +77,3 @@ def server_scope() -> Iterator[None]:
             if id(s) not in before:
                 s.stop()
 
-
-def with_backend_defaults(config: Any) -> Any:
-    """``config`` with its backend's ``loss_defaults`` (``BACKENDS[...]``) for the loss options not set
-    explicitly: ``loss.mismatch = tis`` on SGLang (docs/sglang.md, "bf16 sampler, fp32 trainer: the mismatch and
-    its correction")."""
-    defaults = {k: v for k, v in backend_spec(config.rollout.backend).loss_defaults.items()
-                if k not in config.loss.model_fields_set}
-    if not defaults:
-        return config
-    coerced = type(config.loss).model_validate(defaults)  # e.g. "tis" -> Mismatch.TIS
-    update = {k: getattr(coerced, k) for k in defaults}
-    return config.model_copy(update={"loss": config.loss.model_copy(update=update)})

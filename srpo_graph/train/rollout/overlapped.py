@@ -58,6 +58,7 @@ from typing import Any, Callable
 from srpo_graph.backends import backend_spec
 from srpo_graph.errors import ConfigError
 from srpo_graph.runtime.seeds import rollout_seed
+from srpo_graph.train.config.defaults import check_staleness_corrected
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.parallel.collectives import DistInfo
 from srpo_graph.train.rollout.gate import GatedBackend, WeightGate
@@ -72,7 +73,8 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
     Raises:
         ConfigError: an in-process backend (it samples from the very model being updated), or
             torchrun (rank 0 broadcasts each batch in step order; not built for overlap yet).
-            The transformers backend is accepted with ``rollout.worker = true``.
+            The transformers backend is accepted with ``rollout.worker = true``. Stale samples with
+            ``loss.mismatch = none`` (``config/defaults.py``: overlapped rollouts default to ``decoupled``).
     """
     k = config.rollout.max_staleness
     if config.rollout.partial_rollouts and (k == 0 or config.rollout.backend != "sglang"):
@@ -81,6 +83,7 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
                              "rollout.max_staleness >= 1", fix="set both, or rollout.partial_rollouts=false")
     if k == 0:
         return
+    check_staleness_corrected(config.loss.mismatch, k)
     if backend_spec(config.rollout.backend).in_process and not config.rollout.worker:
         raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}) need a "
                              f"server backend or a rollout worker; `{config.rollout.backend}` samples from the model "
