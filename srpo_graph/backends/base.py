@@ -47,6 +47,8 @@ class GenerationRequest:
     # (``prompt_ids`` is then empty), and the stop strings the server applies
     prompt_text: str | None = None
     stop: tuple[str, ...] = ()
+    # text-only backends: the agent's rendered `system:` prompt, sent as the system message
+    system_text: str | None = None
 
 
 @dataclass(frozen=True)

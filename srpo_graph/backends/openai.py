@@ -1,7 +1,9 @@
 """Client of an OpenAI-compatible chat-completions endpoint, for external policies (``openai(...)``).
 
-Backends stage. Text in, text out: each prompt is sent as one user message to
-``<url>/chat/completions`` and the answer's ``message.content`` comes back. Decision (issue 28):
+Backends stage. Text in, text out: each prompt is sent as one user message (after the agent's
+``system:`` prompt as a system message, when it has one) to ``<url>/chat/completions`` and the
+answer's ``message.content`` comes back; the messages sent are recorded on the output
+(``Output.messages``), so ``show`` can print what an external agent was asked. Decision (issue 28):
 an external output is recorded as **text only** -- no token ids, no log-probs. Tokenizing the
 answer with some local tokenizer would re-tokenize text (architecture rule 3) and give ids with no
 log-probs of record; an external policy is always frozen, so its outputs never enter the loss and
@@ -40,11 +42,23 @@ class ChatError(BackendError):
         self.partial, self.errors = partial, errors
 
 
+def messages(system: str | None, prompt: str) -> list[dict[str, str]]:
+    """The chat messages of one request: the system prompt (when the agent has one), then the prompt
+    as the user message -- what is sent, and what the trace records (``Output.messages``).
+
+    >>> messages("Be brief.", "2+2?")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    return ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": prompt}]
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     """One chat request: the user message and the sampling options an API honours."""
 
     prompt: str
+    system: str | None = None  # the agent's `system:` prompt, sent first as the system message
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -80,7 +94,7 @@ class OpenAIChat:
         self.weight_version = 0  # never synced: an external policy is frozen
 
     def _body(self, r: ChatRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.spec.model, "messages": [{"role": "user", "content": r.prompt}],
+        body: dict[str, Any] = {"model": self.spec.model, "messages": messages(r.system, r.prompt),
                                 "max_tokens": r.max_tokens, "temperature": r.temperature, "top_p": r.top_p}
         if r.stop:
             body["stop"] = list(r.stop)
@@ -176,7 +190,8 @@ class OpenAIBackend:
             if r.prompt_text is None:
                 raise BackendError(f"{self.client.url}: request {r.request_id!r} has no prompt text "
                                    "(an external model takes text, not token ids)")
-            chats.append(ChatRequest(r.prompt_text, max_tokens=r.max_new_tokens, temperature=r.temperature,
+            chats.append(ChatRequest(r.prompt_text, system=r.system_text, max_tokens=r.max_new_tokens,
+                                     temperature=r.temperature,
                                      top_p=r.top_p, stop=r.stop, seed=r.seed))
         try:
             answers = self.client.chat(chats)

@@ -3,7 +3,8 @@
 Consumes an agent's chat items and the policies declared so far; produces the agent's
 :class:`~srpo_graph.workflow.Chat` (None for a plain agent). Rules: ``memory`` is ``chat`` or
 ``none``, ``think`` is ``keep`` or ``strip``, references in ``system`` are checked like a
-prompt's, an ``openai(...)`` policy cannot keep a token-level conversation, and a chat agent's
+prompt's, an ``openai(...)`` policy takes ``system:`` as its system message but cannot keep a
+token-level conversation (``memory: chat``) or ``think:``, and a chat agent's
 policy must have a chat template when its tokenizer is on this machine (a model folder: its
 ``chat_template.jinja`` or the ``chat_template`` of its ``tokenizer_config.json``) or when it is one
 of the models srpo-graph builds here, known by name before it is built (``tiny``, ``tiny-reason``
@@ -144,11 +145,16 @@ def chat_of(scope: Scope, a: ast.AgentDecl, policy: Policy | None, refs: list[Re
                 fields[word] = i.value.value
     if policy is None:
         return Chat(**fields)
-    if policy.external is not None:  # every chat item: the runtime renders chats as token ids
-        first = items[0]
-        scope.err(f"agent '{name}' is a chat agent (`{_item_word(first)}`) on policy '{policy.name}', an "
-                  "openai(...) endpoint that takes text, not token ids", first.span,
-                  "drop `system`, `memory` and `think` for this agent, or give it a local policy", "no-chat-template")
+    if policy.external is not None:
+        # an endpoint takes messages: `system:` is its system message (issue 39, item 4); a kept
+        # conversation (`memory: chat`) and `think:` are token-level rules a text API cannot follow
+        for item in items:
+            if isinstance(item, ast.SystemItem):
+                continue
+            scope.err(f"agent '{name}' sets `{_item_word(item)}` on policy '{policy.name}', an openai(...) "
+                      "endpoint that takes text, not token ids", item.span,
+                      f"drop `{_item_word(item)}` for this agent (`system:` is sent as the system message), or "
+                      "give it a local policy", "no-chat-template")
     elif policy.external is None and has_chat_template(policy.model, scope.base_dir) is False:
         scope.err(f"agent '{name}' is a chat agent, but policy '{policy.name}' (model \"{policy.model}\") "
                   "has no chat template", items[0].span,

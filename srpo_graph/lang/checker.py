@@ -80,6 +80,8 @@ class CheckResult:
     warnings: list[Diagnostic] = field(default_factory=list)
     max_firings: int = 0  # bound on transition firings in one episode
     bound_reason: str = ""
+    # tools whose function was not imported (`--no-import`, the editor): their result type is unknown
+    untyped_tools: frozenset[str] = frozenset()
 
 
 def check(module: ast.Module, source: str | None = None, *, base_dir: str | Path | None = None) -> Workflow:
@@ -150,7 +152,8 @@ def check_module(module: ast.Module, source: str | None = None, *, base_dir: str
         workflow = Workflow(**{**fields, "transitions": tuple(result.transitions), "source_hash": source_hash(source)})
     except ValidationError as exc:  # a bug in the checker, never the user's: still no raw traceback
         raise WorkflowCheckError.at(str(module.path), f"internal check failure: {exc.errors()[0]['msg']}") from None
-    return CheckResult(workflow, ck.sink.warnings + model_advice(workflow), result.max_firings, result.bound_reason)
+    return CheckResult(workflow, ck.sink.warnings + model_advice(workflow), result.max_firings, result.bound_reason,
+                       frozenset(ck.untyped_tools))
 
 
 # Graph rules judge the graph the declarations describe; while a name or type is wrong (a typo

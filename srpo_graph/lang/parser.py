@@ -121,6 +121,7 @@ def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntax
     lines = text.split("\n")
     current = list(lines)
     err = first
+    recovered: str | None = None  # the text with the broken items blanked, once it parses
     for _ in range(MAX_REPORTED):
         spans = [d.span for d in err.diagnostics if d.span is not None]
         if not spans:
@@ -141,6 +142,7 @@ def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntax
         current[begin:end] = [""] * (end - begin)
         try:
             _lark().parse("\n".join(current))
+            recovered = "\n".join(current)
             break
         except UnexpectedInput as exc:
             err = _syntax_error(exc, "\n".join(current), path)
@@ -150,9 +152,11 @@ def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntax
             if not new:  # an error the blanking itself caused (e.g. a lone `}`): stop here
                 break
             diagnostics.extend(new)
-    if len(diagnostics) == len(first.diagnostics):
-        return first
-    return WorkflowSyntaxError(diagnostics=diagnostics, source=text)
+    out = first if len(diagnostics) == len(first.diagnostics) else WorkflowSyntaxError(diagnostics=diagnostics,
+                                                                                      source=text)
+    # the editor's outline of what does parse (lsp/document.py): positions are the file's own
+    out.recovered_text = recovered  # type: ignore[attr-defined]
+    return out
 
 
 def _is_whole_line(line: str) -> bool:

@@ -34,6 +34,10 @@ class Analysis:
     index: Index | None = None
     result: CheckResult | None = None  # None: it does not check
     seconds: float = 0.0  # the time parse + check + index took
+    # tool result types from the check with imports (lsp/imports.py), when it ran: name -> type
+    tool_types: dict[str, str] = field(default_factory=dict)
+    # after a syntax error: the index of the items that do parse (the outline keeps them), else None
+    partial: Index | None = None
 
     @property
     def workflow(self) -> Workflow | None:
@@ -62,6 +66,12 @@ def analyze(text: str, path: str, imports: ImportPolicy = NO_IMPORT) -> Analysis
         out.module = parse(text, path)
     except WorkflowSyntaxError as exc:
         out.diagnostics = list(exc.diagnostics)
+        recovered = getattr(exc, "recovered_text", None)
+        if recovered is not None:  # the broken items blanked (Note [Syntax error recovery])
+            try:
+                out.partial = build_index(parse(recovered, path))
+            except Exception:  # noqa: BLE001 - no outline is better than a broken editor
+                out.partial = None
     except Exception as exc:  # noqa: BLE001 - a parser bug must not take the editor down
         out.diagnostics = [_internal(exc, path)]
     if out.module is not None:

@@ -172,7 +172,13 @@ def _hover_tool(a: Analysis, ix: Index, occ: Occurrence) -> lsp.Hover | None:
                     t = a.result.workflow if a.result else None
                     tt = next((tc.type for tr in t.transitions for tc in tr.tools if tc.name == occ.name), None) \
                         if t else None
-                    typed = f": `{type_str(tt)}`" if tt is not None else ""
+                    if occ.name in a.tool_types:  # the check with imports knows the function's annotation
+                        typed = f": `{a.tool_types[occ.name]}`"
+                    elif a.result is not None and occ.name in a.result.untyped_tools:
+                        typed = (" (type unknown: the editor checks without importing the module; setting "
+                                 "`imports`)")
+                    else:
+                        typed = f": `{type_str(tt)}`" if tt is not None else ""
                     return _md([f"**tool result** `{occ.name}`{typed}", "",
                                 f"- `{fmt_call(i.call)}`, called by transition `{it.name.value}`"])
     return None
@@ -318,8 +324,9 @@ _SYMBOL_KIND = {
 
 def document_symbols(a: Analysis, lines: Lines) -> list[lsp.DocumentSymbol]:
     """The outline: imports, the task block (its fields), policies, agents (their output fields),
-    transitions (their tools), start, reward and max_steps."""
-    ix = a.index
+    transitions (their tools), start, reward and max_steps. On a syntax error, the items that parse
+    (issue 39, item 5: the outline was empty)."""
+    ix = a.index if a.index is not None else a.partial
     if ix is None:
         return []
 

@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from srpo_graph.errors import Diagnostic, Span
@@ -28,6 +28,7 @@ class ImportOutcome:
 
     diagnostics: list[Diagnostic] | None
     problem: str = ""
+    tool_types: dict[str, str] = field(default_factory=dict)  # name -> `.wf` type, from the imported functions
 
 
 def to_json(d: Diagnostic) -> dict:
@@ -47,8 +48,18 @@ def from_json(x: dict) -> Diagnostic:
                       x["where"], x["why"], tuple((Span(**s), what) for s, what in x["related"]))
 
 
+READY = b"ready\n"  # the child's first line: its own imports are done, the user's begin
+START_DEADLINE = 120.0  # seconds the child may take to start (python and srpo_graph), however loaded
+
+
 async def check_in_child(text: str, path: str, policy: ImportPolicy, timeout: float) -> ImportOutcome:
-    """Check ``text`` with imports (``policy``) in a child process, at most ``timeout`` seconds.
+    """Check ``text`` with imports (``policy``) in a child process.
+
+    Note [The import deadline]: ``timeout`` bounds the user's part only -- importing the file's
+    modules and the check -- counted from the child's ``ready`` line, after its own start (python,
+    srpo_graph), which on a loaded machine can alone take longer than the whole limit (issue 39,
+    item 5: a module importing only ``typing`` timed out after 5 s). The start has a deadline of its
+    own (:data:`START_DEADLINE`), so nothing waits forever.
 
     Returns:
         The diagnostics, or None with the reason (timed out, the child died).
@@ -61,21 +72,37 @@ async def check_in_child(text: str, path: str, policy: ImportPolicy, timeout: fl
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "srpo_graph.lsp.imports", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    stage = "start"
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(request.encode("utf-8")), timeout)
-    except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+        proc.stdin.write(request.encode("utf-8"))
+        await proc.stdin.drain()
+        proc.stdin.close()
+        first = await asyncio.wait_for(proc.stdout.readline(), START_DEADLINE)
+        if first == READY:
+            stage = "check"
+            out = await asyncio.wait_for(proc.stdout.read(), timeout)
+            await asyncio.wait_for(proc.wait(), timeout)
+        else:
+            out = first + await proc.stdout.read()
+            await proc.wait()
+    except (asyncio.TimeoutError, asyncio.CancelledError, ConnectionError) as exc:
         _kill(proc)
         await proc.wait()
         if isinstance(exc, asyncio.CancelledError):
             raise
-        return ImportOutcome(None, f"the check with imports took longer than {timeout:g} s (a module's import "
-                                   "hangs or is slow); showing the check without imports")
+        if stage == "start":
+            return ImportOutcome(None, f"the check with imports did not start within {START_DEADLINE:g} s "
+                                       "(python and srpo_graph); showing the check without imports")
+        return ImportOutcome(None, f"importing the file's modules and checking took longer than {timeout:g} s (a "
+                                   "module's import hangs or is slow); showing the check without imports")
     if proc.returncode != 0:
         return ImportOutcome(None, f"the check with imports ended with exit status {proc.returncode}; "
                                    "showing the check without imports")
     try:
-        return ImportOutcome([from_json(x) for x in json.loads(out.decode("utf-8"))])
-    except (ValueError, KeyError, TypeError):
+        answer = json.loads(out.decode("utf-8"))
+        return ImportOutcome([from_json(x) for x in answer["diagnostics"]], tool_types=dict(answer["tool_types"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return ImportOutcome(None, "the check with imports answered something unreadable (a module printed "
                                    "to stdout?); showing the check without imports")
 
@@ -91,6 +118,8 @@ def _main() -> None:  # pragma: no cover - run as the child process, exercised t
     from srpo_graph.lsp.document import analyze
 
     request = json.loads(sys.stdin.read())
+    sys.stdout.buffer.write(READY)  # Note [The import deadline]: the user's part starts now
+    sys.stdout.buffer.flush()
     allowed = request["allowed"]
     policy = ImportPolicy(allowed=tuple(allowed) if allowed is not None else None)
     real_stdout = sys.stdout
@@ -99,7 +128,13 @@ def _main() -> None:  # pragma: no cover - run as the child process, exercised t
         analysis = analyze(request["text"], request["path"], policy)
     finally:
         sys.stdout = real_stdout
-    real_stdout.write(json.dumps([to_json(d) for d in analysis.diagnostics]))
+    from srpo_graph.workflow import type_str
+
+    wf = analysis.workflow
+    untyped = analysis.result.untyped_tools if analysis.result is not None else frozenset()
+    tools = {} if wf is None else {tc.name: type_str(tc.type) for t in wf.transitions for tc in t.tools
+                                   if tc.name not in untyped}
+    real_stdout.write(json.dumps({"diagnostics": [to_json(d) for d in analysis.diagnostics], "tool_types": tools}))
     real_stdout.flush()
     os._exit(0)  # a module's threads or atexit hooks must not keep the child alive
 

@@ -154,6 +154,7 @@ class WfServer:
         if self.ls.workspace.get_text_document(uri).source != text:
             return  # edited meanwhile: a newer check is on its way
         if outcome.diagnostics is not None:
+            analysis.tool_types = outcome.tool_types  # hover shows the imported functions' result types
             checked = not any(d.severity == "error" for d in outcome.diagnostics)
             self.publish(uri, analysis, [*(token_diags if checked else []), *outcome.diagnostics], version)
         else:
@@ -166,6 +167,25 @@ class WfServer:
         lines = self.lines(uri, analysis.text)
         self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
             uri=uri, version=version, diagnostics=[to_lsp(d, lines, uri) for d in diags]))
+
+
+class Refused(JsonRpcInvalidParams):
+    """A request the server declines on purpose (a rename to a taken name): answered as an error the
+    editor shows, and logged as one line -- it is not a server fault, so no traceback (issue 39, item 5)."""
+
+
+class _RefusalsWithoutTraceback(logging.Filter):
+    """pygls logs every error answer with ``logger.exception``; a :class:`Refused` one becomes one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, Refused):
+            record.msg, record.args, record.exc_info, record.exc_text = f"refused: {exc.message}", (), None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+logging.getLogger("pygls.protocol.json_rpc").addFilter(_RefusalsWithoutTraceback())
 
 
 _TOKENIZERS = threading.Lock()  # a fast tokenizer must not be used by two threads at once
@@ -296,7 +316,7 @@ def make_server() -> LanguageServer:
         try:
             return features.rename(a, line, col, params.new_name, lines)
         except features.RenameError as exc:  # answered as an error the editor shows; not a server fault
-            raise JsonRpcInvalidParams(message=str(exc)) from None
+            raise Refused(message=str(exc)) from None
 
     @ls.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
     def document_symbol(params: lsp.DocumentSymbolParams):

@@ -388,7 +388,8 @@ def show_cmd(traces_file, index, html_file, workflow_file, max_shown, models, hi
     console = Console()
     decode = None
     if not hide_prompt:
-        policies = sorted({o.policy for _, ep in chosen for o in ep.outputs})
+        # an external agent's output carries its messages: no tokenizer to find for it
+        policies = sorted({o.policy for _, ep in chosen for o in ep.outputs if o.messages is None})
         decode = PromptDecoder(prompt_models(Path(traces_file), workflow_file, models, policies))
     for i, ep in chosen:
         print_episode(console, ep, i, decode)

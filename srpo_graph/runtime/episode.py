@@ -26,13 +26,20 @@ from srpo_graph.errors import Diagnostic, RuntimeFailure
 from srpo_graph.lang import firing
 from srpo_graph.lang.callables import import_module
 from srpo_graph.runtime.render import State, call_args, choice_problem
-from srpo_graph.runtime.trace import MAX_ABS_REWARD, Episode, Output, TransitionRecord, WorkflowRef
+from srpo_graph.runtime.trace import MAX_ABS_REWARD, ChatMessage, Episode, Output, TransitionRecord, WorkflowRef
 from srpo_graph.runtime.usercode import Deadlines, Overdue, UserTimeout
 from srpo_graph.runtime.usercode import call as call_user
 from srpo_graph.workflow import END, ActivateRoute, Call, Transition, Workflow
 
 _OUTPUT_ORDER = tuple(Output.model_fields)  # the order model_construct (and so model_dump) keeps
 _OUTPUT_FIELDS = frozenset(_OUTPUT_ORDER)
+
+
+def sent_messages(req: Any) -> list[ChatMessage]:
+    """The messages a text-only backend was sent for ``req`` (its ``system:``, then the prompt)."""
+    system = getattr(req, "system_text", None)
+    head = [ChatMessage(role="system", content=system)] if system is not None else []
+    return [*head, ChatMessage(role="user", content=req.prompt_text or "")]
 
 
 def _record_output(**fields: Any) -> Output:
@@ -230,6 +237,7 @@ class EpisodeRun:
                 value=value,
                 finish_reason=sampled.finish_reason,
                 source=sampled.source,
+                messages=sent_messages(req) if sampled.source == "text" else None,
             )
         )
         if error is not None:

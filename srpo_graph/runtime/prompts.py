@@ -128,7 +128,7 @@ class AgentPlan:
         return [cache[t] for t in texts]
 
     def request(self, prompt_ids: tuple[int, ...], *, seed: int, request_id: str,
-                prompt_text: str | None = None) -> GenerationRequest:
+                prompt_text: str | None = None, system_text: str | None = None) -> GenerationRequest:
         s = self.agent.sampling
         return GenerationRequest(
             prompt_ids=prompt_ids, max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
@@ -136,6 +136,7 @@ class AgentPlan:
             seed=seed, request_id=request_id, logprobs=s.logprobs,
             prompt_text=prompt_text if self.tokenizer is None else None,
             stop=self.stop_strings if self.tokenizer is None else (),
+            system_text=system_text if self.tokenizer is None else None,
         )
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -157,7 +158,10 @@ def plan_agents(workflow: Workflow, backends: Mapping[str, Backend]) -> dict[str
     plans = {}
     for agent in workflow.agents:
         tok = backends[agent.policy].tokenizer
-        chat = chat_plan(agent, tok) if agent.chat is not None else None
+        if tok is None and agent.chat is not None and agent.chat.memory == "chat":
+            chat_plan(agent, tok)  # raises: a conversation of token ids needs a tokenizer
+        # a text-only backend gets its `system:` as a message of its own (requests.py), not a ChatPlan
+        chat = chat_plan(agent, tok) if agent.chat is not None and tok is not None else None
         if tok is None:  # a text-only backend (an external model): stops go as strings
             if agent.sampling.allow is not None or agent.sampling.top_k:  # the checker refuses these for
                 # openai(...) policies; `run --backend openai` on a local policy's agent gets here

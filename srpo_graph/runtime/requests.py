@@ -44,6 +44,7 @@ def batch_requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agent
     """
     rendered: list[tuple[EpisodeRun, AgentPlan, str]] = []
     chat_ids: dict[int, tuple[int, ...]] = {}  # chat agents' prompts come from their conversation
+    systems: dict[int, str] = {}  # a text-only policy's `system:`, sent as its own message
     for ep, agent in work:
         plan = plans[agent]
         try:
@@ -52,6 +53,9 @@ def batch_requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agent
                 chat_ids[len(rendered)] = ids
                 rendered.append((ep, plan, text))
             else:
+                chat = plan.agent.chat
+                if plan.tokenizer is None and chat is not None and chat.system is not None:
+                    systems[len(rendered)] = render(chat.system, ep.state)
                 rendered.append((ep, plan, render(plan.agent.template, ep.state)))
         except Exception as exc:  # noqa: BLE001 - e.g. an absent reference
             ep.fail(at_node(plan.agent.template, f"prompt of agent {agent!r}: {exc}"), "prompt")
@@ -68,12 +72,12 @@ def batch_requests(work: list[tuple[EpisodeRun, str]], plans: Mapping[str, Agent
     batches: dict[int, list[Item]] = {}
     order: list[tuple[int, int]] = []
     issued: dict[int, int] = {}  # episode -> requests made this round: each output its own seed
-    for (ep, plan, text), prompt in zip(rendered, prompts):
+    for i, ((ep, plan, text), prompt) in enumerate(zip(rendered, prompts)):
         k = issued.get(id(ep), 0)
         issued[id(ep)] = k + 1
         n = len(ep.outputs) + k
         req = plan.request(prompt, seed=output_seed(ep.seed, n), request_id=f"{ep.group_id}/{ep.sample}/o{n}",
-                           prompt_text=text)
+                           prompt_text=text, system_text=systems.get(i))
         too_long = over_context(ep, plan, req, backends[plan.agent.policy])
         if too_long:
             ep.fail(too_long, "prompt")

@@ -90,6 +90,11 @@ def _conversation_lines(prompt: str) -> str | None:
     return "\n".join(f"{role:>9} │ {content}" for role, content in turns if content or role != "assistant")
 
 
+def _message_lines(messages: Sequence[Any]) -> str:
+    """The messages sent to an external agent (``Output.messages``), one line per message."""
+    return "\n".join(f"{m.role:>9} │ {m.content.replace(chr(10), '⏎')}" for m in messages)
+
+
 def timeline(ep: Episode) -> list[tuple[str, Any]]:
     """Outputs and transitions interleaved in the order they happened (by step).
 
@@ -126,7 +131,10 @@ def print_episode(console: Any, ep: Episode, index: int | None = None, decode: D
             lp = sum(obj.logprobs)
             details = Text.assemble((f"{obj.policy} v{obj.policy_version}, {len(obj.prompt_ids)}+"
                                      f"{len(obj.completion_ids)} tok, logp {lp:.2f}, {obj.finish_reason}", "dim"), "\n")
-            if decode is not None:
+            if decode is not None and obj.messages is not None:  # an external agent: the messages it was sent
+                details.append_text(Text.assemble(("conversation", "blue"), "\n", _message_lines(obj.messages), "\n",
+                                                  ("assistant", "blue"), (" │ ", "dim")))
+            elif decode is not None:
                 text = decode(obj)
                 chat = None if text is None else _conversation_lines(text)
                 if text is None:
@@ -214,7 +222,10 @@ def episode_html(
         for kind, obj in timeline(ep):
             if kind == "output":
                 prompt = ""
-                if decode is not None:
+                if decode is not None and obj.messages is not None:  # an external agent's messages
+                    prompt = ("<details class='prompt' open><summary>conversation</summary>"
+                              f"<code>{html.escape(_message_lines(obj.messages))}</code></details>")
+                elif decode is not None:
                     text = decode(obj)
                     chat = None if text is None else _conversation_lines(text)
                     prompt = (

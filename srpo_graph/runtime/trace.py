@@ -56,6 +56,8 @@ def output_problems(o: Any) -> Iterator[tuple[str, str]]:
             yield "source", f"output {o.id!r}: a text-only output (source 'text') records no token ids or log-probs"
     elif not o.prompt_ids:
         yield "prompt_ids", f"output {o.id!r}: empty prompt_ids"
+    if getattr(o, "messages", None) is not None and getattr(o, "source", "tokens") != "text":
+        yield "messages", f"output {o.id!r}: only a text-only output (source 'text') records the messages it sent"
     if len(o.logprobs) != len(o.completion_ids):
         yield "logprobs", f"output {o.id!r}: {len(o.logprobs)} logprobs for {len(o.completion_ids)} completion tokens"
     for name in ("prompt_ids", "completion_ids"):
@@ -137,6 +139,13 @@ class WorkflowRef(_Frozen):
     hash: str  # sha256 of the .wf source
 
 
+class ChatMessage(_Frozen):
+    """One message sent to a text-only (external) policy: ``system`` or ``user``."""
+
+    role: Literal["system", "user"]
+    content: str
+
+
 class Output(_Frozen):
     """One agent output: one generation."""
 
@@ -162,6 +171,8 @@ class Output(_Frozen):
     # "text": an external (OpenAI-compatible) model's answer, recorded as text only -- no prompt or
     # completion ids, no log-probs (backends/openai.py says why); always from a frozen policy
     source: Literal["tokens", "text"] = "tokens"
+    # a text output: the messages sent to the endpoint (system, user), as sent; None for token outputs
+    messages: list[ChatMessage] | None = None
 
     @model_validator(mode="after")
     def _rules(self) -> "Output":  # Note [One copy of the trace rules]

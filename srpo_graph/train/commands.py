@@ -325,8 +325,8 @@ def consolidate_command(source, out, step, policy):
     Example: srpo-graph consolidate runs/coord_fsdp --out exported/coord
     """
     from srpo_graph.errors import ConfigError
+    from srpo_graph.train.checkpoint import open_checkpoint
     from srpo_graph.train.checkpoint.sharded import consolidate
-    from srpo_graph.train.eval_command import resolve_source
 
     is_run = (source / "config.toml").is_file() and (source / "checkpoints").is_dir()
     if not (is_run or ((source / "COMPLETE").is_file() and source.parent.name == "checkpoints")):
@@ -335,12 +335,11 @@ def consolidate_command(source, out, step, policy):
             "not a run folder (config.toml + checkpoints/) or one checkpoints/step_N folder",
             fix="give RUN_DIR or RUN_DIR/checkpoints/step_N",
         )
-    src = resolve_source(str(source), step)
-    assert src.checkpoint is not None
-    policies = [policy] if policy else list(json.loads((src.checkpoint / "state.json").read_text())["policies"])
+    checkpoint = open_checkpoint(source, step, reader="consolidate")  # Note [One verified read]
+    policies = [policy] if policy else list(json.loads((checkpoint / "state.json").read_text())["policies"])
     for name in policies:
-        written = consolidate(src.checkpoint, name, out if len(policies) == 1 else out / name)
-        click.echo(f"wrote {written} ({name}, {src.checkpoint.name}; load it with from_pretrained)")
+        written = consolidate(checkpoint, name, out if len(policies) == 1 else out / name)
+        click.echo(f"wrote {written} ({name}, {checkpoint.name}; load it with from_pretrained)")
 
 
 COMMANDS: list = [train_command, export_adapter_command, consolidate_command, eval_command]

@@ -54,24 +54,13 @@ def resolve_source(text: str, step: int | None = None) -> Source:
     if text == "base":
         return Source(text, "base")
     path = Path(text)
-    if (path / ckpt.COMPLETE).is_file() and path.parent.name == "checkpoints":  # one checkpoint
-        return Source(text, "run", path.parent.parent, path)
-    if (path / "config.toml").is_file() and (path / "checkpoints").is_dir():
-        if step is not None:
-            chosen = path / "checkpoints" / f"step_{step}"
-            problem = ckpt.verify_checkpoint(chosen) if chosen.is_dir() else "no such checkpoint"
-            if problem is not None:
-                have = [s for s, _ in ckpt.checkpoint_dirs(path)]
-                raise ConfigError.at(str(chosen), f"cannot evaluate step {step}: {problem}",
-                                     fix=f"choose one of the run's checkpoints: steps {have}")
-            return Source(text, "run", path, chosen)
-        good, damaged = ckpt.latest_good_checkpoint(path)
-        if good is None:
-            why = "; ".join(f"{p.name}: {w}" for p, w in damaged) or "no checkpoint"
-            raise ConfigError.at(str(path), f"no good checkpoint to evaluate ({why})",
-                                 fix="train with checkpoint.every > 0, or evaluate another source")
-        return Source(text, "run", path, good)
+    if (path / ckpt.COMPLETE).is_file() and path.parent.name == "checkpoints":  # one checkpoint, verified
+        return Source(text, "run", path.parent.parent, ckpt.open_checkpoint(path, reader="evaluate"))
+    if (path / "config.toml").is_file() and (path / "checkpoints").is_dir():  # Note [One verified read]
+        return Source(text, "run", path, ckpt.open_checkpoint(path, step, reader="evaluate"))
     if (path / "config.json").is_file():
+        if ckpt.enclosing_checkpoint(path) is not None:  # a checkpoint's policy folder: its checkpoint verified
+            ckpt.open_checkpoint(path, reader="evaluate")
         return Source(text, "model", path)
     raise ConfigError.at(text, "not a source to evaluate",
                          why="a source is `base`, a run folder (config.toml + checkpoints/), one "

@@ -178,6 +178,7 @@ def test_fmt_never_changes_what_a_valid_file_means(name, monkeypatch):
         monkeypatch.chdir(GOLDEN / "ok")  # its helper modules import from there
         text = (GOLDEN / "ok" / name.split("/", 1)[1]).read_text(encoding="utf-8")
     else:
+        monkeypatch.chdir(ROOT / "workflows")  # its helper modules (chat_tools, searchpool) import from there
         text = (ROOT / "workflows" / name).read_text(encoding="utf-8")
     before = _semantics(text)
     formatted = format_source(text, "f.wf")

@@ -143,3 +143,62 @@ async def test_imports_when_the_settings_allow_them(importing_client, folder):
     await asyncio.wait_for(until(lambda: len([u for u, _ in client.publish_log if u == uri]) >= 2), 60)
     assert got(client.published[uri][1]) == want and any(code == "bad-import" for *_, code in want)
     docs.close(uri)
+
+
+ROUTE_WF = """workflow r
+import std
+import looptools as lt
+task { target: int }
+policy tiny = "tiny"
+agent a {
+  policy: tiny
+  prompt: "<a>{task.target}"
+  output: int via std.digit
+}
+transition t {
+  consume: a
+  tool verdict = lt.verdict(a)
+  activate: route verdict { stop -> end, again -> a }
+  max_rounds: 3
+}
+start: a
+"""
+LOOPTOOLS = ('from typing import Literal\n\n\ndef verdict(x: int | None) -> Literal["stop", "again"]:\n'
+             '    return "stop" if x else "again"\n')
+
+
+async def _hover_text(client, uri: str, text: str) -> str:
+    hover = await client.text_document_hover_async(lsp.HoverParams(
+        text_document=lsp.TextDocumentIdentifier(uri=uri), position=pos(text, "verdict =")))
+    assert hover is not None
+    return hover.contents.value
+
+
+async def test_hover_shows_a_tools_literal_result_when_imports_are_on(importing_client, folder):
+    """Issue 39, item 5: hover showed `text` for a tool returning ``Literal["stop", "again"]``; the type
+    comes from the check with imports (the child's answer), and without imports hover says it is unknown."""
+    client = importing_client
+    docs = Docs(client)
+    (folder / "looptools.py").write_text(LOOPTOOLS)
+    client.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(  # an earlier test narrowed them
+        settings={"srpoGraph": {"imports": "all", "importTimeout": 60}}))
+    path = folder / "route.wf"
+    uri = path.resolve().as_uri()
+    await docs.open(path, ROUTE_WF)
+
+    async def typed() -> str:  # the child's answer arrives after the no-import diagnostics
+        while "type unknown" in (shown := await _hover_text(client, uri, ROUTE_WF)):
+            await client.wait_for_notification(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        return shown
+
+    assert "`choice[stop, again]`" in await asyncio.wait_for(typed(), 60)
+    docs.close(uri)
+
+
+async def test_hover_says_a_tools_type_is_unknown_without_imports(default_client, folder):
+    docs = Docs(default_client)
+    (folder / "looptools.py").write_text(LOOPTOOLS)
+    uri, _ = await docs.open(folder / "route.wf", ROUTE_WF)
+    shown = await _hover_text(default_client, uri, ROUTE_WF)
+    assert "type unknown" in shown and "`text`" not in shown, shown
+    docs.close(uri)

@@ -16,9 +16,12 @@ The names below are the stage's public API (``from srpo_graph.train import check
 from srpo_graph.train.checkpoint.checkpointer import (
     FORMATS,
     Checkpointer,
+    enclosing_checkpoint,
     format_of,
     latest_good_checkpoint,
     load_checkpoint,
+    open_checkpoint,
+    verified_model_path,
     verify_checkpoint,
 )
 from srpo_graph.train.checkpoint.full import save_checkpoint
@@ -33,5 +36,6 @@ from srpo_graph.train.checkpoint.layout import (
 from srpo_graph.train.checkpoint.sharded import consolidate, is_sharded_checkpoint
 
 __all__ = ["COMPLETE", "FORMATS", "Checkpointer", "LoopState", "checkpoint_dirs", "consolidate", "disk_full",
-           "format_of", "is_sharded_checkpoint", "latest_checkpoint", "latest_good_checkpoint", "load_checkpoint",
-           "policy_path", "save_checkpoint", "verify_checkpoint"]
+           "enclosing_checkpoint", "format_of", "is_sharded_checkpoint", "latest_checkpoint", "latest_good_checkpoint",
+           "load_checkpoint", "open_checkpoint", "policy_path", "save_checkpoint", "verified_model_path",
+           "verify_checkpoint"]

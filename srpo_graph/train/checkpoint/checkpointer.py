@@ -77,6 +77,74 @@ def latest_good_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple
     return None, skipped
 
 
+def open_checkpoint(source: str | Path, step: int | None = None, *, reader: str = "read") -> Path:
+    """The one way a command opens a checkpoint (Note [One verified read]): ``source`` is a run folder
+    (its newest good checkpoint, or ``step``), one ``checkpoints/step_N`` folder, or a policy folder
+    inside one (``.../step_N/policies/NAME``, used as a model); the checkpoint is verified --
+    manifest, every file's size and sha256 before any is opened, the pickle of a DCP ``.metadata``
+    only after its checksum -- before it is returned.
+
+    Raises:
+        ConfigError: no checkpoint there, or a damaged one, naming the file and what is wrong.
+    """
+    path = Path(source)
+    chosen = enclosing_checkpoint(path)
+    if chosen is None:
+        if step is not None:
+            chosen = path / "checkpoints" / f"step_{step}"
+            if not chosen.is_dir():
+                have = [s for s, _ in checkpoint_dirs(path)]
+                raise ConfigError.at(str(chosen), f"cannot {reader} step {step}: no such checkpoint",
+                                     fix=f"choose one of the run's checkpoints: steps {have}")
+        else:
+            good, damaged = latest_good_checkpoint(path)
+            if good is None:
+                why = "; ".join(f"{p.name}: {w}" for p, w in damaged) or "no checkpoint"
+                raise ConfigError.at(str(path), f"no good checkpoint to {reader} ({why})",
+                                     fix="train with checkpoint.every > 0, or give another source")
+            return good  # latest_good_checkpoint verified it
+    problem = verify_checkpoint(chosen)
+    if problem is not None:
+        raise ConfigError.at(str(chosen), f"cannot {reader} this checkpoint: {problem}",
+                             why="a checkpoint is read only after every file matches its manifest",
+                             fix="use another checkpoint of the run (its newest good one: give the run folder)")
+    return chosen
+
+
+def enclosing_checkpoint(path: str | Path) -> Path | None:
+    """The ``checkpoints/step_N`` folder ``path`` is, or is a policy folder of (None: neither).
+
+    >>> enclosing_checkpoint("runs/r/checkpoints/step_3/policies/tiny").as_posix()
+    'runs/r/checkpoints/step_3'
+    >>> enclosing_checkpoint("runs/r") is None
+    True
+    """
+    p = Path(path)
+    for candidate in (p, p.parent.parent):
+        if candidate.parent.name == "checkpoints" and candidate.name.startswith("step_") and (
+                candidate == p or p.parent.name == "policies"):
+            return candidate
+    return None
+
+
+def verified_model_path(path: str) -> str:
+    """``path`` (a model folder), after its checkpoint's verification when it is a checkpoint's policy
+    folder (``.../checkpoints/step_N/policies/NAME``, e.g. a frozen earlier self).
+
+    Raises:
+        ConfigError: that checkpoint is damaged (named).
+    """
+    if enclosing_checkpoint(path) is not None:
+        open_checkpoint(path, reader="load a policy of")
+    return path
+
+
+# Note [One verified read]: --resume, eval, consolidate, export-adapter and a checkpoint's policy folder
+# used as a model (rollout.models, a frozen `policy past = ".../step_N/policies/me"`) read checkpoints;
+# each goes through open_checkpoint (or latest_good_checkpoint), so a damaged or swapped file is named,
+# never exported, evaluated or unpickled (issue 40, item 2).
+
+
 def load_checkpoint(checkpoint: str | Path, *, optimizers: dict[str, Any], schedulers: dict[str, Any],
                     restore_rng: bool = True) -> LoopState:
     """Restore optimizer/scheduler/RNG state from a complete checkpoint; the loop state it saved.
@@ -201,5 +269,5 @@ class Checkpointer:
         return latest_checkpoint(self.run_dir)
 
 
-__all__ = ["FORMATS", "Checkpointer", "checkpoint_dirs", "format_of", "latest_good_checkpoint", "load_checkpoint",
-           "verify_checkpoint"]
+__all__ = ["FORMATS", "Checkpointer", "checkpoint_dirs", "enclosing_checkpoint", "format_of", "latest_good_checkpoint",
+           "load_checkpoint", "open_checkpoint", "verified_model_path", "verify_checkpoint"]

@@ -21,7 +21,7 @@ import torch
 from srpo_graph.backends import backend_spec
 from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
-from srpo_graph.train.checkpoint import layout, sharded
+from srpo_graph.train.checkpoint import layout, sharded, verified_model_path
 from srpo_graph.train.parallel import fsdp
 from srpo_graph.train.parallel.collectives import DistInfo
 from srpo_graph.train.policies import lora
@@ -79,7 +79,7 @@ def build_policies(wf: Any, config: Any, device: str, resume_from: Path | None, 
     for pol in wf.policies if not slots else ():
         if pol.name in wf.untrained_policies:  # frozen / external: frozen.py, no slot
             continue
-        base = resolve_model(pol.model)
+        base = verified_model_path(str(resolve_model(pol.model)))  # Note [One verified read]
         path = str(layout.policy_path(resume_from, pol.name)) if resume_from else base
         model: Any = sharded.load_model(path, dtype)  # a sharded checkpoint: its config; shards below
         model = model.to(device).eval()  # no dropout: learn/update.py

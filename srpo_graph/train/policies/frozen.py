@@ -16,6 +16,7 @@ from typing import Any
 from srpo_graph.backends import TrainedPolicy
 from srpo_graph.errors import ConfigError
 from srpo_graph.models import resolve_model
+from srpo_graph.train.checkpoint import verified_model_path
 from srpo_graph.workflow import Workflow
 
 
@@ -93,7 +94,7 @@ def load_frozen(wf: Workflow, config: Any, device: str) -> tuple[list[TrainedPol
 
             out[name] = OpenAIBackend.for_policy(pol.external)
             continue
-        path = resolve_model(pol.model)
+        path = verified_model_path(str(resolve_model(pol.model)))  # Note [One verified read]
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.rollout.dtype))
         model = model.to(device).eval()
         model.requires_grad_(False)  # never updated: no grads, no optimizer

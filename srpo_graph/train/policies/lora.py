@@ -323,17 +323,7 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
 
     hf_logging.disable_progress_bar()
     source, out = Path(source), Path(out)
-    checkpoint: Path | None = source
-    if not (source / ckpt.COMPLETE).is_file():
-        checkpoint, damaged = ckpt.latest_good_checkpoint(source)
-        if checkpoint is None:
-            why = "; ".join(f"{p.name}: {w}" for p, w in damaged) or "no checkpoint"
-            raise ConfigError.at(
-                str(source),
-                f"no good checkpoint to export from ({why})",
-                fix="give a run folder with a complete checkpoint (train with checkpoint.every > 0)",
-            )
-    assert checkpoint is not None
+    checkpoint = ckpt.open_checkpoint(source, reader="export")  # Note [One verified read]
     folder = ckpt.policy_path(checkpoint, policy)
     if not folder.is_dir():
         have = sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []

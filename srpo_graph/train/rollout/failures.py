@@ -37,11 +37,21 @@ def check_failure_budget(stats: Any, config: Any) -> None:
     budget = config.rollout.max_failed_fraction
     if share > budget:
         firsts = "".join(f"\n  first {k} failure: {msg}" for k, msg in sorted(stats.first_failure.items()))
-        server = (" (a server's log is in RUN_DIR/sglang/ when training started it)"
-                  if "backend" in stats.failed_by_kind else "")
+        server = backend_hint(config) if "backend" in stats.failed_by_kind else ""
         raise FailureBudgetExceeded(
             f"{stats.failures} of {stats.episodes} episodes failed ({failure_summary(stats)}; {share:.0%} > "
             f"rollout.max_failed_fraction={budget:g}){server}{firsts}")
 
 
-__all__ = ["FailureBudgetExceeded", "check_failure_budget", "failure_summary"]
+def backend_hint(config: Any) -> str:
+    """Where to look after backend failures: the logs of the servers this run launched
+    (``RUN_DIR/sglang/``) only when it launched some; external endpoints and connected servers keep
+    their own logs (issue 39, item 4: an endpoint's stop pointed at logs that did not exist)."""
+    r = config.rollout
+    launched = r.backend == "sglang" and getattr(r.sglang, "launch", None) is not None
+    if launched:
+        return f" (the servers' logs are in {config.run_dir}/sglang/)"
+    return " (each failure above names the server or endpoint; its own log says more)"
+
+
+__all__ = ["FailureBudgetExceeded", "backend_hint", "check_failure_budget", "failure_summary"]
