@@ -37,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests" / "backends"))
+sys.path.insert(0, str(ROOT))  # tests.support.sglang_servers
 from _perfdoc import machine, write_result, write_section  # noqa: E402
 
 WORKFLOWS = {"multi-turn, varied lengths": HERE / "workloads" / "multiturn_varied.wf",
@@ -318,9 +318,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from sglang_servers import start_real_server
-
     from srpo_graph.models.tiny import ensure_tiny_model
+    from tests.support.sglang_servers import start_real_server
 
     modes = [int(x) for x in args.modes.split(",")]
     model = str(ensure_tiny_model())

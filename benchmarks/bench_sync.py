@@ -19,7 +19,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "backends"))
+sys.path.insert(0, str(HERE.parent))  # tests.support.sglang_servers
 from _perfdoc import machine, write_result, write_section  # noqa: E402
 
 # name -> Llama shape (hidden, layers, intermediate, vocab); built in code, random weights
@@ -57,10 +57,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="tiny,mid,large")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from sglang_servers import start_real_server
     from transformers import AutoModelForCausalLM
 
     from srpo_graph.backends import load_backend
+    from tests.support.sglang_servers import start_real_server
 
     rows, data = [], {}
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:

@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # The README's test command: set up, then run the whole suite (tests/ and the doctests in srpo_graph/).
+#   bash scripts/test.sh [PYTEST ARGS]          the whole suite (CI runs this)
+#   bash scripts/test.sh --fast [PYTEST ARGS]   the fast lane, for the edit-test loop: the unit tests and
+#       doctests, without the tests that train a model end to end (marker slow), need a real SGLang
+#       server (sglang) or start Python processes (proc); pyproject.toml registers the markers
 set -euo pipefail
+fast=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  fast=(-m "not slow and not sglang and not proc")
+fi
 cd "$(dirname "$0")/.."
 # (.ci/run has run the set-up already and says so with SRPO_GRAPH_SETUP_DONE=1: one pip pass, not two)
 [ -n "${SRPO_GRAPH_SETUP_DONE:-}" ] || bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "$@"
+exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider ${fast[@]+"${fast[@]}"} "$@"  # (the +: bash 3 and set -u)

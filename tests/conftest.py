@@ -56,3 +56,15 @@ def realvocab():
         return ensure_shaped_model(name, _HOME / name)
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _lane_marks(request):
+    """A test that starts a Python process must be marked out of the fast lane (tests/support/lanes.py)."""
+    from tests.support.lanes import LANE_MARKS, guard_processes
+
+    if any(request.node.get_closest_marker(mark) for mark in LANE_MARKS):
+        yield
+        return
+    with guard_processes(request.node.nodeid):
+        yield

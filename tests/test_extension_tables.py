@@ -106,6 +106,7 @@ main(sys.argv[1:])
 '''
 
 
+@pytest.mark.proc
 def test_a_toy_backend_through_the_table_alone(tmp_path):
     """The row alone gives the backend a `run --backend` choice and `--counting-log` flag, a
     `rollout.counting` config section, training on it, and a line in the config reference."""

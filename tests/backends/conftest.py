@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.sglang_servers import sglang_unavailable, start_real_server
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory, tiny_copy):
@@ -13,19 +15,9 @@ def tiny_dir(tmp_path_factory, tiny_copy):
 
 @pytest.fixture(scope="session")
 def tiny_backend(tiny_dir):
-    import torch
+    from tests.support.models import tiny_backend_at
 
-    from srpo_graph.backends.transformers import TransformersBackend
-
-    torch.set_num_threads(1)
-    return TransformersBackend.from_pretrained(str(tiny_dir))
-
-
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import sglang_unavailable, start_real_server  # noqa: E402
+    return tiny_backend_at(tiny_dir)
 
 
 @pytest.fixture(scope="session")

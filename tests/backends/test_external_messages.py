@@ -8,7 +8,6 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_openai_backend import _Server
 
 from srpo_graph.cli import app
 from srpo_graph.errors import WorkflowCheckError
@@ -16,6 +15,7 @@ from srpo_graph.lang import check, parse
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.trace import read_traces, write_traces
+from tests.backends.test_openai_backend import _Server  # its real local HTTP server
 
 WF = """workflow ext
 import std

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_openai_backend import _Server
 
 from srpo_graph.compiler.compile import compile as compile_batch
 from srpo_graph.compiler.options import CompileConfig
@@ -24,6 +23,7 @@ from srpo_graph.lang import check, parse
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.trace import Episode
+from tests.backends.test_openai_backend import _Server  # its real local HTTP server
 
 WF = """workflow ext
 import std
@@ -102,6 +102,7 @@ def test_external_text_outputs_are_the_same_under_both_schedulers(tiny_backend):
         assert v.text == f"echo:<b>{s.text}" and v.policy_version == 0
 
 
+@pytest.mark.proc
 def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
     """`srpo-graph run` on the same workflow: every episode is written to the traces, failed with the
     URL, and -- since every one failed -- the run exits 5 saying so (a run that produced nothing
@@ -151,10 +152,9 @@ def chat_server(tmp_path_factory):
     (the model's generation_config has top_k 0, which SGLang's OpenAI route refuses)."""
     import os
 
-    from sglang_servers import _free_port, require_sglang
-
     from srpo_graph.backends.sglang_server import CPU_TEMPLATE, start_server
     from srpo_graph.models.tiny import ensure_tiny_model
+    from tests.support.sglang_servers import _free_port, require_sglang
 
     require_sglang()
     recipe = (
@@ -262,6 +262,7 @@ def test_the_external_example_trains_with_one_command(chat_server, tmp_path):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step_2" / "policies").iterdir()) == ["m"]
 
 
+@pytest.mark.proc
 def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_path):
     """`srpo-graph run --backend openai` on a workflow of plain policies (a real local echo server):
     the answers are recorded as text only; an agent with `allow:` is refused, located, before any request."""

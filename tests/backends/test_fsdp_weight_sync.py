@@ -36,6 +36,7 @@ def _ranks(out):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.proc
 def test_fsdp_save_pretrained_writes_shard_by_shard(tiny_dir, tmp_path):
     """The disk route under FSDP: a folder of several safetensors shards (+ index), written one
     gathered shard at a time, that ``from_pretrained`` loads as the trainer's weights; each rank
@@ -58,6 +59,7 @@ def test_fsdp_save_pretrained_writes_shard_by_shard(tiny_dir, tmp_path):
         torch.testing.assert_close(sd_got[k], sd_want[k], rtol=0, atol=0)
 
 
+@pytest.mark.proc
 def test_a_failed_fsdp_sync_ends_on_every_rank(tiny_dir, tmp_path):
     """Rank 0's server does not exist: rank 0 reports the URL, rank 1 an error naming rank 0,
     both promptly (rank 0 still runs the gathers rank 1 waits in: Note [Every rank gathers])."""

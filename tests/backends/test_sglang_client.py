@@ -4,16 +4,11 @@ exact wire format. The real-server tests are in test_sglang_real.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from srpo_graph.backends.base import Backend, GenerationRequest
 from srpo_graph.errors import BackendError
-
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_double import FakeSGLang, toy_logprob, toy_next  # noqa: E402
+from tests.support.sglang_double import FakeSGLang, toy_logprob, toy_next  # noqa: E402
 
 
 def backend(server, **kw):

@@ -6,13 +6,11 @@ Opt-in outside CI, required in CI (see sglang_servers.py)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import _free_port, require_sglang  # noqa: E402
+from tests.support.sglang_servers import _free_port, require_sglang  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from sglang_servers import _free_port, require_sglang
+
+from tests.support.sglang_servers import _free_port, require_sglang
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,17 +10,12 @@ started together for the module (their start-ups overlap).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.backends.sampling import scaled_logprobs
-
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
+from tests.support.sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer

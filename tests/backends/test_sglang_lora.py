@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import _free_port, require_sglang  # noqa: E402
-
 from srpo_graph.backends.base import GenerationRequest  # noqa: E402
 from srpo_graph.backends.sglang_lora import SGLangAdapterBackend, lora_flags  # noqa: E402
+from tests.support.sglang_servers import _free_port, require_sglang  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

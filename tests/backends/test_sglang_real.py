@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,9 +24,7 @@ import torch
 from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.backends.sampling import scaled_logprobs
 from srpo_graph.errors import BackendError
-
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import require_sglang, start_real_server, start_real_servers, stop_servers  # noqa: E402
+from tests.support.sglang_servers import require_sglang, start_real_server, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (measured max 0.007)
@@ -351,7 +348,7 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
             pytest.fail("sglang-router is not installed in the SGLang venv (.ci/run installs it)")
         pytest.skip("sglang-router is not installed in the SGLang venv (pip install sglang-router)")
     w1, w2 = start_real_servers([tiny_dir, tiny_dir], tmp_path)  # started together: one start-up's wait
-    from sglang_servers import _free_port
+    from tests.support.sglang_servers import _free_port
 
     port = _free_port(30091, 30100, exclude={w1.port, w2.port})
     router = SGLangServer(

@@ -9,16 +9,11 @@ Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one module-
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-from sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
-from test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
+from tests.runtime.test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
+from tests.support.sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer

@@ -40,6 +40,7 @@ def _start(tmp_path, code: str, health_timeout: float = 60.0):
     ("SIGSEGV", ["SIGSEGV", "native code"]),
     ("SIGBUS", ["SIGBUS", "/dev/shm"]),
 ])
+@pytest.mark.proc  # a stand-in server process (die.py)
 def test_a_server_killed_by_a_signal_while_starting_names_the_signal_and_the_fix(tmp_path, sig, words):
     message = _start(tmp_path, "import os, signal, sys\n"
                                "print('UserWarning: something unrelated', flush=True)\n"
@@ -50,6 +51,7 @@ def test_a_server_killed_by_a_signal_while_starting_names_the_signal_and_the_fix
     assert "fix:" in message
 
 
+@pytest.mark.proc  # a stand-in server process (die.py)
 def test_a_port_taken_under_the_server_is_named(tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -59,6 +61,7 @@ def test_a_port_taken_under_the_server_is_named(tmp_path):
     assert "port is already taken" in message and "rollout.sglang.port" in message, message
 
 
+@pytest.mark.proc  # a stand-in server process (die.py)
 def test_sglang_missing_in_the_servers_python_is_named(tmp_path):
     """This test environment's python has no SGLang (the server's venv does): a real failed import."""
     if importlib.util.find_spec("sglang") is not None:
@@ -82,6 +85,7 @@ def test_a_launch_command_that_is_not_executable_is_named(tmp_path):
     assert "cannot execute" in str(info.value) and "rollout.sglang.launch" in str(info.value)
 
 
+@pytest.mark.proc  # a stand-in server process (die.py)
 def test_a_launcher_that_dies_takes_the_children_it_started_with_it(tmp_path):
     """SGLang's launcher forks its scheduler and detokenizer: a launcher that dies while starting
     must not leave them running (the whole process group is stopped)."""
@@ -122,11 +126,7 @@ def test_the_real_server_on_a_model_folder_it_cannot_load_says_so(tmp_path):
     from pathlib import Path
 
     from srpo_graph.backends.sglang_server import sglang_python
-
-    spec = importlib.util.spec_from_file_location("sglang_servers", Path(__file__).with_name("sglang_servers.py"))
-    assert spec and spec.loader
-    servers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(servers)
+    from tests.support import sglang_servers as servers
     why = servers.sglang_unavailable()
     if why:
         if os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG"):

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sglang_servers import require_sglang  # noqa: E402
+from tests.support.sglang_servers import require_sglang  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ROOT = Path(__file__).resolve().parents[2]

@@ -69,6 +69,7 @@ def run_a(tmp_path):
     proc.wait()
 
 
+@pytest.mark.proc
 def test_two_runs_on_one_weight_folder_refuse_each_other(run_a, tiny_dir):
     from transformers import AutoModelForCausalLM
 

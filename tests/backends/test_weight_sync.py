@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +24,6 @@ from srpo_graph.backends.weight_sync import (
 )
 from srpo_graph.errors import BackendError
 
-sys.path.insert(0, str(Path(__file__).parent))
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (as test_sglang_real.py)
 
 
@@ -149,9 +146,8 @@ def test_a_server_that_stalls_or_dies_mid_sync_ends_it_with_its_url(tmp_path, ti
     sync deadline with an error naming the server; the same server killed (SIGKILL): the next
     sync fails at once, naming it. The signals are sent from the HTTP hook between two buckets,
     so the fault lands mid-sync, on a real server."""
-    from sglang_servers import start_real_server
-
     from srpo_graph.backends import load_backend
+    from tests.support.sglang_servers import start_real_server
 
     server = start_real_server(tiny_dir, tmp_path)
     pid = server.proc.pid

@@ -7,9 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_backend(tmp_path_factory, tiny_copy):
-    import torch
+    from tests.support.models import tiny_backend_at
 
-    from srpo_graph.backends.transformers import TransformersBackend
-
-    torch.set_num_threads(1)
-    return TransformersBackend.from_pretrained(str(tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny")))
+    return tiny_backend_at(tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny"))

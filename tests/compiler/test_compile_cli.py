@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from srpo_graph.cli import app
@@ -14,6 +15,7 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.runtime.trace import write_traces
 
 
+@pytest.mark.proc
 def test_compile_then_inspect_subprocess(tmp_path):
     traces = tmp_path / "t.jsonl"
     write_traces(traces, synthetic_episodes(2, 3, seed=1))

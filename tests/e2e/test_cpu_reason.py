@@ -304,6 +304,7 @@ def test_the_studys_identities_hold_on_real_rollouts(workflow, reason_model):
                 assert not torch.equal(b.member_advantage, grpo.member_advantage), name
 
 
+@pytest.mark.proc  # --jobs 2: spawned worker processes
 def test_study_runs_in_parallel_as_it_runs_alone(tmp_path):
     """``--jobs 2`` (spawned workers) saves the same records as one process: same seeds, same numbers."""
     study = _study()

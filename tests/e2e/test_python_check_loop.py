@@ -55,14 +55,10 @@ start: a
 
 
 @pytest.fixture(scope="module")
-def tiny_backend():
-    import torch
+def tiny_backend(tmp_path_factory, tiny_copy):
+    from tests.support.models import tiny_backend_at
 
-    from srpo_graph.backends.transformers import TransformersBackend
-    from srpo_graph.models.tiny import ensure_tiny_model
-
-    torch.set_num_threads(1)
-    return TransformersBackend.from_pretrained(str(ensure_tiny_model()))
+    return tiny_backend_at(tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny"))
 
 
 def _workflow(tmp_path: Path, fn: str = "verdict") -> Path:

@@ -50,6 +50,7 @@ def test_cli_trains_then_resumes(tmp_path):
     assert [r["step"] for r in rows] == [1] and not (run / "checkpoints" / "step_3").exists()
 
 
+@pytest.mark.proc
 def test_cli_config_errors_exit_7_and_name_the_field(tmp_path):
     proc = _cli("workflows/coord_seq.wf", "optim.lr=-1", "--run-dir", str(tmp_path / "x"), timeout=120)
     assert proc.returncode == 7
@@ -90,6 +91,7 @@ def test_cli_nproc_2_matches_one_process(tmp_path):
         assert lp1 == pytest.approx(lp2, abs=1e-5)
 
 
+@pytest.mark.proc
 def test_objective_is_selected_on_the_command_line_and_saved(tmp_path):
     """`objective=dapo` trains with DAPO's loss and compile options; config.toml keeps it for --resume."""
     import tomllib

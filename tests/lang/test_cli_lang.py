@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -14,6 +16,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.proc
 def test_check_ok_and_bad_file() -> None:
     ok = _run("check", "workflows/coord_seq.wf")
     assert ok.returncode == 0, ok.stderr
@@ -24,6 +27,7 @@ def test_check_ok_and_bad_file() -> None:
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.proc
 def test_fmt_check_and_viz(tmp_path: Path) -> None:
     assert _run("fmt", "--check", "workflows/coord_seq.wf").returncode == 0
     messy = tmp_path / "m.wf"
@@ -37,6 +41,7 @@ def test_fmt_check_and_viz(tmp_path: Path) -> None:
     assert out.read_text().startswith("flowchart TD")
 
 
+@pytest.mark.proc
 def test_check_prints_tight_bounds_and_separates_workflows() -> None:
     # coord_routed: dispatch, then ONE of done_a/b/c -> 2 firings (not 4: a router takes one case);
     # coord_mixed: pair, then close -> 2; search has a bounded cycle -> max_steps
@@ -49,6 +54,7 @@ def test_check_prints_tight_bounds_and_separates_workflows() -> None:
     assert "(max_steps; the graph has bounded cycles)" in blocks[2]
 
 
+@pytest.mark.proc
 def test_check_json_saves_the_typed_workflow(tmp_path: Path) -> None:
     from srpo_graph.lang import load_workflow
     from srpo_graph.workflow import Workflow

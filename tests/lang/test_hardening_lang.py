@@ -44,6 +44,7 @@ def _pathological() -> dict[str, str]:
     }
 
 
+@pytest.mark.proc
 def test_every_analysis_ends_on_every_file(tmp_path):
     """`check` on every golden file, example and pathological graph, in one process under a
     timeout: a hang (two transitions of one name looped forever) fails here instead of hanging CI."""
@@ -75,6 +76,7 @@ def test_every_analysis_ends_on_every_file(tmp_path):
     assert result[str(tmp_path / "chain.wf")] == result[str(tmp_path / "wide.wf")] == "ok"
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("module", ["exits_at_import", "interrupts_at_import"])
 def test_a_module_that_exits_at_import_cannot_end_or_fool_check(module):
     wf = GOLDEN / "bad" / ("import_system_exit.wf" if module == "exits_at_import" else "import_keyboard_interrupt.wf")

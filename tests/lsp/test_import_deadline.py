@@ -9,6 +9,8 @@ import asyncio
 import shutil
 from pathlib import Path
 
+import pytest
+
 from srpo_graph.lang.checker import ImportPolicy
 from srpo_graph.lsp.imports import check_in_child
 
@@ -31,6 +33,7 @@ start: a
 """
 
 
+@pytest.mark.proc  # the import check runs in a child process
 def test_a_slow_start_does_not_count_against_the_import_deadline(tmp_path, monkeypatch):
     slow = tmp_path / "slow_start"
     slow.mkdir()
@@ -43,6 +46,7 @@ def test_a_slow_start_does_not_count_against_the_import_deadline(tmp_path, monke
     assert any(d.code == "bad-signature" for d in out.diagnostics)  # the module was imported and checked
 
 
+@pytest.mark.proc  # the import check runs in a child process
 def test_a_slow_import_is_still_stopped_at_the_deadline(tmp_path):
     (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(30)\n\n\ndef f(text: str) -> int:\n    return 1\n")
     text = WF.format(module="slowmod", function="f")

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from srpo_graph.cli import app
@@ -24,6 +25,7 @@ def _frame(obj: dict) -> bytes:
     return f"Content-Length: {len(body)}\r\n\r\n".encode("ascii") + body
 
 
+@pytest.mark.proc
 def test_the_process_answers_initialize_and_exits_on_exit():
     messages = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"processId": None, "rootUri": None,
@@ -46,6 +48,7 @@ def test_the_process_answers_initialize_and_exits_on_exit():
     assert "srpo-graph.graphSvg" in caps["executeCommandProvider"]["commands"]
 
 
+@pytest.mark.proc
 def test_a_refused_rename_is_an_error_answer_without_a_traceback_and_a_broken_file_keeps_its_outline(tmp_path):
     """Issue 39, item 5: refused renames printed tracebacks on the server's stderr, and the outline was
     empty on any syntax error. The real process over stdio: the rename is answered with an error

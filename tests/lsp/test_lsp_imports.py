@@ -22,7 +22,7 @@ from srpo_graph.lang.parser import parse  # noqa: E402
 from .conftest import ROOT, Docs, config, record_publishes, start  # noqa: E402
 from .test_lsp_server import got, pos  # noqa: E402
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.proc]  # proc: the language server runs as a process
 
 BAD = ROOT / "tests/lang/golden/bad"
 HANGS = "import time\n\ntime.sleep(600)\n\n\ndef f(text: str) -> str:\n    return text\n"

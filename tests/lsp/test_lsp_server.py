@@ -29,7 +29,7 @@ from srpo_graph.runtime.tokens import check_local_tokens  # noqa: E402
 
 from .conftest import ENV, ROOT, Docs, config, record_publishes, start  # noqa: E402
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.proc]  # proc: the language server runs as a process
 
 EXAMPLES = sorted((ROOT / "workflows").rglob("*.wf"))
 def _utf8(p: Path) -> bool:  # an editor sends decoded text: a file that is not UTF-8 never reaches the server

@@ -100,6 +100,7 @@ def _expected_class(tok: Token, previous: Token | None) -> str | None:
     return None  # punctuation: any scope
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_token_of_a_shipped_example_has_its_class(highlighted, path):
     text = path.read_text(encoding="utf-8")
@@ -126,6 +127,7 @@ def test_every_token_of_a_shipped_example_has_its_class(highlighted, path):
     assert not wrong, "\n".join(wrong[:20])
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_prompt_holes_are_template_expressions(highlighted, path):
     text = path.read_text(encoding="utf-8")
@@ -149,6 +151,7 @@ def test_prompt_holes_are_template_expressions(highlighted, path):
         assert "meta.template.expression.wf" not in after or after[-1].endswith("template-expression.begin.wf")
 
 
+@pytest.mark.proc
 def test_the_assertion_tests_of_the_grammar_pass():
     """``npm run test:grammar``: vscode-tmgrammar-test on editors/vscode/test/*.wf (scopes
     asserted by hand, character by character)."""

@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # runtime_workflows, failing_tools (a user's tool module)
+# failing_tools: a user's tool module, found on sys.path as a user's own module would be
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
 def tiny_backend(tmp_path_factory, tiny_copy):
-    import torch
+    from tests.support.models import tiny_backend_at
 
-    from srpo_graph.backends.transformers import TransformersBackend
-
-    torch.set_num_threads(1)
-    path = tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny")
-    return TransformersBackend.from_pretrained(str(path))
+    return tiny_backend_at(tiny_copy(tmp_path_factory.mktemp("tiny") / "tiny"))
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import runtime_workflows as wfs  # on sys.path via this folder's conftest
 
 from srpo_graph.errors import BackendError
 from srpo_graph.runtime.executor import run
+from tests.support import workflows as wfs
 
 
 class Altering:

@@ -1,6 +1,6 @@
 """A backend that stops answering mid-run: a clear BackendError, and the finished episodes kept.
 
-The server is the SGLang TEST DOUBLE of tests/backends/sglang_double.py (a real local HTTP
+The server is the SGLang TEST DOUBLE of tests/support/sglang_double.py (a real local HTTP
 server speaking SGLang's documented wire format; SGLang itself needs a GPU and cannot run
 here), told to die after a number of generations. The client, executor, CLI and trace file are
 the real ones.
@@ -8,7 +8,6 @@ the real ones.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ from click.testing import CliRunner
 from srpo_graph.cli import app
 from srpo_graph.errors import BackendError
 from srpo_graph.runtime.trace import read_traces
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from sglang_double import FakeSGLang  # noqa: E402
+from tests.support.sglang_double import FakeSGLang
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,11 +65,10 @@ def test_a_completed_run_is_rewritten_in_task_order(tmp_path, monkeypatch, tiny_
 @pytest.mark.parametrize("error", [RuntimeError("device lost"), BackendError("sglang: gone")])
 def test_any_backend_exception_becomes_a_backend_error(tmp_path, error, tiny_copy):
     """A backend raising anything mid-run: the run raises BackendError naming the policy."""
-    import runtime_workflows as wfs
-
     from srpo_graph.models.tiny import load_tokenizer
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import Task
+    from tests.support import workflows as wfs
 
     class Failing:  # a test double standing for an engine that breaks: it has no model at all
         tokenizer = load_tokenizer(tiny_copy(tmp_path / "tiny"))

@@ -6,13 +6,13 @@ saved with ``save_pretrained`` and loaded back with ``from_pretrained`` as any m
 
 from __future__ import annotations
 
-import runtime_workflows as wfs
 from transformers import PreTrainedTokenizerFast
 
 from srpo_graph.backends.transformers import TransformersBackend
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.prompts import encode_prompt, encode_prompts
 from srpo_graph.runtime.render import State, render
+from tests.support import workflows as wfs
 
 # every piece is one token of the tiny vocabulary: <q>, <sep>, <s>
 TEMPLATE = ("{% for m in messages %}<q>{{ m['content'] }}<sep>{% endfor %}"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import runtime_workflows as wfs  # on sys.path via this folder's conftest
 import torch
 
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.render import State, render
 from srpo_graph.runtime.trace import Episode
+from tests.support import workflows as wfs
 
 
 def by_id(ep: Episode):

@@ -25,13 +25,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import runtime_workflows as wfs  # on sys.path via this folder's conftest
 
 from srpo_graph.errors import BackendError
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.streaming import backend_concurrency, prefers_streaming
 from srpo_graph.runtime.trace import Episode
 from srpo_graph.runtime.usercode import Deadlines
+from tests.support import workflows as wfs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import runtime_workflows as wfs
 
 from srpo_graph.errors import RuntimeFailure, TraceError
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import load_tasks
 from srpo_graph.runtime.trace import read_traces, write_traces
+from tests.support import workflows as wfs
 
 
 def test_load_tasks_ok_and_ids(tmp_path):
@@ -54,6 +54,7 @@ def test_trace_round_trip_and_broken_lines(tmp_path, tiny_backend, coord_tasks):
     assert len(kept) == 2 and len(errors) == 2 and "tr.jsonl:3:" in str(errors[1])
 
 
+@pytest.mark.proc
 def test_committed_data_files_are_current():
     import subprocess
     import sys

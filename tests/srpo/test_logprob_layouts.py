@@ -21,6 +21,7 @@ from srpo_graph.srpo.forwards import length_buckets
 from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
+from tests.support.models import NoCache, NoKeep
 
 # the layouts under test: (layout, bucket_overhead); overhead 0 = a bucket per distinct
 # length, a huge overhead = one padded bucket per policy
@@ -219,43 +220,19 @@ def test_loss_and_gradients_do_not_depend_on_the_layout(models, batch):
             assert torch.allclose(got, ref, atol=1e-5, rtol=1e-4), key
 
 
-class _NoKeep(torch.nn.Module):
-    """A causal LM whose forward has no ``logits_to_keep``: the padded layout takes full logits."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids, position_ids, use_cache=False):
-        return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache)
-
-
 def test_padded_layout_without_logits_to_keep(models, batch):
     with torch.no_grad():
         a, _ = packed_logprobs(models, batch, layout="padded")
-        b, _ = packed_logprobs([_NoKeep(m) for m in models], batch, layout="padded")
+        b, _ = packed_logprobs([NoKeep(m) for m in models], batch, layout="padded")
     assert torch.allclose(a, b, atol=1e-6)
-
-
-class _NoCache(torch.nn.Module):
-    """A causal LM wrapper whose forward takes no KV cache (like the fsdp ordering wrapper)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids, position_ids=None, use_cache=False, logits_to_keep=0):
-        return self.inner(
-            input_ids=input_ids, position_ids=position_ids, use_cache=use_cache, logits_to_keep=logits_to_keep
-        )
 
 
 def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
     tiny = models[0]
     assert tiny.config._attn_implementation == "sdpa"
     assert choose_layout(tiny) == "prefix"
-    assert choose_layout(_NoKeep(tiny)) == "padded" and choose_layout(_NoCache(tiny)) == "padded"
-    assert choose_layout(_NoCache(tiny), "prefix") == "padded"  # asked of a model without a cache
+    assert choose_layout(NoKeep(tiny)) == "padded" and choose_layout(NoCache(tiny)) == "padded"
+    assert choose_layout(NoCache(tiny), "prefix") == "padded"  # asked of a model without a cache
     assert choose_layout(tiny, "packed") == "packed" and choose_layout(tiny, "padded") == "padded"
     assert choose_layout(models[1]) == "prefix"  # Qwen2 with its sliding window off
     from transformers import MistralConfig, MistralForCausalLM
@@ -313,7 +290,7 @@ def test_auto_picks_packed_for_varlen_attention_and_prefix_for_a_cache(models):
         ]:
             tiny.config._attn_implementation = impl
             assert choose_layout(tiny) == want, impl
-            assert choose_layout(_NoCache(tiny)) == ("packed" if want == "packed" else "padded"), impl
+            assert choose_layout(NoCache(tiny)) == ("packed" if want == "packed" else "padded"), impl
     finally:
         tiny.config._attn_implementation = saved
     with pytest.raises(ValueError, match="layout must be"):

@@ -18,6 +18,7 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.logprobs import packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
+from tests.support.models import NoKeep
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,17 +126,6 @@ def test_real_traces_from_the_tiny_model_recompute_to_the_sampler_logprobs(model
     models[0].zero_grad(set_to_none=True)
 
 
-class _NoKeep(torch.nn.Module):
-    """A causal LM whose forward has no ``logits_to_keep`` (exercises the full-logits path)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, input_ids, position_ids, use_cache=False):
-        return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache)
-
-
 def test_gradients_equal_unpacked_and_both_logit_paths_agree(models):
     small = models[1]
     vocab = small.config.vocab_size
@@ -148,7 +138,7 @@ def test_gradients_equal_unpacked_and_both_logit_paths_agree(models):
     (lp * w).sum().backward()
     packed = [p.grad.clone() for p in small.parameters()]
     small.zero_grad(set_to_none=True)
-    lp_full, _ = packed_logprobs([_NoKeep(small)], b)  # full [tokens, V] logits, then gathered
+    lp_full, _ = packed_logprobs([NoKeep(small)], b)  # full [tokens, V] logits, then gathered
     assert torch.allclose(lp_full.detach(), lp.detach(), atol=1e-6)
     small.zero_grad(set_to_none=True)
     total = 0.0

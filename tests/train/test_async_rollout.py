@@ -7,7 +7,6 @@ The overlap itself on the real CPU SGLang server: tests/backends/test_sglang_asy
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -163,8 +162,7 @@ def test_max_staleness_0_through_the_overlapped_stage_is_the_synchronous_loop(tm
 
 
 def test_a_failure_in_the_producer_stops_the_run_as_the_synchronous_stage_does(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "tests" / "runtime"))
-    from user_code_cases import make
+    from tests.support.user_code import make
 
     path, _, _ = make(tmp_path, reward="raising_reward")
     tasks = tmp_path / "tasks.jsonl"

@@ -287,6 +287,7 @@ def test_lora_run_folder(tmp_path):
     assert rep.overall.episodes == 6 and {o.policy for e in eps for o in e.outputs} == {"role_a", "role_b"}
 
 
+@pytest.mark.proc
 def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
     out = tmp_path / "ev"
     proc = subprocess.run(
@@ -340,6 +341,7 @@ def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
     assert bad.returncode == 7 and "not a source to evaluate" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.proc  # the rollout worker is a process
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_eval_on_a_run_that_sampled_in_the_rollout_worker(tmp_path, staleness):
     """Issue 39, item 1: a run trained with ``rollout.worker = true`` (and overlapped rollouts) is

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize("wf,extra", [
     ("selfplay_frozen.wf", []),
     # the recipe model takes minutes to build: the same workflow on the tiny model
@@ -26,6 +27,7 @@ def test_example_trains(tmp_path, wf, extra):
     assert not (tmp_path / "run" / "checkpoints" / "step_2" / "policies" / "past").exists()
 
 
+@pytest.mark.proc
 def test_selfplay_against_a_later_checkpoint(tmp_path):
     """The self-play opponent pointed at a saved policy of an earlier run (its checkpoint folder is
     a model folder): it trains, and the opponent's outputs come from those frozen weights."""

@@ -26,13 +26,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from user_code_cases import make  # noqa: E402
-
-from srpo_graph.errors import ConfigError  # noqa: E402
-from srpo_graph.train.config.loading import validate  # noqa: E402
-from srpo_graph.train.parallel.collectives import DistInfo  # noqa: E402
-from srpo_graph.train.rollout.ranks import rank_share, samples_on_every_rank  # noqa: E402
+from srpo_graph.errors import ConfigError
+from srpo_graph.train.config.loading import validate
+from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.rollout.ranks import rank_share, samples_on_every_rank
+from tests.support.user_code import make
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("rollout_worker.py")

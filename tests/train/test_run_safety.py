@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from srpo_graph.train.config.loading import load_toml, validate
 from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.run_folder import lock_run_dir
 from srpo_graph.train.trainer import train
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_seq.wf"
@@ -185,17 +185,22 @@ def _cli(run: Path, *extra: str) -> subprocess.Popen:
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait(proc: subprocess.Popen, ready, limit: float = 240) -> None:
-    deadline = time.monotonic() + limit  # guards against a hang, asserts nothing about speed
-    while not ready():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.02)
+def _wait(proc: subprocess.Popen, ready, run: Path) -> None:
+    """Until ``ready()``, however slow the start here: fails when ``proc`` exits or ``run`` stops changing."""
+    metrics = run / "metrics.jsonl"
+    wait_for(ready, proc=proc, what="the state",
+             progress=lambda: (sorted(map(str, run.rglob("*"))), metrics.stat().st_size if metrics.exists() else 0))
+
+
+def _steps_logged(run: Path) -> int:
+    """Whole lines in metrics.jsonl (a line the trainer is still writing would read as damaged)."""
+    return (run / "metrics.jsonl").read_bytes().count(b"\n") if (run / "metrics.jsonl").exists() else 0
 
 
 @pytest.mark.slow
 def test_sigterm_during_the_loop_leaves_a_resumable_run(run):
     proc = _cli(run, "--steps", "40")
-    _wait(proc, lambda: len(read_metrics(run / "metrics.jsonl")) >= 4)
+    _wait(proc, lambda: _steps_logged(run) >= 4, run)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
@@ -214,7 +219,7 @@ def test_ctrl_c_during_start_up_says_how_to_resume(run):
         except (OSError, json.JSONDecodeError):
             return False
 
-    _wait(proc, locked)
+    _wait(proc, locked, run)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]

@@ -102,6 +102,7 @@ def test_the_verifier_names_a_damaged_shard_and_a_nan_weight(tiny, tmp_path):
         _save(tmp_path / "c", m, opt, sched, tiny)
 
 
+@pytest.mark.proc
 def test_consolidate_names_a_folder_that_is_no_run(tmp_path):
     """A user error: the command names the folder and what it expected, exit code 7, no traceback."""
     import os

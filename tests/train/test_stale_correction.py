@@ -81,6 +81,7 @@ def test_resume_keeps_the_resolved_correction_and_resolves_older_runs(tmp_path):
     assert build_config(None, ["rollout.max_staleness=0"], resume=run).loss.mismatch is Mismatch.NONE
 
 
+@pytest.mark.proc  # the rollout worker is a process
 def test_a_stale_run_through_the_rollout_worker_trains_with_the_weight_active(tmp_path):
     """3 steps of coord_par2 with ``rollout.worker=true rollout.max_staleness=1`` and nothing else set:
     steps 2 and 3 train on outputs a version old (gap ~0.2 nats per token), and the decoupled

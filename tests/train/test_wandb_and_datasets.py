@@ -5,7 +5,6 @@ metrics as ``metrics.jsonl`` has them, and W&B is off unless asked for."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ datasets = pytest.importorskip("datasets")
 from srpo_graph.train.config.loading import validate  # noqa: E402
 from srpo_graph.train.observe.metrics import read_metrics  # noqa: E402
 from srpo_graph.train.trainer import train  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,9 +45,10 @@ def test_offline_wandb_run_on_parquet_tasks(tmp_path, monkeypatch):
     run_id = (run / "wandb_id.txt").read_text().strip()
     files = sorted((run / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert files
-    deadline = time.monotonic() + 60  # wandb's core process may still be flushing the file when finish() returns
-    while len(history := _history(files[-1])) < len(rows) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    # wandb's core process may still be flushing the file when finish() returns: wait while it grows
+    wait_for(lambda: len(_history(files[-1])) >= len(rows), progress=lambda: files[-1].stat().st_size, stall=120,
+             what=f"{len(rows)} steps in {files[-1]}", interval=0.5)
+    history = _history(files[-1])
     assert [h["_step"] for h in history] == [r["step"] for r in rows] == [1, 2]
     for h, r in zip(history, rows):
         numbers = {

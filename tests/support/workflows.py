@@ -1,7 +1,7 @@
 """Workflows for the runtime tests, built directly with the ``srpo_graph.workflow`` model.
 
-No parser involved, so the executor tests exercise the executor alone. (Imported by the tests
-with this directory on ``sys.path``; the name is unique across the repository.)
+No parser involved, so the executor tests exercise the executor alone. (Imported as
+``from tests.support import workflows as wfs``.)
 """
 
 from __future__ import annotations
