@@ -92,10 +92,18 @@ def test_located_errors(old, new, at, words):
     assert (hits[0].span.line, hits[0].span.col) == (line, col), str(e.value)
 
 
-@pytest.mark.parametrize("item", ['system: "You check."', "memory: chat", "think: strip", "memory: none"])
-def test_every_chat_item_on_an_external_policy_is_a_located_error(item):
-    """An openai(...) endpoint takes text: any chat item (which the runtime renders as token ids) is
-    refused by `check`, at the item's line, not at run time."""
+def test_system_on_an_external_policy_is_its_system_message():
+    """Issue 39, item 4: chat APIs have a system role; `system:` on an openai(...) agent is sent as the
+    request's system message (tests/backends/test_external_messages.py)."""
+    src = OK.replace('agent x { policy: api prompt: "{s}"', 'agent x { policy: api system: "You check." prompt: "{s}"')
+    wf = check(parse(src, "fv.wf"))
+    assert wf.agent_by_name["x"].chat is not None and wf.agent_by_name["x"].chat.system is not None
+
+
+@pytest.mark.parametrize("item", ["memory: chat", "think: strip", "memory: none"])
+def test_every_token_level_chat_item_on_an_external_policy_is_a_located_error(item):
+    """An openai(...) endpoint takes text: a chat item the runtime renders as token ids (a kept
+    conversation, `think:`) is refused by `check`, at the item's line, not at run time."""
     src = OK.replace('agent x { policy: api prompt: "{s}"', f'agent x {{ policy: api {item} prompt: "{{s}}"')
     with pytest.raises(WorkflowCheckError) as info:
         check(parse(src, "fv.wf"))
