@@ -79,16 +79,54 @@ class RunStopped(SrpoGraphError):
                  remedy: str = "free space"):
         self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
         if isinstance(cause, OSError):
-            where = f" ({cause.filename})" if cause.filename else ""
-            self.reason = f"{os.strerror(cause.errno) if cause.errno else cause}{where}"
+            self.reason = disk_full_reason(cause, self.run_dir)
         else:
             self.reason = cause
         self.remedy = remedy
         super().__init__(f"srpo-graph train: stopped after step {steps_done}: {self.reason}")
 
     def advice(self, workflow: str | Path) -> str:
+        if not (self.run_dir / "config.toml").is_file():  # stopped before the run's config was written
+            return f"{self}\n  nothing was trained\n  {self.remedy}, then run the command again"
         return (f"{self}\n  {_where(self.checkpoint)}\n  {self.remedy}, then resume: "
                 f"{continue_command(workflow, self.run_dir)}")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """``exc`` is the file system saying it is full (ENOSPC, or EDQUOT: the user's quota).
+
+    >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device")), is_disk_full(OSError(errno.EACCES, "x"))
+    (True, False)
+    """
+    return isinstance(exc, OSError) and exc.errno in _DISK_FULL
+
+
+def disk_full_reason(exc: OSError, folder: Path) -> str:
+    """What a failed write says, naming the disk: the file (or, when the error does not name one, the
+    folder written into) and what its file system has left.
+
+    >>> disk_full_reason(OSError(errno.ENOSPC, "No space left on device", "/x/y"), Path(".")).split(";")[0]
+    'No space left on device (/x/y'
+    """
+    import shutil
+
+    what = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = str(exc.filename) if exc.filename else f"writing in {folder}"
+    near = Path(exc.filename).parent if exc.filename else Path(folder)
+    while not near.exists() and near != near.parent:  # a folder removed since (an unused new run folder)
+        near = near.parent
+    try:
+        free = shutil.disk_usage(near).free
+    except OSError:  # unreadable: say what is known
+        return f"{what} ({where})"
+    return f"{what} ({where}; {free:,} bytes free on that file system)"
+
+
+def stopped_at_start(exc: OSError, run_dir: Path, checkpoint: Path | None) -> RunStopped:
+    """The :class:`RunStopped` of a full disk met while a run was being set up (the lock, config.toml,
+    the workflow's record, the metrics file): the run stands at its newest complete checkpoint."""
+    step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else 0
+    return RunStopped(run_dir, step, checkpoint, exc)
 
 
 def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path | None, *,
@@ -109,7 +147,8 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     """
     if isinstance(exc, KeyboardInterrupt):
         return TrainingInterrupted(run_dir, steps_done, checkpoint)
-    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+    if is_disk_full(exc):
+        assert isinstance(exc, OSError)
         return RunStopped(run_dir, steps_done, checkpoint, exc)
     if isinstance(exc, FailureBudgetExceeded):
         return RunStopped(
@@ -135,4 +174,5 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     return None
 
 
-__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "continue_command"]
+__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "continue_command", "disk_full_reason", "is_disk_full",
+           "stopped_at_start"]
