@@ -129,6 +129,20 @@ def stopped_at_start(exc: OSError, run_dir: Path, checkpoint: Path | None) -> Ru
     return RunStopped(run_dir, step, checkpoint, exc)
 
 
+def backend_remedy(exc: BackendError, run_dir: Path) -> str:
+    """What to do about a backend that stopped a run: the error's own ``remedy`` (a rollout worker, a
+    weight folder: no server to check), else the server -- its log where this run launched it.
+
+    >>> backend_remedy(BackendError("x"), Path("/nonexistent"))
+    'check the server named above (is it running and reachable?)'
+    """
+    if exc.remedy:
+        return exc.remedy
+    if (run_dir / "sglang").is_dir():
+        return f"check the server (the log of a server this run launched is in {run_dir / 'sglang'})"
+    return "check the server named above (is it running and reachable?)"
+
+
 def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path | None, *,
             distributed: bool = False) -> BaseException | None:
     """The stop the exception ``exc`` means for a run that has done ``steps_done`` steps (its newest
@@ -155,13 +169,7 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
             run_dir, steps_done, checkpoint, f"rollout stopped: {exc}", remedy="fix the cause named above"
         )
     if isinstance(exc, BackendError):
-        return RunStopped(
-            run_dir,
-            steps_done,
-            checkpoint,
-            str(exc).strip(),
-            remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})",
-        )
+        return RunStopped(run_dir, steps_done, checkpoint, str(exc).strip(), remedy=backend_remedy(exc, run_dir))
     if isinstance(exc, RuntimeError) and distributed and collective_failed(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return RunStopped(
@@ -174,5 +182,5 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     return None
 
 
-__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "continue_command", "disk_full_reason", "is_disk_full",
-           "stopped_at_start"]
+__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "backend_remedy", "continue_command", "disk_full_reason",
+           "is_disk_full", "stopped_at_start"]
