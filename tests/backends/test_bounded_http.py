@@ -48,6 +48,8 @@ class Hostile:
 
     def __init__(self, mode: str):
         self.mode, self.written, self.calls = mode, 0, 0
+        if mode == "gzip_bomb":
+            _bomb()  # made before any request: compressing 200 MB must not eat the client's deadline
         hostile = self
 
         class H(http.server.BaseHTTPRequestHandler):
