@@ -3,7 +3,9 @@
 Each stage defines its click commands in its own ``commands.py``; this module lists them in
 pipeline order (no registry filled at import time). A :class:`~srpo_graph.errors.SrpoGraphError`
 is printed as its rendered message, without a traceback, and the process exits with the
-error class's code (2 for workflow errors, see ``srpo_graph.errors``).
+error class's code (2 for workflow errors, see ``srpo_graph.errors``); Ctrl-C in any command is
+one line (the command's own, :class:`~srpo_graph.exiting.Interrupted`, else ``srpo-graph CMD:
+interrupted``) and exit 130, as ``train`` does.
 """
 
 from __future__ import annotations
@@ -35,12 +37,18 @@ from srpo_graph.errors import SrpoGraphError  # noqa: E402
 
 
 class _Group(click.Group):
-    def invoke(self, ctx: click.Context):  # one place turns our errors into exit codes
+    def invoke(self, ctx: click.Context):  # one place turns our errors and Ctrl-C into exit codes
         try:
             return super().invoke(ctx)
         except SrpoGraphError as exc:
             click.echo(str(exc), err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:  # (click would print "Aborted!" and exit 1)
+            exiting.decided()
+            said = str(exc) if isinstance(exc, exiting.Interrupted) and str(exc) else None
+            command = f"srpo-graph {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "srpo-graph"
+            click.echo(said or f"{command}: interrupted", err=True)
+            ctx.exit(128 + (exiting.stopped_by() or signal.SIGINT))
 
 
 def _check_tokens(workflow):

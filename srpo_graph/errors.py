@@ -217,9 +217,15 @@ class WorkflowCheckError(SrpoGraphError):
 
 
 class BackendError(SrpoGraphError):
-    """An inference backend failed, stopped answering or answered malformed data."""
+    """An inference backend failed, stopped answering or answered malformed data.
+
+    Attributes:
+        remedy: what to do before resuming when this error stops a training run (None: check the
+            server; a subclass whose failure has no server says what instead).
+    """
 
     exit_code = 3
+    remedy: str | None = None
 
 
 class TraceError(SrpoGraphError):

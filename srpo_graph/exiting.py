@@ -37,6 +37,11 @@ _ENTRY: list[bool] = []  # set by as_entry_point: this process is a command's
 _SEEN: list[int] = []  # signals received once the outcome was decided
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a command that has said where it stopped: ``str()`` is its one line, which the CLI
+    prints instead of the generic one before exiting 130 (``srpo_graph/cli.py``)."""
+
+
 def as_entry_point() -> None:
     """This process runs one command and ends with it: :func:`decided` may quiet its signals."""
     _ENTRY[:] = [True]

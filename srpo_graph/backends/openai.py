@@ -9,8 +9,11 @@ answer with some local tokenizer would re-tokenize text (architecture rule 3) an
 log-probs of record; an external policy is always frozen, so its outputs never enter the loss and
 need no ids.
 
-Every request has its own deadline (``timeout``), is retried ``retries`` times with a short
-backoff, and at most ``concurrency`` are in flight at once. A request that fails for good is
+Every request has its own deadline (``timeout``) over the whole request and answer, and its answer
+a size bounded by its ``max_tokens`` (``bounded_http.py``: Note [A deadline over the whole answer],
+Note [An answer's size]); it is retried ``retries`` times with a short backoff (not when the answer
+was too large, nor when the request itself was refused), and at most ``concurrency`` are in flight
+at once. A request that fails for good is
 reported per request (:class:`ChatError` with ``partial`` / ``errors``, the shape the executor
 reads for SGLang), its message naming the URL, so the episode fails cleanly and the others go on.
 The API key is read from the environment variable the workflow names, never from the file.
@@ -18,12 +21,14 @@ The API key is read from the environment variable the workflow names, never from
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from srpo_graph.backends import bounded_http
 from srpo_graph.backends.base import Completion, GenerationRequest
 from srpo_graph.errors import BackendError
 from srpo_graph.workflow import ExternalModel
@@ -77,8 +82,6 @@ class OpenAIChat:
     """
 
     def __init__(self, model: ExternalModel, *, backoff: float = 0.2):
-        import httpx
-
         self.spec, self.backoff = model, backoff
         self.url = model.url.rstrip("/") + "/chat/completions"
         headers = {}
@@ -88,8 +91,7 @@ class OpenAIChat:
                 raise BackendError(f"{model.url}: the API key variable {model.api_key_env} is not set "
                                    f"(export {model.api_key_env}=...)")
             headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(timeout=httpx.Timeout(model.timeout), headers=headers,
-                                    limits=httpx.Limits(max_connections=model.concurrency))
+        self._client = bounded_http.client(concurrency=model.concurrency, headers=headers)
         self._pool = ThreadPoolExecutor(max_workers=model.concurrency, thread_name_prefix="openai")
         self.weight_version = 0  # never synced: an external policy is frozen
 
@@ -111,20 +113,24 @@ class OpenAIChat:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                resp = self._client.post(self.url, json=self._body(r))
-            except httpx.TimeoutException:
-                last = f"no answer within {self.spec.timeout:g} s"
+                resp = bounded_http.call(self._client, "POST", self.url, json=self._body(r), timeout=self.spec.timeout,
+                                         max_bytes=bounded_http.answer_limit(r.max_tokens),
+                                         why=f"max_tokens {r.max_tokens}")
+            except bounded_http.AnswerTimeout:
+                last = f"no answer within {self.spec.timeout:g} s (the deadline covers the whole answer)"
                 continue
+            except bounded_http.AnswerTooLarge as exc:  # the endpoint misbehaves: asking again would too
+                raise BackendError(str(exc)) from None
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
-            if resp.status_code != 200:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                if resp.status_code in (400, 401, 403, 404, 422):  # the request itself is wrong: no retry
+            if resp.status != 200:
+                last = f"HTTP {resp.status}: {resp.text[:200]}"
+                if resp.status in (400, 401, 403, 404, 422):  # the request itself is wrong: no retry
                     break
                 continue
             try:
-                choice = resp.json()["choices"][0]
+                choice = json.loads(resp.body)["choices"][0]
                 text = choice["message"]["content"] or ""
                 finish = choice.get("finish_reason") or "stop"
             except (ValueError, KeyError, IndexError, TypeError) as exc:

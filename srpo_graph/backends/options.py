@@ -131,6 +131,9 @@ class OpenAIOptions(BackendOptions):
     api_key_env: str | None = Field(
         None, description="Environment variable holding the API key (never the key itself)."
     )
-    timeout: float = Field(60.0, gt=0, le=3600, description="Seconds per request, (0, 3600].")
+    timeout: float = Field(
+        60.0, gt=0, le=3600,
+        description="Seconds for a whole request: connecting, sending and every byte of the answer, (0, 3600].",
+    )
     retries: int = Field(2, ge=0, le=10, description="Further attempts after a failed request, [0, 10].")
     concurrency: int = Field(8, ge=1, le=1024, description="Requests in flight at once, [1, 1024].")

@@ -14,6 +14,7 @@ out; see docs/sglang.md and shared/reference/sglang.md for the wire format):
 * retries with exponential backoff on connection errors and HTTP 5xx; ``timeout`` is a
   **deadline per request** (connect, headers and the whole body: a server that drips bytes
   slowly is cut off too); a request past it is a :class:`BackendError` and is not sent twice;
+  an answer is bounded in size by its ``max_new_tokens`` (``bounded_http.py``);
 * a failed request does not lose the others: ``generate`` answers every request it can, then
   raises a :class:`BatchError` carrying the partial results, so the runtime fails only the
   episodes that waited on the failed ones;
@@ -62,6 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
+from srpo_graph.backends import bounded_http
 from srpo_graph.backends.base import Completion, FinishReason, GenerationRequest
 from srpo_graph.errors import BackendError
 
@@ -138,8 +140,6 @@ class SGLangBackend:
                  context_length: int | None = None, send_seed: bool = False,
                  check_health: bool = True, weight_owner: str | None = None, sync: str = "disk",
                  sync_options: dict[str, Any] | None = None):
-        import httpx
-
         self.url = url.rstrip("/")
         self.tokenizer = tokenizer
         self.concurrency = int(concurrency)  # requests in flight at once (the streaming scheduler's bound)
@@ -160,58 +160,38 @@ class SGLangBackend:
         self.stats = {"requests": 0, "retries": 0, "retractions": 0, "failed": 0}
         self._lock = threading.Lock()
         self._disallowed: dict[tuple[int, ...], list[int]] = {}
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self._client = httpx.Client(timeout=self.timeout, limits=limits)
+        self._client = bounded_http.client(concurrency=concurrency)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="srpo-sglang")
         if check_health:
             self.check_health()
 
     # ------------------------------------------------------------------ HTTP
 
-    def _read(self, url: str, payload: dict[str, Any], deadline: float):
-        """One POST whose headers and body must all arrive before ``deadline`` (monotonic).
+    def _read(self, url: str, payload: dict[str, Any], timeout: float,
+              max_bytes: int = bounded_http.CONTROL_LIMIT, why: str = "a control route") -> tuple[int, bytes]:
+        """One POST whose headers and body must all arrive within ``timeout`` seconds and
+        ``max_bytes`` bytes (Note [A deadline over the whole answer]: httpx's own timeouts are per read)."""
+        answer = bounded_http.call(self._client, "POST", url, json=payload, timeout=timeout, max_bytes=max_bytes,
+                                   why=why)
+        return answer.status, answer.body
 
-        A timer closes the response when the deadline passes, which ends a read blocked on a
-        server that sends a byte now and then (httpx's own timeouts are per read).
-        """
-        import httpx
-
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise httpx.ReadTimeout("deadline passed")
-        with self._client.stream("POST", url, json=payload, timeout=httpx.Timeout(remaining)) as resp:
-            late = threading.Event()
-
-            def cut() -> None:
-                late.set()
-                resp.close()
-
-            timer = threading.Timer(max(0.0, deadline - time.monotonic()), cut)
-            timer.daemon = True
-            timer.start()
-            try:
-                body = b"".join(resp.iter_bytes())
-            except (httpx.HTTPError, RuntimeError, OSError):
-                if late.is_set():
-                    raise httpx.ReadTimeout("deadline passed while reading the body") from None
-                raise
-            finally:
-                timer.cancel()
-            if late.is_set() or time.monotonic() > deadline:
-                raise httpx.ReadTimeout("deadline passed while reading the body")
-            return resp.status_code, body
-
-    def _post(self, base: str, route: str, payload: dict[str, Any], *, tolerate_404: bool = False) -> Any:
-        """POST with retries (connection errors, 5xx); the decoded JSON answer."""
+    def _post(self, base: str, route: str, payload: dict[str, Any], *, tolerate_404: bool = False,
+              max_tokens: int | None = None) -> Any:
+        """POST with retries (connection errors, 5xx); the decoded JSON answer, at most
+        ``answer_limit(max_tokens)`` bytes (a control route's limit without ``max_tokens``)."""
         import httpx
 
         url = f"{base}{route}"
+        limit, why = ((bounded_http.answer_limit(max_tokens), f"max_new_tokens {max_tokens}") if max_tokens is not None
+                      else (bounded_http.CONTROL_LIMIT, f"the route {route}"))
         for attempt in range(self.max_retries + 1):
             try:
-                status, body = self._read(url, payload, time.monotonic() + self.timeout)
-            except httpx.TimeoutException as exc:
-                raise BackendError(f"sglang: {url} did not answer within {self.timeout:g}s ({type(exc).__name__}; "
-                                   "the deadline covers the whole answer)") from None
+                status, body = self._read(url, payload, self.timeout, limit, why)
+            except bounded_http.AnswerTimeout:
+                raise BackendError(f"sglang: {url} did not answer within {self.timeout:g}s (the deadline covers the "
+                                   "whole answer)") from None
+            except bounded_http.AnswerTooLarge as exc:
+                raise BackendError(f"sglang: {exc}") from None
             except httpx.TransportError as exc:
                 problem = f"connection error: {type(exc).__name__}: {exc}"
             else:
@@ -238,16 +218,17 @@ class SGLangBackend:
         import httpx
 
         try:
-            resp = self._client.get(f"{self.url}/health", timeout=min(self.timeout, 10.0))
-        except httpx.HTTPError as exc:
+            resp = bounded_http.call(self._client, "GET", f"{self.url}/health", timeout=min(self.timeout, 10.0),
+                                     max_bytes=bounded_http.CONTROL_LIMIT, why="a health check")
+        except (httpx.HTTPError, BackendError) as exc:
             raise BackendError(
                 f"sglang: no server answers at {self.url} ({type(exc).__name__}: {exc}). Start one with "
                 "`python -m sglang.launch_server --model-path MODEL --port 30000 --enable-custom-logit-processor` "
                 "(see docs/sglang.md) and pass its address with --url, or let `srpo-graph train` launch it "
                 "(rollout.sglang.launch)."
             ) from None
-        if resp.status_code != 200:
-            raise BackendError(f"sglang: {self.url}/health answered HTTP {resp.status_code} (still starting?)")
+        if resp.status != 200:
+            raise BackendError(f"sglang: {self.url}/health answered HTTP {resp.status} (still starting?)")
 
     # ------------------------------------------------------------------ generation
 
@@ -297,7 +278,7 @@ class SGLangBackend:
         return body
 
     def _one(self, req: GenerationRequest) -> Completion:
-        answer = self._post(self.url, "/generate", self.payload(req))
+        answer = self._post(self.url, "/generate", self.payload(req), max_tokens=int(req.max_new_tokens))
         with self._lock:
             self.stats["requests"] += 1
         return self._parse(req, answer)
@@ -456,8 +437,8 @@ class SGLangBackend:
             # (SGLang defers a flush with a timeout until the queue is empty too, which a pause never reaches)
             wait = 0.0 if self._paused else max(0.0, deadline - time.monotonic())
             try:
-                status, body = self._read(f"{url}?timeout={wait:.1f}", {}, deadline + 5.0)
-            except httpx.HTTPError as exc:
+                status, body = self._read(f"{url}?timeout={wait:.1f}", {}, max(0.0, deadline - time.monotonic()) + 5.0)
+            except (httpx.HTTPError, BackendError) as exc:
                 raise BackendError(f"sglang: {url} failed after the weight update ({type(exc).__name__}: {exc}); "
                                    "the new weights are loaded, its prefix cache may hold KV of the old ones") from None
             if status < 300 or status == 404:  # flushed, or a server without the route (nothing to flush)

@@ -51,8 +51,9 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
+from srpo_graph.backends import bounded_http
 from srpo_graph.backends.sglang_start import cannot_launch, exited_while_starting, read_tail
 from srpo_graph.errors import BackendError
 
@@ -234,19 +235,28 @@ class SGLangServer:
         Raises:
             BackendError: the process exited, or ``timeout`` seconds passed (the server is stopped).
         """
+        deadline = time.monotonic() + timeout
+        probe = bounded_http.client(concurrency=1)
+        try:
+            return self._poll_health(probe, deadline, timeout)
+        finally:
+            probe.close()
+
+    def _poll_health(self, probe: Any, deadline: float, timeout: float) -> "SGLangServer":
         import httpx
 
-        deadline = time.monotonic() + timeout
         while True:
             if self.proc is not None and self.proc.poll() is not None:
                 code = self.proc.returncode
                 self.stop(grace=5.0)  # its children (scheduler, detokenizer) may outlive the launcher
                 raise exited_while_starting(self.url, code, self.log_path)
             try:
-                if httpx.get(f"{self.url}/health", timeout=5.0).status_code == 200:
-                    return self._verify_identity()
-            except httpx.HTTPError:
-                pass
+                healthy = bounded_http.call(probe, "GET", f"{self.url}/health", timeout=5.0,
+                                            max_bytes=bounded_http.CONTROL_LIMIT, why="a health check").status == 200
+            except (httpx.HTTPError, BackendError):
+                healthy = False
+            if healthy:
+                return self._verify_identity(probe)
             if time.monotonic() > deadline:
                 self.stop()
                 raise BackendError(
@@ -255,7 +265,7 @@ class SGLangServer:
                 )
             time.sleep(0.5)
 
-    def _verify_identity(self) -> "SGLangServer":
+    def _verify_identity(self, probe: Any) -> "SGLangServer":
         """The server answering on the port must be this launch's: its ``/server_info`` holds the token.
 
         Raises:
@@ -268,10 +278,11 @@ class SGLangServer:
         text = ""
         for route in ("/server_info", "/get_server_info"):
             try:
-                answer = httpx.get(f"{self.url}{route}", timeout=10.0)
-            except httpx.HTTPError:
+                answer = bounded_http.call(probe, "GET", f"{self.url}{route}", timeout=10.0,
+                                           max_bytes=bounded_http.CONTROL_LIMIT, why=f"the route {route}")
+            except (httpx.HTTPError, BackendError):
                 continue
-            if answer.status_code == 200:
+            if answer.status == 200:
                 text = answer.text
                 break
         if self.token in text:

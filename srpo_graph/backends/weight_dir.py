@@ -50,6 +50,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class WeightFolderError(BackendError):
+    """The weight folder cannot be used as it is (another run owns it, a folder srpo-graph did not
+    write is in the way); no server is at fault."""
+
+    remedy = "fix the weight folder as said above"
+
+
 class WeightFolder:
     """The versions one owner keeps in ``root`` (see the module docstring)."""
 
@@ -86,7 +93,7 @@ class WeightFolder:
         if owner is not None and owner != self.owner:
             pid, host = data.get("pid"), data.get("host")
             if isinstance(pid, int) and host == socket.gethostname() and pid != os.getpid() and _alive(pid):
-                raise BackendError.at(
+                raise WeightFolderError.at(
                     str(self.root), f"the weight folder is in use by another run (owner {owner}, process {pid} on "
                     f"{host}; {self.manifest_path})",
                     why="two runs sharing a weight folder would delete each other's live versions",
@@ -104,7 +111,7 @@ class WeightFolder:
         written = self.written()
         if path.exists():
             if name not in written:
-                raise BackendError.at(str(path), f"exists and was not written by srpo-graph (not in "
+                raise WeightFolderError.at(str(path), f"exists and was not written by srpo-graph (not in "
                                       f"{self.manifest_path}); refusing to replace it",
                                       fix="point rollout.sglang.weight_dir at a folder of its own")
             shutil.rmtree(path)
@@ -127,4 +134,4 @@ def _vkey(name: str) -> tuple[int, str]:
         return -1, name
 
 
-__all__ = ["MANIFEST", "WeightFolder", "run_owner"]
+__all__ = ["MANIFEST", "WeightFolder", "WeightFolderError", "run_owner"]

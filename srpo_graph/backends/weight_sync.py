@@ -54,18 +54,23 @@ def http_call(worker: str, route: str, payload: dict[str, Any] | None, timeout: 
 
     import httpx
 
+    from srpo_graph.backends import bounded_http
+
     url = f"{worker}{route}"
     try:
-        with httpx.Client(timeout=httpx.Timeout(timeout)) as client:
-            resp = client.get(url) if payload is None else client.post(url, json=payload)
-    except httpx.TimeoutException:
+        with bounded_http.client(concurrency=1) as client:
+            resp = bounded_http.call(client, "GET" if payload is None else "POST", url, json=payload, timeout=timeout,
+                                     max_bytes=bounded_http.CONTROL_LIMIT, why=f"the route {route}")
+    except bounded_http.AnswerTimeout:
         raise BackendError(f"sglang: {url} did not answer within {timeout:g}s") from None
+    except bounded_http.AnswerTooLarge as exc:
+        raise BackendError(f"sglang: {exc}") from None
     except httpx.HTTPError as exc:
         raise BackendError(f"sglang: {url}: {type(exc).__name__}: {exc} (did the server die?)") from None
     try:
-        return resp.status_code, json.loads(resp.text)
+        return resp.status, json.loads(resp.body)
     except ValueError:
-        return resp.status_code, resp.text
+        return resp.status, resp.text
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "half": torch.float16,
            "float": torch.float32}

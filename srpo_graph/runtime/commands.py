@@ -304,9 +304,14 @@ def run_streaming(wf, tasks, backends, out: Path, console, **run_kw):
 
         try:
             result = run(wf, tasks, backends, on_episode=stream, **run_kw)
-        except BaseException as exc:
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped by an error"
-            console.print(f"[red]run {what}[/]: the {written} episodes finished before are in {out} (valid JSONL)")
+        except KeyboardInterrupt:  # one line, exit 130 (cli.py)
+            from srpo_graph.exiting import Interrupted
+
+            raise Interrupted(f"srpo-graph run: interrupted; the {written} episodes finished before are in {out} "
+                              "(valid JSONL)") from None
+        except BaseException:
+            console.print(f"[red]run stopped by an error[/]: the {written} episodes finished before are in {out} "
+                          "(valid JSONL)")
             raise
     tmp = out.with_name(out.name + ".tmp")
     write_traces(tmp, result.episodes)

@@ -33,6 +33,17 @@ Reward = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_ABS_RE
 
 
 LOGPROB_TOL = 1e-4  # a log-prob may exceed 0 by float rounding, never by more
+# Log-probs, temperatures and top-p become float32 tensors in the compiler (SetBatch): a JSON number
+# finite as a Python float but past float32's range (-1e39) would compile to -inf, and a positive one
+# below its smallest normal (1e-40) to 0 or a subnormal (a temperature that divides by ~0). So the
+# rules are checked on the value float32 will hold.
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 1.1754943508222875e-38  # the smallest positive normal float32
+
+
+def _f32_positive(x: float) -> bool:
+    """``x`` is a positive float32 that stays a normal number (no overflow, no underflow)."""
+    return F32_TINY <= x <= F32_MAX
 
 
 # Note [One copy of the trace rules]
@@ -66,10 +77,18 @@ def output_problems(o: Any) -> Iterator[tuple[str, str]]:
             yield name, f"output {o.id!r}: token id {min(ids)} < 0"
     if not (math.isfinite(o.temperature) and o.temperature >= 0):
         yield "temperature", f"output {o.id!r}: temperature {o.temperature} is not >= 0"
+    elif o.temperature != 0 and not _f32_positive(o.temperature):
+        yield "temperature", (f"output {o.id!r}: temperature {o.temperature} is outside float32's normal range "
+                              f"[{F32_TINY:.4g}, {F32_MAX:.4g}] (0 = greedy)")
+    top_p = getattr(o, "top_p", 1.0)
+    if isinstance(top_p, float) and 0 < top_p < F32_TINY:
+        yield "top_p", f"output {o.id!r}: top_p {top_p} rounds to 0 in float32 (smallest: {F32_TINY:.4g})"
     lps = o.logprobs
-    if lps and (max(lps) > LOGPROB_TOL or not all(map(math.isfinite, lps))):  # C loops; the index only if bad
-        k = next(i for i, lp in enumerate(lps) if not math.isfinite(lp) or lp > LOGPROB_TOL)
-        yield f"logprobs[{k}]", f"output {o.id!r}: logprobs[{k}] = {lps[k]} is not a finite log-probability"
+    # C loops (max, min, all); the index only if one is bad; -F32_MAX: float32's -inf below it
+    if lps and (max(lps) > LOGPROB_TOL or min(lps) < -F32_MAX or not all(map(math.isfinite, lps))):
+        k = next(i for i, lp in enumerate(lps) if not -F32_MAX <= lp <= LOGPROB_TOL)
+        why = " (below float32's range: it would compile to -inf)" if math.isfinite(lps[k]) and lps[k] < 0 else ""
+        yield f"logprobs[{k}]", f"output {o.id!r}: logprobs[{k}] = {lps[k]} is not a finite log-probability{why}"
     if o.allowed_token_ids is not None:
         if not o.allowed_token_ids:
             yield "allowed_token_ids", f"output {o.id!r}: allowed_token_ids is empty"

@@ -14,6 +14,9 @@ from srpo_graph.errors import SrpoGraphError
 
 def main(argv: list[str] | None = None) -> None:
     from srpo_graph.train.commands import train_command
+    from srpo_graph.train.parallel.launch import stop_with_parent
+
+    stop_with_parent()  # a rank under the launcher's torchrun stops when torchrun is gone
 
     try:
         _run(train_command, argv)

@@ -11,7 +11,6 @@ same command under ``torchrun``. Heavy imports (torch, transformers) happen insi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -326,6 +325,7 @@ def consolidate_command(source, out, step, policy):
     """
     from srpo_graph.errors import ConfigError
     from srpo_graph.train.checkpoint import open_checkpoint
+    from srpo_graph.train.checkpoint.layout import read_state
     from srpo_graph.train.checkpoint.sharded import consolidate
 
     is_run = (source / "config.toml").is_file() and (source / "checkpoints").is_dir()
@@ -336,7 +336,7 @@ def consolidate_command(source, out, step, policy):
             fix="give RUN_DIR or RUN_DIR/checkpoints/step_N",
         )
     checkpoint = open_checkpoint(source, step, reader="consolidate")  # Note [One verified read]
-    policies = [policy] if policy else list(json.loads((checkpoint / "state.json").read_text())["policies"])
+    policies = [policy] if policy else list(read_state(checkpoint)["policies"])  # (verified: it reads)
     for name in policies:
         written = consolidate(checkpoint, name, out if len(policies) == 1 else out / name)
         click.echo(f"wrote {written} ({name}, {checkpoint.name}; load it with from_pretrained)")

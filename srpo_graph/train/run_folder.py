@@ -91,10 +91,19 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
         ) from None
     handle.seek(0)
     handle.truncate()
-    handle.write(
-        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")})
-    )
-    handle.flush()
+    try:
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        handle.flush()
+    except OSError as exc:  # a full disk: the lock is not taken, the file named
+        try:
+            handle.close()
+        except OSError:  # the buffered write fails again on close
+            pass
+        if created and [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:  # leave no folder behind
+            path.unlink()
+            run_dir.rmdir()
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     return RunLock(path, handle, created)
 
 
@@ -105,15 +114,13 @@ def record_workflow(run_dir: str | Path, workflow: Workflow, workflow_path: str 
     """Write which workflow this run trains (name, resolved file, source hash), atomically."""
     path = Path(run_dir) / RUN_WORKFLOW
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps(
-            {"name": workflow.name, "file": str(Path(workflow_path).resolve()), "source_hash": workflow.source_hash},
-            indent=1,
-        )
-        + "\n",
-        encoding="utf-8",
-    )
-    tmp.replace(path)
+    record = {"name": workflow.name, "file": str(Path(workflow_path).resolve()), "source_hash": workflow.source_hash}
+    try:
+        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:  # a full disk: nothing half-written left, the file named
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def recorded_workflow(run_dir: str | Path) -> dict[str, str] | None:

@@ -79,16 +79,68 @@ class RunStopped(SrpoGraphError):
                  remedy: str = "free space"):
         self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
         if isinstance(cause, OSError):
-            where = f" ({cause.filename})" if cause.filename else ""
-            self.reason = f"{os.strerror(cause.errno) if cause.errno else cause}{where}"
+            self.reason = disk_full_reason(cause, self.run_dir)
         else:
             self.reason = cause
         self.remedy = remedy
         super().__init__(f"srpo-graph train: stopped after step {steps_done}: {self.reason}")
 
     def advice(self, workflow: str | Path) -> str:
+        if not (self.run_dir / "config.toml").is_file():  # stopped before the run's config was written
+            return f"{self}\n  nothing was trained\n  {self.remedy}, then run the command again"
         return (f"{self}\n  {_where(self.checkpoint)}\n  {self.remedy}, then resume: "
                 f"{continue_command(workflow, self.run_dir)}")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """``exc`` is the file system saying it is full (ENOSPC, or EDQUOT: the user's quota).
+
+    >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device")), is_disk_full(OSError(errno.EACCES, "x"))
+    (True, False)
+    """
+    return isinstance(exc, OSError) and exc.errno in _DISK_FULL
+
+
+def disk_full_reason(exc: OSError, folder: Path) -> str:
+    """What a failed write says, naming the disk: the file (or, when the error does not name one, the
+    folder written into) and what its file system has left.
+
+    >>> disk_full_reason(OSError(errno.ENOSPC, "No space left on device", "/x/y"), Path(".")).split(";")[0]
+    'No space left on device (/x/y'
+    """
+    import shutil
+
+    what = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = str(exc.filename) if exc.filename else f"writing in {folder}"
+    near = Path(exc.filename).parent if exc.filename else Path(folder)
+    while not near.exists() and near != near.parent:  # a folder removed since (an unused new run folder)
+        near = near.parent
+    try:
+        free = shutil.disk_usage(near).free
+    except OSError:  # unreadable: say what is known
+        return f"{what} ({where})"
+    return f"{what} ({where}; {free:,} bytes free on that file system)"
+
+
+def stopped_at_start(exc: OSError, run_dir: Path, checkpoint: Path | None) -> RunStopped:
+    """The :class:`RunStopped` of a full disk met while a run was being set up (the lock, config.toml,
+    the workflow's record, the metrics file): the run stands at its newest complete checkpoint."""
+    step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else 0
+    return RunStopped(run_dir, step, checkpoint, exc)
+
+
+def backend_remedy(exc: BackendError, run_dir: Path) -> str:
+    """What to do about a backend that stopped a run: the error's own ``remedy`` (a rollout worker, a
+    weight folder: no server to check), else the server -- its log where this run launched it.
+
+    >>> backend_remedy(BackendError("x"), Path("/nonexistent"))
+    'check the server named above (is it running and reachable?)'
+    """
+    if exc.remedy:
+        return exc.remedy
+    if (run_dir / "sglang").is_dir():
+        return f"check the server (the log of a server this run launched is in {run_dir / 'sglang'})"
+    return "check the server named above (is it running and reachable?)"
 
 
 def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path | None, *,
@@ -109,20 +161,15 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     """
     if isinstance(exc, KeyboardInterrupt):
         return TrainingInterrupted(run_dir, steps_done, checkpoint)
-    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+    if is_disk_full(exc):
+        assert isinstance(exc, OSError)
         return RunStopped(run_dir, steps_done, checkpoint, exc)
     if isinstance(exc, FailureBudgetExceeded):
         return RunStopped(
             run_dir, steps_done, checkpoint, f"rollout stopped: {exc}", remedy="fix the cause named above"
         )
     if isinstance(exc, BackendError):
-        return RunStopped(
-            run_dir,
-            steps_done,
-            checkpoint,
-            str(exc).strip(),
-            remedy=f"check the server (a launched server's log is in {run_dir / 'sglang'})",
-        )
+        return RunStopped(run_dir, steps_done, checkpoint, str(exc).strip(), remedy=backend_remedy(exc, run_dir))
     if isinstance(exc, RuntimeError) and distributed and collective_failed(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return RunStopped(
@@ -135,4 +182,5 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     return None
 
 
-__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "continue_command"]
+__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "backend_remedy", "continue_command", "disk_full_reason",
+           "is_disk_full", "stopped_at_start"]

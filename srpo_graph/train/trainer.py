@@ -37,7 +37,7 @@ from srpo_graph import exiting
 from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models import cpu_threads
-from srpo_graph.train.checkpoint import Checkpointer, LoopState
+from srpo_graph.train.checkpoint import Checkpointer, LoopState, latest_checkpoint
 from srpo_graph.train.config.defaults import with_loss_defaults
 from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.config.schema import TrainConfig
@@ -56,7 +56,7 @@ from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make
 from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
 from srpo_graph.train.rollout.worker.client import close_worker
 from srpo_graph.train.run_folder import check_resumed_workflow, clear_previous_run, lock_run_dir, record_workflow
-from srpo_graph.train.stops import RunStopped, TrainingInterrupted, as_stop
+from srpo_graph.train.stops import RunStopped, TrainingInterrupted, as_stop, is_disk_full, stopped_at_start
 from srpo_graph.train.sync import Syncer
 from srpo_graph.workflow import Workflow
 
@@ -102,8 +102,13 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the lock for the whole job
         return Trainer(workflow_path, config, resume=resume).fit()
     assert config.run_dir is not None
-    with lock_run_dir(config.run_dir), server_scope():  # servers it launched stop with it, whatever happens
-        return Trainer(workflow_path, config, resume=resume).fit()
+    try:
+        with lock_run_dir(config.run_dir), server_scope():  # servers it launched stop with it, whatever happens
+            return Trainer(workflow_path, config, resume=resume).fit()
+    except OSError as exc:  # the loop turns a full disk into RunStopped itself: this one came during set-up
+        if not is_disk_full(exc):
+            raise
+        raise stopped_at_start(exc, Path(config.run_dir), latest_checkpoint(config.run_dir)) from None
 
 
 class Trainer:

@@ -98,3 +98,20 @@ def test_a_resumed_run_is_the_same_owner(tmp_path):
     again.claim("v1").mkdir()
     again.keep_only({"v1"})
     assert not (tmp_path / "w" / "v0").exists()
+
+
+def test_a_weight_folder_conflict_stops_a_run_without_blaming_a_server(run_a, tmp_path):
+    """A real second owner: the stop it causes says to fix the weight folder, not to "check the
+    server's log" (there is nothing wrong with any server)."""
+    from srpo_graph.backends.weight_dir import WeightFolderError
+    from srpo_graph.train.stops import as_stop
+
+    root, _ = run_a
+    with pytest.raises(WeightFolderError) as info:
+        WeightFolder(root, "run-B").claim("v1")
+    run = tmp_path / "run"
+    (run / "sglang").mkdir(parents=True)  # even where this run launched a server
+    (run / "config.toml").write_text("")  # a run that has started
+    advice = as_stop(info.value, run, 3, None).advice("x.wf")
+    assert "in use by another run" in advice and "fix the weight folder as said above, then resume" in advice
+    assert "check the server" not in advice and "log" not in advice.split("\n")[-1], advice

@@ -57,6 +57,13 @@ BAD_FIELDS = {  # mutation of line 2 -> what the message must say
     "absurd transition reward": (_set("transitions", 0, "reward", value=-1e12), "field transitions.0.reward"),
     "NaN temperature": (_set("outputs", 0, "temperature", value=float("nan")), "field outputs.0.temperature"),
     "negative temperature": (_set("outputs", 0, "temperature", value=-1.0), "field outputs.0.temperature"),
+    "log-prob past float32": (
+        _set("outputs", 0, "logprobs", 0, value=-1e39),
+        "logprobs[0] = -1e+39 is not a finite log-probability (below float32's range",
+    ),
+    "temperature past float32": (_set("outputs", 0, "temperature", value=1e39), "outside float32's normal range"),
+    "temperature under float32": (_set("outputs", 0, "temperature", value=1e-40), "outside float32's normal range"),
+    "top_p under float32": (_set("outputs", 0, "top_p", value=1e-46), "top_p 1e-46 rounds to 0 in float32"),
     "empty allowed set": (_set("outputs", 0, "allowed_token_ids", value=[]), "allowed_token_ids is empty"),
     "token outside the allowed set": (
         _set("outputs", 0, "allowed_token_ids", value=[31]),
@@ -133,6 +140,63 @@ def test_a_broken_line_names_file_and_line(tmp_path, kind):
     assert str(info.value).startswith(f"{path}:2") and message in str(info.value), str(info.value)
     errors: list = []
     assert len(read_traces(path, skip_bad=True, errors=errors)) == 1 and len(errors) == 1
+
+
+def _float_fields() -> list[tuple[str, ...]]:
+    """Every float the trace models hold, as a path into an episode's JSON (``*``: any element)."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    from srpo_graph.runtime.trace import Episode
+
+    def floats(model, prefix):
+        for name, info in model.model_fields.items():
+            key = info.alias or name
+            ann = info.annotation
+            args = [a for a in (ann, *get_args(ann), *(x for g in get_args(ann) for x in get_args(g)))]
+            if float in args or any(get_args(a) and get_args(a)[0] is float for a in args):
+                yield (*prefix, key, *(("*",) if str(ann).startswith("list") else ()))
+            for a in args:
+                if isinstance(a, type) and issubclass(a, BaseModel):
+                    yield from floats(a, (*prefix, key, "*") if str(ann).startswith("list") else (*prefix, key))
+
+    return sorted(set(floats(Episode, ())))
+
+
+def _plant(ep: dict, path: tuple[str, ...], value: float) -> None:
+    obj: object = ep
+    for k in path[:-1]:
+        obj = obj[0] if k == "*" else obj[k]  # type: ignore[index]
+    if path[-1] == "*":
+        obj[0] = value  # type: ignore[index]
+    else:
+        obj[path[-1]] = value  # type: ignore[index]
+
+
+def test_the_float_fields_are_all_found():
+    found = {".".join(p) for p in _float_fields()}
+    assert {"reward", "outputs.*.logprobs.*", "outputs.*.temperature", "outputs.*.top_p",
+            "transitions.*.reward"} <= found, found
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, 1e-40])
+@pytest.mark.parametrize("field", [".".join(p) for p in _float_fields()])
+def test_every_float_field_is_what_float32_will_hold(tmp_path, field, value):
+    """The rule, over every float of the trace models (the compiler builds float32 tensors): a value
+    past float32's range is refused naming file:line and the field, and a positive one too small to
+    stay a normal float32 is refused where it is a scale (temperature, top_p); rewards may round to 0."""
+    bad = _good()[1]
+    _plant(bad, tuple(field.split(".")), value)
+    path = _file(tmp_path, json.dumps(bad).encode())
+    scale = field.endswith(("temperature", "top_p"))
+    if value == 1e-40 and not scale:  # a reward or log-prob of 1e-40 is ~0 in float32: no harm
+        assert len(read_traces(path)) == 2
+        return
+    with pytest.raises(TraceError) as info:
+        read_traces(path)
+    head = field.split(".")[0]
+    assert str(info.value).startswith(f"{path}:2") and f"field {head}" in str(info.value), str(info.value)
 
 
 def test_a_binary_file_is_an_error_of_its_first_line(tmp_path):

@@ -100,3 +100,59 @@ def test_disk_full_inside_a_checkpoint_stops_with_the_resume_command(one_step, t
     _cli_train(str(WF), "--resume", str(after))
     assert [r["step"] for r in read_metrics(after / "metrics.jsonl")] == [1, 2]
     assert ck.latest_good_checkpoint(after)[0] == after / "checkpoints" / "step_2"
+
+
+def _on_a_full_tmpfs(tmp_path: Path, free_pages: int, copy: Path | None, *args: str) -> subprocess.CompletedProcess:
+    """``srpo-graph train ARGS`` with its run folder ``<mnt>/run`` (a copy of ``copy``, or none) on a
+    1 MiB tmpfs filled up to ``free_pages`` free pages; ``<tmp_path>/after`` keeps what was left."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    train = [sys.executable, "-m", "srpo_graph.cli", "train", *args]
+    script = (f"mount -t tmpfs -o size=8m tmpfs {mnt} && {f'cp -a {copy} {mnt}/run && ' if copy else ''}"
+              f"avail=$(df -B{PAGE} --output=avail {mnt} | tail -1) && "
+              f"dd if=/dev/zero of={mnt}/filler bs={PAGE} count=$((avail - {free_pages})) status=none && "
+              f"{' '.join(train)}; rc=$?; (cp -a {mnt}/run {tmp_path}/after 2>/dev/null || true); exit $rc")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_mount(), reason="needs user+mount namespaces (unshare -rm) to mount a small tmpfs")
+@pytest.mark.parametrize("free_pages, file", [(0, ".lock"), (1, "config.toml"), (2, "workflow.json")])
+def test_disk_full_while_a_new_run_is_set_up_is_one_message(tmp_path, free_pages, file):
+    """Every write of a new run's set-up -- the lock, config.toml, the workflow's record -- on a disk
+    that fills up inside it (a real tmpfs with that many free pages): exit 1, one message naming the
+    file and what its file system has left, what to do, no traceback, nothing half-written left."""
+    mnt = tmp_path / "mnt"
+    proc = _on_a_full_tmpfs(tmp_path, free_pages, None, str(WF), "--steps", "1", "--run-dir", str(mnt / "run"), *ARGS)
+    err = proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert f"No space left on device ({mnt}/run/{file}; " in err and " bytes free on that file system)" in err, err
+    if file == "workflow.json":  # config.toml is there: the run can be resumed
+        assert f"free space, then resume: srpo-graph train {WF} --resume {mnt}/run" in err, err
+        left = sorted(p.name for p in (tmp_path / "after").iterdir())
+        assert left == [".lock", "config.toml"], left  # no temporary file
+    else:  # nothing to resume: the folder this run created is gone
+        assert "nothing was trained" in err and "free space, then run the command again" in err, err
+        assert not (tmp_path / "after").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_mount(), reason="needs user+mount namespaces (unshare -rm) to mount a small tmpfs")
+def test_disk_full_while_a_resumed_run_rewrites_its_config_is_one_message(one_step, tmp_path):
+    """`--resume` rewrites config.toml before the loop: on a full disk, one message naming it, the
+    newest checkpoint and the resume command; the old config.toml is intact (written atomically),
+    and with space the command finishes the run."""
+    mnt = tmp_path / "mnt"
+    before = (one_step / "config.toml").read_text()
+    proc = _on_a_full_tmpfs(tmp_path, 0, one_step, str(WF), "--resume", str(mnt / "run"), "--steps", "2")
+    err = proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert f"No space left on device ({mnt}/run/config.toml; 0 bytes free on that file system)" in err, err
+    assert f"newest complete checkpoint: {mnt}/run/checkpoints/step_1" in err, err
+    assert f"free space, then resume: srpo-graph train {WF} --resume {mnt}/run" in err, err
+    after = tmp_path / "after"
+    assert (after / "config.toml").read_text() == before and not list(after.glob(".config.toml.tmp-*"))
+    _cli_train(str(WF), "--resume", str(after), "--steps", "2")  # the config of record says 1 step
+    assert [r["step"] for r in read_metrics(after / "metrics.jsonl")] == [1, 2]
+

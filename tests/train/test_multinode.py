@@ -132,24 +132,24 @@ def _pid_of_rank(rank: int, marker: str) -> int | None:
     return None
 
 
-def _two_ranks_past_step_2(tmp_path: Path, steps: int, err, *, new_session: bool = False
-                           ) -> tuple[subprocess.Popen, Path, dict[str, str]]:
+def _two_ranks_past_step_2(tmp_path: Path, steps: int, err, *, new_session: bool = False, wf: str = WF,
+                           logged: int = 2) -> tuple[subprocess.Popen, Path, dict[str, str]]:
     """Start `srpo-graph train WF --nproc 2` (stderr to ``err``; each rank's environment marked with
-    ``tmp_path``, see :func:`_pid_of_rank`) and return once two steps are logged: (process, run, env)."""
+    ``tmp_path``, see :func:`_pid_of_rank`) and return once ``logged`` steps are: (process, run, env)."""
     (tmp_path / "home").mkdir()
     os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", tmp_path / "home" / "tiny")
     run = tmp_path / "run"
     env = {**_env(tmp_path / "home"), "SRPO_TEST_MARKER": str(tmp_path)}
-    p = subprocess.Popen(["srpo-graph", "train", WF, "--nproc", "2", "--steps", str(steps), "--run-dir", str(run),
+    p = subprocess.Popen(["srpo-graph", "train", wf, "--nproc", "2", "--steps", str(steps), "--run-dir", str(run),
                           *SMALL], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
                          start_new_session=new_session)
-    # two whole lines in metrics.jsonl (a line still being written is not read as a damaged one),
+    # `logged` whole lines in metrics.jsonl (a line still being written is not read as a damaged one),
     # however slow the start on a loaded machine: the wait fails only when the launcher exits or
     # neither the run folder nor the log moves for STALL_S
     metrics, log = run / "metrics.jsonl", tmp_path / "err.txt"
-    wait_for(lambda: metrics.exists() and metrics.read_bytes().count(b"\n") >= 2, proc=p,
+    wait_for(lambda: metrics.exists() and metrics.read_bytes().count(b"\n") >= logged, proc=p,
              progress=lambda: (sorted(map(str, run.rglob("*"))) if run.exists() else [], _size(metrics), _size(log)),
-             what=f"two steps in {metrics} (launcher log: {log})")
+             what=f"{logged} steps in {metrics} (launcher log: {log})")
     return p, run, env
 
 
@@ -222,6 +222,80 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_by_sigkill_stops_torchrun_and_every_rank(tmp_path):
+    """kill -9 of `srpo-graph train --nproc 2` -- a signal nothing can pass on -- once the first step is
+    logged: torchrun notices its parent is gone and stops the ranks as if the launcher had passed a
+    SIGTERM on (Note [Parent death], train/parallel/launch.py); every rank and torchrun are gone within
+    a deadline, rank 0 said how to resume, no traceback, and the run lock is free for the resume.
+    (They used to train on to step 40 holding the lock.)"""
+    import fcntl
+    import signal
+    import time
+
+    with open(tmp_path / "err.txt", "w") as err:
+        p, run, _ = _two_ranks_past_step_2(tmp_path, 40, err, wf=str(ROOT / "workflows" / "coord_par2.wf"), logged=1)
+        ranks = [_pid_of_rank(r, str(tmp_path)) for r in (0, 1)]
+        assert None not in ranks
+        with open(f"/proc/{ranks[0]}/stat") as f:
+            torchrun = int(f.read().rsplit(")", 1)[1].split()[1])
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 180  # a correctness bound: the job ends, it does not train on
+        while any(_running(pid) for pid in [*ranks, torchrun]):
+            assert time.monotonic() < deadline, [pid for pid in [*ranks, torchrun] if _running(pid)]
+            time.sleep(0.2)
+    text = (tmp_path / "err.txt").read_text()
+    assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert len(_rows(run)) < 40
+    with open(run / ".lock", "a+") as lock:  # the run lock was released with its holder
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.proc
+def test_a_process_stops_once_when_its_parent_dies(tmp_path):
+    """The watch itself (stop_with_parent), on real processes: a parent started a child that watches
+    it, then is SIGKILLed; the child receives exactly one SIGTERM (a second would cut its stop short)
+    and the variable naming the parent is not passed on to the child's own children."""
+    import signal
+    import sys
+    import time
+
+    child_code = (
+        "import os, signal, sys, time\n"
+        "from srpo_graph.train.parallel.launch import PARENT_ENV, stop_with_parent\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda *a: got.append(1))\n"
+        "assert stop_with_parent(interval=0.05) is not None and PARENT_ENV not in os.environ\n"
+        "open(sys.argv[1] + '.ready', 'w').close()\n"
+        "end = time.monotonic() + 60\n"
+        "while not got and time.monotonic() < end: time.sleep(0.05)\n"
+        "time.sleep(1.0)  # a second SIGTERM would land here\n"
+        "open(sys.argv[1] + '.tmp', 'w').write(str(len(got)))\n"
+        "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    )
+    out = tmp_path / "sigterms.txt"
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        "from srpo_graph.train.parallel.launch import PARENT_ENV\n"
+        f"subprocess.Popen([sys.executable, '-c', {child_code!r}, {str(out)!r}],"
+        " env={**os.environ, PARENT_ENV: str(os.getpid())})\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], env=_env(tmp_path))
+    deadline = time.monotonic() + 60
+    while not Path(str(out) + ".ready").exists():
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    while not out.exists():
+        assert time.monotonic() < deadline + 60
+        time.sleep(0.05)
+    assert out.read_text() == "1"
 
 
 @pytest.mark.proc

@@ -332,3 +332,57 @@ def test_overlapped_rollouts_sample_in_the_worker_within_the_bound(tmp_path):
             wf,
             validate({**data, "run_dir": str(tmp_path / "refused"), "rollout": {**data["rollout"], "worker": False}}),
         )
+
+
+def test_each_stop_by_a_backend_advises_what_failed():
+    """The rule over the backend errors that stop a run: the worker's and the weight folder's say what
+    to check (there is no server); a server's names its log only where this run launched one."""
+    import tempfile
+
+    from srpo_graph.backends.weight_dir import WeightFolderError
+    from srpo_graph.train.rollout.worker.client import WorkerRefused
+    from srpo_graph.train.rollout.worker.wire import WorkerError
+    from srpo_graph.train.stops import as_stop
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp)
+        (run / "config.toml").write_text("")  # a run that has started
+        for exc in (WorkerError("w"), WorkerRefused("w"), WeightFolderError("w")):
+            last = as_stop(exc, run, 1, None).advice("x.wf").splitlines()[-1]
+            assert last.startswith(f"  {exc.remedy}, then resume") and "server" not in last, last
+        assert "check the server named above" in as_stop(BackendError("s"), run, 1, None).advice("x.wf")
+        (run / "sglang").mkdir()
+        assert f"log of a server this run launched is in {run / 'sglang'}" in as_stop(
+            BackendError("s"), run, 1, None).advice("x.wf")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_pointing_at_the_worker(tmp_path):
+    """kill -9 of the rollout worker of a real `srpo-graph train` after step 1: the run stops with the
+    resume command and says to check the worker -- not a server's log (there is no server)."""
+    run = tmp_path / "run"
+    marker = f"SRPO_TEST_WORKER={tmp_path}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SRPO_TEST_WORKER": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "srpo_graph.cli", "train", str(ROOT / "workflows" / "coord_par2.wf"),
+                             "--steps", "30", "--run-dir", str(run), "rollout.worker=true", "rollout.tasks_per_step=4",
+                             "rollout.samples=4", "checkpoint.every=1", "eval.every=0", "logging.tensorboard=false",
+                             "logging.plots=false", "logging.progress=false"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    worker = None
+    while worker is None or not ((run / "metrics.jsonl").exists() and read_metrics(run / "metrics.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        for p in Path("/proc").iterdir():
+            try:
+                if (p.name.isdigit() and b"rollout.worker.main" in (p / "cmdline").read_bytes()
+                        and marker.encode() in (p / "environ").read_bytes()):
+                    worker = int(p.name)
+            except OSError:
+                continue
+        time.sleep(0.2)
+    os.kill(worker, signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert "rollout worker" in err and "check the rollout worker's output above" in err, err[-3000:]
+    assert "check the server" not in err and f"--resume {run}" in err, err[-3000:]

@@ -69,6 +69,39 @@ def _nan_weights_with_a_consistent_manifest(step: Path) -> None:
     (step / ck.COMPLETE).write_text(json.dumps(marker))
 
 
+def _state_with_a_consistent_manifest(path: str, value):
+    """state.json with one field of the wrong kind, the manifest updated to match: only a check of
+    state.json's fields can tell."""
+
+    def damage(step: Path) -> None:
+        state = json.loads((step / "state.json").read_text())
+        obj = state
+        *parents, last = path.split(".")
+        for k in parents:
+            obj = obj[k]
+        obj[last] = value
+        (step / "state.json").write_text(json.dumps(state))
+        marker = json.loads((step / ck.COMPLETE).read_text())
+        marker["files"] = layout.manifest(step)
+        (step / ck.COMPLETE).write_text(json.dumps(marker))
+
+    return damage
+
+
+# state.json, manifest consistent: each field every reader relies on, of the wrong kind
+STATE_DAMAGE = {
+    "a string step": ("step", "2", "field `step`: Input should be a valid integer"),
+    "a step that is not the folder's": ("step", 7, "field `step` is 7, but the folder is step_2"),
+    "a negative cursor": ("cursor", -1, "field `cursor`: Input should be greater than or equal to 0"),
+    "policies as one string": ("policies", "tiny", "field `policies`: Input should be a valid array"),
+    "frozen pointers as a number": ("extra.frozen", 5, "field `extra.frozen`: Input should be an object"),
+    "a version as text": ("extra.versions.tiny", "2", "field `extra.versions.tiny`"),
+    "a reward as text": ("extra.rewards", ["a"], "field `extra.rewards.0`"),
+    "an eval without its reward": ("extra.evals", [[1]], "field `extra.evals.0.1`"),
+    "python RNG state as a number": ("rng.python", 5, "field `rng.python`"),
+    "sharded as text": ("sharded", "yes", "field `sharded`: Input should be a valid boolean"),
+}
+
 DAMAGE = {
     "byte flip inside the weights": (lambda s: _flip_byte(ck.policy_path(s, "tiny") / "model.safetensors", -100),
                                      "does not match its checksum"),
@@ -82,6 +115,8 @@ DAMAGE = {
     "garbage COMPLETE marker": (lambda s: (s / ck.COMPLETE).write_bytes(b"\xff\x00garbage"), "marker unreadable"),
     "deleted COMPLETE marker": (lambda s: (s / ck.COMPLETE).unlink(), "no COMPLETE marker"),
     "NaN weights, consistent manifest": (_nan_weights_with_a_consistent_manifest, "is not finite"),
+    **{f"state.json with {k}, consistent manifest": (_state_with_a_consistent_manifest(path, value), why)
+       for k, (path, value, why) in STATE_DAMAGE.items()},
 }
 
 
@@ -96,6 +131,39 @@ def test_a_damaged_newest_checkpoint_is_named_and_skipped(run, kind):
     good, skipped = ck.latest_good_checkpoint(run)
     assert good == run / "checkpoints" / "step_1"
     assert [p for p, _ in skipped] == [newest]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(STATE_DAMAGE))
+def test_every_reader_of_state_json_names_a_field_of_the_wrong_kind(run, kind):
+    """The readers besides the verification: `consolidate` on that folder names the checkpoint and
+    the field (exit 7, no traceback); the frozen pointers read as absent (the verification reports
+    the damage) and the recorded workflow's name is still found, instead of raising."""
+    from srpo_graph.train.policies.frozen import saved_pointers
+    from srpo_graph.train.run_folder import recorded_workflow
+
+    path, value, why = STATE_DAMAGE[kind]
+    newest = run / "checkpoints" / "step_2"
+    _state_with_a_consistent_manifest(path, value)(newest)
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(newest), "--out",
+                           str(run.parent / "out")], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert str(newest) in proc.stderr and why in proc.stderr, proc.stderr[-2000:]
+    assert saved_pointers(newest) is None
+    (run / "workflow.json").unlink()  # the recorded workflow now comes from the checkpoints' state.json
+    assert recorded_workflow(run) == {"name": "coord_seq"}  # it needs the name only, which is intact
+
+
+def test_no_module_reads_state_json_but_the_checked_reader():
+    """state.json is read in one place (layout.read_state, which checks every field's kind)."""
+    import re
+
+    pkg = ROOT / "srpo_graph"
+    found = [f"{p.relative_to(pkg)}:{n}" for p in sorted(pkg.rglob("*.py")) if p.name != "layout.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"[/(]\s*[\"']state\.json[\"']", line) and "hf_tasks" not in p.name]
+    # run_folder.recorded_workflow globs step_*/state.json for the name only, tolerating any damage
+    assert not found, found
 
 
 @pytest.mark.slow

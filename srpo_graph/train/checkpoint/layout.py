@@ -40,10 +40,11 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
 COMPLETE = "COMPLETE"
@@ -281,15 +282,63 @@ def policy_path(checkpoint: str | Path, policy: str) -> Path:
 
 
 
+class _Extra(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    rewards: list[float] = []
+    evals: list[tuple[int, float]] = []
+    versions: dict[str, int] = {}
+    workflow: str | None = None
+    frozen: dict[str, str] | None = None
+
+
+class _Rng(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    python: tuple[int, list[int], float | None]  # random.getstate()
+    numpy: tuple[str, list[int], int, int, float]  # np.random.get_state(legacy=True)
+
+
+class _State(BaseModel):
+    """The fields of ``state.json`` every reader relies on, with their kinds (extra fields allowed:
+    a newer writer may add some)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    step: Annotated[int, Field(ge=0)]
+    cursor: Annotated[int, Field(ge=0)]
+    skipped_updates: Annotated[int, Field(ge=0)] = 0
+    extra: _Extra | None = None
+    rng: _Rng
+    policies: list[str]
+    sharded: bool = False
+
+
 def read_state(checkpoint: str | Path) -> dict[str, Any]:
-    """``state.json`` of a checkpoint, as written.
+    """``state.json`` of a checkpoint, as written, once every field a reader relies on has its kind
+    (``step`` an integer equal to the folder's ``step_N``, ``policies`` a list of names, ...). Every
+    reader of ``state.json`` goes through here: a field of the wrong kind is a named damage, never a
+    ``TypeError`` deep in a loader.
 
     Raises:
-        OSError, ValueError: it does not read (the caller says which checkpoint).
+        OSError: it does not read.
+        ValueError: not JSON, or a field of the wrong kind: the message names the field (the caller
+            says which checkpoint).
     """
-    payload = json.loads((Path(checkpoint) / "state.json").read_text(encoding="utf-8"))
+    from pydantic import ValidationError
+
+    ck = Path(checkpoint)
+    text = (ck / "state.json").read_text(encoding="utf-8")
+    payload = json.loads(text)
     if not isinstance(payload, dict):
         raise ValueError("state.json is not a JSON object")
+    try:
+        state = _State.model_validate_json(text)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(x) for x in e["loc"])
+        got = "" if e["type"] == "missing" else f" (it is {json.dumps(e.get('input'))[:60]})"
+        raise ValueError(f"state.json: field `{where}`: {e['msg']}{got}") from None
+    named = _STEP_DIR.match(ck.name)
+    if named and int(named.group(1)) != state.step:
+        raise ValueError(f"state.json: field `step` is {state.step}, but the folder is {ck.name}")
     return payload
 
 
@@ -367,7 +416,8 @@ def verify_files(checkpoint: str | Path) -> tuple[str | None, list[str]]:
     try:
         policies = [str(p) for p in read_state(ck)["policies"]]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        return f"state.json unreadable ({type(exc).__name__}: {exc})", []
+        said = str(exc)  # read_state names the field itself
+        return (said if said.startswith("state.json") else f"state.json unreadable ({type(exc).__name__}: {exc})"), []
     return None, policies
 
 

@@ -7,6 +7,15 @@ second signal or a rank that does not stop in time is killed with its whole proc
 the module torchrun itself runs through (:func:`main`, ``python -m
 srpo_graph.train.parallel.launch``): a failed rank's own exit code, no torchrun traceback.
 
+Note [Parent death]: a signal to the launcher is passed on, but ``kill -9`` cannot be: torchrun and
+the ranks once trained on without it, holding the run lock (issue 40). So each process of the job
+watches the parent that started it (:func:`stop_with_parent`): torchrun watches the launcher, each
+rank watches torchrun (the launcher and torchrun name themselves in :data:`PARENT_ENV`). When the
+parent is gone, the process sends itself SIGTERM -- once: a second would cut short the stop it
+starts -- and stops as if the launcher had passed one on: torchrun stops the ranks, a rank stops
+with the resume line. A thread polling the parent's pid, not ``PR_SET_PDEATHSIG``: the latter fires
+when the *thread* that started the child ends, and torchrun's agent is not ours to audit.
+
 It knows nothing about workflows, configs or models.
 """
 
@@ -15,6 +24,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Sequence
 
 from srpo_graph import exiting
@@ -87,7 +98,8 @@ def launch(
     import signal
 
     proc = subprocess.Popen(
-        torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, timeout=timeout)
+        torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, timeout=timeout),
+        env={**os.environ, PARENT_ENV: str(os.getpid())},  # torchrun stops when this process is gone
     )
     try:
         return proc.wait()
@@ -99,6 +111,33 @@ def launch(
         except (KeyboardInterrupt, subprocess.TimeoutExpired):  # asked twice, or the ranks did not stop
             _kill_tree(proc)
         raise
+
+
+PARENT_ENV = "SRPO_GRAPH_PARENT_PID"  # the pid of the process that started this one (Note [Parent death])
+PARENT_POLL_S = 0.5  # seconds between two looks at the parent
+
+
+def stop_with_parent(interval: float = PARENT_POLL_S) -> int | None:
+    """SIGTERM this process once when the parent named in :data:`PARENT_ENV` is gone (Note [Parent
+    death]); the variable is removed, so this process's own children do not watch its parent.
+    Nothing without the variable (not started by the launcher, or by torchrun under it).
+
+    Returns:
+        the pid watched, or None.
+    """
+    try:
+        parent = int(os.environ.pop(PARENT_ENV, ""))
+    except ValueError:
+        return None
+    import signal
+
+    def watch() -> None:
+        while os.getppid() == parent:  # once the parent dies, the process has a new one (init, a subreaper)
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="srpo-graph-parent-watch", daemon=True).start()
+    return parent
 
 
 def _descendants(pid: int) -> list[int]:
@@ -142,6 +181,8 @@ def main(argv: Sequence[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    stop_with_parent()  # the launcher's death stops torchrun, which stops the ranks
+    os.environ[PARENT_ENV] = str(os.getpid())  # each rank stops when torchrun is gone
     try:
         run(parse_args(list(argv)))
     # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands

@@ -64,11 +64,11 @@ def check_pointers(saved: dict[str, str] | None, wf: Workflow, checkpoint: Path)
 
 def saved_pointers(checkpoint: Path) -> dict[str, str] | None:
     """The frozen-policy pointers a checkpoint's loop state recorded (None: none recorded)."""
-    import json
+    from srpo_graph.train.checkpoint.layout import read_state
 
     try:
-        return json.loads((checkpoint / "state.json").read_text(encoding="utf-8")).get("extra", {}).get("frozen")
-    except (OSError, ValueError, AttributeError):
+        return (read_state(checkpoint).get("extra") or {}).get("frozen")
+    except (OSError, ValueError):
         return None  # the checkpoint verifier reports an unreadable state
 
 

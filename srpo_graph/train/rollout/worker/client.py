@@ -41,12 +41,12 @@ from srpo_graph.errors import BackendError
 from srpo_graph.runtime.executor import RunResult, RunStats
 from srpo_graph.runtime.trace import Episode
 from srpo_graph.train.rollout.worker.main import TOKEN_ENV
-from srpo_graph.train.rollout.worker.wire import broadcast_options, bucket_header, recv, send
+from srpo_graph.train.rollout.worker.wire import WorkerError, broadcast_options, bucket_header, recv, send
 
 BUCKET_BYTES = 64 << 20
 
 
-class WorkerRefused(BackendError):
+class WorkerRefused(WorkerError):
     """The worker answered with an error (it still serves); any other failure stops it."""
 
 
@@ -101,7 +101,7 @@ class RolloutWorker:
             self.sock = self._accept(server, deadline)
             hello, _ = recv(self.sock, deadline=deadline, why_dead=self._why_dead, what=f"the {self.name}")
             if hello.get("token") != token:
-                raise BackendError(f"the {self.name}: a stranger connected to its port")
+                raise WorkerError(f"the {self.name}: a stranger connected to its port")
             port, group = free_port(), f"srpo-graph-worker-{uuid.uuid4().hex[:12]}"
             send(self.sock, {"op": "start", "workflow": wf.model_dump_json(), "threads": torch.get_num_threads(),
                              "options": {"device": device, "dtype": dtype, "max_batch_size": max_batch_size},
@@ -128,9 +128,9 @@ class RolloutWorker:
     def _check(self, deadline: float, doing: str) -> None:
         dead = self._why_dead()
         if dead is not None:
-            raise BackendError(f"the {self.name} {dead} (while it was to {doing})")
+            raise WorkerError(f"the {self.name} {dead} (while it was to {doing})")
         if time.monotonic() > deadline:
-            raise BackendError(f"the {self.name} did not {doing} within {self.timeout:g}s (rollout.worker_timeout)")
+            raise WorkerError(f"the {self.name} did not {doing} within {self.timeout:g}s (rollout.worker_timeout)")
 
     def _accept(self, server: socket.socket, deadline: float) -> socket.socket:
         server.settimeout(0.2)
@@ -152,10 +152,10 @@ class RolloutWorker:
         """Run one exchange; a broken wire (deadline, death) stops the worker for good, an error it
         answered with leaves it serving."""
         if self._broken is not None:
-            raise BackendError(f"the {self.name} was stopped earlier: {self._broken}")
+            raise WorkerError(f"the {self.name} was stopped earlier: {self._broken}")
         with self._lock:
             if self._broken is not None:  # broken by the exchange this one waited for (another thread's)
-                raise BackendError(f"the {self.name} was stopped earlier: {self._broken}")
+                raise WorkerError(f"the {self.name} was stopped earlier: {self._broken}")
             try:
                 return fn(*args)
             except WorkerRefused:
@@ -169,7 +169,7 @@ class RolloutWorker:
                 msg = str(exc).strip() if dead is None or dead in str(exc) else f"the {self.name} {dead} ({exc})"
                 self._broken = msg
                 self.kill()
-                raise BackendError(msg) from None
+                raise WorkerError(msg) from None
             except BaseException:  # e.g. Ctrl-C mid-request
                 self._broken = "interrupted in the middle of a request"
                 self.kill()
@@ -243,7 +243,7 @@ class RolloutWorker:
             try:
                 work.wait()  # completed: returns at once, or raises the broadcast's error
             except RuntimeError as exc:
-                raise BackendError(f"the {self.name}: the weight broadcast failed ({exc})") from None
+                raise WorkerError(f"the {self.name}: the weight broadcast failed ({exc})") from None
             self.stats["tensors"] += len(bucket)
             self.stats["bytes"] += flat.numel()
         send(self.sock, {"op": "end"})
@@ -287,7 +287,7 @@ class WorkerPolicy:
         self.weight_version = 0
 
     def generate(self, requests: Any) -> list:
-        raise BackendError(
+        raise WorkerError(
             f"policy {self.name!r} samples in the {self.worker.name}: run the whole batch there (RolloutWorker.run)"
         )
 

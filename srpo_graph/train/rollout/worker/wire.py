@@ -28,6 +28,12 @@ import torch
 
 from srpo_graph.errors import BackendError
 
+
+class WorkerError(BackendError):
+    """The rollout worker failed, died, stalled or broke the wire (there is no server to check)."""
+
+    remedy = "check the rollout worker's output above (a process of its own; rollout.worker_timeout bounds each wait)"
+
 _HEAD = struct.Struct(">QQ")
 _MAX_HEADER = 64 << 20  # a header is small JSON; anything larger is a broken stream
 
@@ -50,20 +56,20 @@ def _read_exact(sock: socket.socket, n: int, deadline: float | None, why_dead: C
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BackendError(f"{what} did not answer within the deadline (rollout.worker_timeout)")
+                raise WorkerError(f"{what} did not answer within the deadline (rollout.worker_timeout)")
             sock.settimeout(min(0.5, left))
         try:
             chunk = sock.recv(min(n - len(buf), 1 << 20))
         except socket.timeout:
             dead = why_dead()
             if dead is not None:
-                raise BackendError(f"{what} {dead}") from None
+                raise WorkerError(f"{what} {dead}") from None
             continue
         except OSError as exc:
-            raise BackendError(f"{what}: connection lost ({exc})") from None
+            raise WorkerError(f"{what}: connection lost ({exc})") from None
         if not chunk:
             dead = why_dead()
-            raise BackendError(f"{what} closed the connection" + (f" ({dead})" if dead else ""))
+            raise WorkerError(f"{what} closed the connection" + (f" ({dead})" if dead else ""))
         buf += chunk
     return bytes(buf)
 
@@ -81,7 +87,7 @@ def recv(sock: socket.socket, *, deadline: float | None = None, why_dead: Callab
     """
     head_len, payload_len = _HEAD.unpack(_read_exact(sock, _HEAD.size, deadline, why_dead, what))
     if head_len > _MAX_HEADER:
-        raise BackendError(f"{what} sent a broken frame (header of {head_len} bytes)")
+        raise WorkerError(f"{what} sent a broken frame (header of {head_len} bytes)")
     header = json.loads(_read_exact(sock, head_len, deadline, why_dead, what))
     payload = _read_exact(sock, payload_len, deadline, why_dead, what) if payload_len else b""
     return header, payload
