@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from srpo_graph.models.chat_recipe import WIDTH, chat_math_examples
 from srpo_graph.models.sft_data import (
     ROLE_TOKENS,
     SPECIAL_TOKENS,
@@ -85,6 +86,9 @@ class Recipe:
     vocabulary: Callable[[], tuple[str, ...]] = char_vocabulary
     pattern: str = r"[\s\S]"  # how the tokenizer splits text into vocabulary pieces (default: characters)
     stages: tuple[Stage, ...] = ()  # run after the first, in order
+    # a chat family of vocab.py (``"qwen3"``): the recipe is on that exact tokenizer and its chat template, a
+    # Qwen-shaped model built by chat_recipe.py (``examples`` then give (question, completion) pairs)
+    family: str | None = None
 
 
 RECIPES: dict[str, Recipe] = {
@@ -124,6 +128,22 @@ RECIPES: dict[str, Recipe] = {
             # Note [Reading] (sft_data.py): then read (answer turns over renamed worlds), then the whole mix again
             stages=(Stage(search_reading_examples, 16_000, 2000, 1e-3), Stage(search_sft_examples, 16_000, 500, 5e-4)),
         ),
+        Recipe(
+            "qwen3-realvocab-math",
+            "a Qwen3-shaped chat model on Qwen3's exact tokenizer: math problems as chat turns (chat_recipe.py)",
+            hidden=WIDTH["hidden_size"],
+            layers=WIDTH["num_hidden_layers"],
+            heads=WIDTH["num_attention_heads"],
+            intermediate=WIDTH["intermediate_size"],
+            examples=chat_math_examples,
+            num_examples=40_000,
+            steps=1200,
+            batch_size=32,
+            lr=4e-3,
+            seed=1234,
+            version=1,
+            family="qwen3",
+        ),
     )
 }
 
@@ -134,6 +154,10 @@ def build_tokenizer(r: Recipe | None = None):
     from srpo_graph.models.tiny import build_tokenizer as piece_tokenizer
 
     r = r or RECIPES["tiny-reason"]
+    if r.family is not None:  # the exact released tokenizer (vocab.py), with its chat template
+        from srpo_graph.models.vocab import load_vocab_tokenizer
+
+        return load_vocab_tokenizer(r.family)
     return piece_tokenizer(r.vocabulary(), SPECIAL_TOKENS, ROLE_TOKENS, model_max_length=1024, pattern=r.pattern)
 
 
@@ -211,14 +235,32 @@ def _sft(
     label: str,
 ) -> list[float]:
     """``steps`` AdamW steps of next-token loss on the completions of ``pairs`` (+ eos); the losses."""
-    import torch
-
     eos = tok.eos_token_id
     seqs = []
     for prompt, completion in pairs:
         p_ids = tok(prompt)["input_ids"]
         c_ids = tok(completion, add_special_tokens=False)["input_ids"] + [eos]
         seqs.append((p_ids + c_ids, len(p_ids)))
+    return sft_steps(model, seqs, tok.pad_token_id, steps, lr, batch_size, rng, log, label)
+
+
+def sft_steps(
+    model,
+    seqs: list[tuple[list[int], int]],
+    pad_id: int,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    rng: random.Random,
+    log: Callable[[str], None] | None,
+    label: str = "",
+    loss_of: Callable | None = None,
+) -> list[float]:
+    """``steps`` AdamW steps (warm-up, then cosine decay) of next-token loss on ``seqs``: (ids, number of
+    prompt ids) pairs, the loss on the ids after the prompt. ``loss_of(model, ids, attn, labels)`` replaces
+    the model's own loss (chat_recipe.py's pooled softmax). Returns the losses."""
+    import torch
+
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -230,14 +272,17 @@ def _sft(
     t0 = time.perf_counter()
     for step, batch in enumerate(batches):
         width = max(len(s) for s, _ in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id)  # (B, T), right-padded
+        ids = torch.full((len(batch), width), pad_id)  # (B, T), right-padded
         labels = torch.full((len(batch), width), -100)
         attn = torch.zeros((len(batch), width), dtype=torch.long)
         for i, (s, n_prompt) in enumerate(batch):
             ids[i, : len(s)] = torch.tensor(s)
             labels[i, n_prompt : len(s)] = torch.tensor(s[n_prompt:])  # loss on the completion + eos only
             attn[i, : len(s)] = 1
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        if loss_of is None:
+            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        else:
+            loss = loss_of(model, ids, attn, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -315,13 +360,18 @@ def ensure_recipe_model(
         return target
 
     def write(tmp: Path) -> None:
-        model, tok, info = pretrain(r, log)
-        model.generation_config.do_sample = True
-        model.generation_config.top_k = 0
-        model.generation_config.top_p = 1.0
-        model.generation_config.max_new_tokens = 64
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        if r.family is not None:  # the exact vocabulary: chat_recipe.py writes the model and the tokenizer's files
+            from srpo_graph.models.chat_recipe import write_chat_recipe
+
+            info = write_chat_recipe(r, tmp, log)
+        else:
+            model, tok, info = pretrain(r, log)
+            model.generation_config.do_sample = True
+            model.generation_config.top_k = 0
+            model.generation_config.top_p = 1.0
+            model.generation_config.max_new_tokens = 64
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(info), encoding="utf-8")
 
     return build_atomically(target, write, lambda d: is_recipe_dir(d, name))
