@@ -175,7 +175,7 @@ def pretrain_chat(r: Any, log: Callable[[str], None] | None = None, steps: int |
     uses]) on one thread; ``steps`` overrides the budget (tests). Returns (model, tokenizer, info)."""
     import torch
 
-    from srpo_graph.models.recipes import sft_steps
+    from srpo_graph.models.sft import sft_steps
     from srpo_graph.models.vocab import load_vocab_tokenizer
 
     tok = load_vocab_tokenizer(r.family)
