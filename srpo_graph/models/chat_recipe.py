@@ -65,8 +65,8 @@ def chat_messages(question: str) -> list[dict[str, str]]:
 def chat_math_examples(rng: random.Random, num: int) -> list[tuple[str, str]]:
     """``num`` (question, completion) pairs: the imperfect teacher's solutions, no held-out problem.
 
-    >>> chat_math_examples(random.Random(0), 2)
-    [('6+3', '6+3=9;#9'), ('8-1', '8-1=7;#7')]
+    >>> chat_math_examples(random.Random(0), 2)[1]
+    ('eva has 5 books, gets 2 more. how many now?', '5+2=7;#7')
     """
     out: list[tuple[str, str]] = []
     while len(out) < num:
