@@ -8,6 +8,7 @@ Writes (relative to the repository root)::
     workflows/tasks/search.jsonl, search_eval.jsonl     {"id", "question", "answer"} search.wf
     workflows/tasks/tinymath.jsonl, tinymath_eval.jsonl {"id", "question", "answer", "family"} tinymath_*.wf
     workflows/tasks/tinysearch.jsonl, tinysearch_eval.jsonl {"id", "question", "answer", "kind"} tinysearch.wf
+    workflows/tasks/chat_math_qwen3.jsonl, chat_math_qwen3_eval.jsonl   tinymath's rows      chat_math_qwen3.wf
     srpo_graph/data/corpus.jsonl                        {"title", "text"}            std.retrieve
 
 Everything is lower case and uses only characters the tiny model's vocabulary knows. The same
@@ -161,6 +162,9 @@ def build() -> dict[str, list[dict]]:
         train, evals = fn(random.Random(SEED + 1))
         out[f"workflows/tasks/{name}.jsonl"] = train
         out[f"workflows/tasks/{name}_eval.jsonl"] = evals
+    # the same problems for the chat agent on the exact Qwen3 vocabulary (qwen3-realvocab-math, models/chat_recipe.py)
+    out["workflows/tasks/chat_math_qwen3.jsonl"] = out["workflows/tasks/tinymath.jsonl"]
+    out["workflows/tasks/chat_math_qwen3_eval.jsonl"] = out["workflows/tasks/tinymath_eval.jsonl"]
     return out
 
 

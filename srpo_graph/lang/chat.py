@@ -41,9 +41,10 @@ def _home() -> Path:
 PLAIN_LOCAL_MODELS = ("tiny", "tiny-reason", "tiny-search")
 CHAT_FAMILIES = ("qwen2.5", "qwen3", "llama3")
 CHAT_SIZES = ("test", "mid", "scale")
-# the models on the released tokenizers (models/released.py's SHAPED_MODELS), each with its family's template
+# the models on the released tokenizers (models/released.py's SHAPED_MODELS and the recipes of
+# models/chat_recipe.py), each with its family's template
 CHAT_SHAPED_MODELS = ("qwen2.5-0.5b-2layer", "qwen3-0.6b-2layer", "qwen2.5-realvocab-test", "qwen3-realvocab-test",
-                      "llama3-realvocab-test")
+                      "llama3-realvocab-test", "qwen3-realvocab-math")
 
 
 def builtin_chat_template(model: str) -> bool | None:

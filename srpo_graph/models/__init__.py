@@ -2,7 +2,8 @@
 
 * ``tiny.py``: the tiny default model (``"tiny"``: char-level, Llama, ~130k parameters) and the
   shared atomic build (``build_atomically``) and tokenizer loading (``load_tokenizer``);
-* ``recipes.py``: ``RECIPES``, small models pre-trained here (``"tiny-reason"``, ``"tiny-search"``);
+* ``recipes.py``: ``RECIPES``, small models pre-trained here (``"tiny-reason"``, ``"tiny-search"``, and
+  ``"qwen3-realvocab-math"``, a chat model on Qwen3's exact tokenizer: ``chat_recipe.py``);
 * ``chat_templates.py``: the Qwen2.5 / Qwen3 / Llama 3 chat templates and special tokens;
 * ``bpe.py``: byte-level BPE tokenizers trained here with those conventions;
 * ``architectures.py``: ``LOCAL_MODELS``, Qwen2 / Qwen3 / Llama models at the ``test``, ``mid``

@@ -6,12 +6,16 @@ word-level ``PreTrainedTokenizerFast``, both written with ``save_pretrained``). 
 model, a recipe model is *pre-trained* here, by supervised learning on synthetic data generated
 in code, so that RL starts where the paper's does: from a model that half-knows the task.
 
-Two recipes (``RECIPES``):
+Three recipes (``RECIPES``):
 
 * ``tiny-reason`` (648k parameters, 3 layers, characters; ~7 min to build on one thread) writes
   multi-token outputs (10-60 tokens) in a format that can be broken, for the math roles of ``sft_data.py``;
 * ``tiny-search`` (~0.9M parameters, 4 layers, words: one token per corpus word, space or
-  punctuation mark; ``sft_data.py``, Note [Synthetic worlds]) is the searcher of ``workflows/tinysearch.wf``.
+  punctuation mark; ``sft_data.py``, Note [Synthetic worlds]) is the searcher of ``workflows/tinysearch.wf``;
+* ``qwen3-realvocab-math`` (20M parameters, 19.4M of them the 151,669-row embedding; 3 layers at
+  hidden 128; ~7 min on one thread) is a ``Qwen3ForCausalLM`` on Qwen3's exact tokenizer and chat
+  template, pre-trained on the math problems as chat turns (``chat_recipe.py``) for
+  ``workflows/chat_math_qwen3.wf``.
 
 The roles, their prompts and the synthetic pre-training data (math problems, search questions
 over the shipped corpus and renamed worlds, the imperfect teacher, held-out problems) are
@@ -25,7 +29,6 @@ The build is deterministic for a seed (one thread, fixed data order) and atomic,
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
@@ -33,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from srpo_graph.models.chat_recipe import WIDTH, chat_math_examples
+from srpo_graph.models.sft import sft_steps
 from srpo_graph.models.sft_data import (
     ROLE_TOKENS,
     SPECIAL_TOKENS,
@@ -85,6 +90,9 @@ class Recipe:
     vocabulary: Callable[[], tuple[str, ...]] = char_vocabulary
     pattern: str = r"[\s\S]"  # how the tokenizer splits text into vocabulary pieces (default: characters)
     stages: tuple[Stage, ...] = ()  # run after the first, in order
+    # a chat family of vocab.py (``"qwen3"``): the recipe is on that exact tokenizer and its chat template, a
+    # Qwen-shaped model built by chat_recipe.py (``examples`` then give (question, completion) pairs)
+    family: str | None = None
 
 
 RECIPES: dict[str, Recipe] = {
@@ -124,6 +132,22 @@ RECIPES: dict[str, Recipe] = {
             # Note [Reading] (sft_data.py): then read (answer turns over renamed worlds), then the whole mix again
             stages=(Stage(search_reading_examples, 16_000, 2000, 1e-3), Stage(search_sft_examples, 16_000, 500, 5e-4)),
         ),
+        Recipe(
+            "qwen3-realvocab-math",
+            "a Qwen3-shaped chat model on Qwen3's exact tokenizer: math problems as chat turns (chat_recipe.py)",
+            hidden=WIDTH["hidden_size"],
+            layers=WIDTH["num_hidden_layers"],
+            heads=WIDTH["num_attention_heads"],
+            intermediate=WIDTH["intermediate_size"],
+            examples=chat_math_examples,
+            num_examples=40_000,
+            steps=1200,
+            batch_size=32,
+            lr=4e-3,
+            seed=1234,
+            version=1,
+            family="qwen3",
+        ),
     )
 }
 
@@ -134,6 +158,10 @@ def build_tokenizer(r: Recipe | None = None):
     from srpo_graph.models.tiny import build_tokenizer as piece_tokenizer
 
     r = r or RECIPES["tiny-reason"]
+    if r.family is not None:  # the exact released tokenizer (vocab.py), with its chat template
+        from srpo_graph.models.vocab import load_vocab_tokenizer
+
+        return load_vocab_tokenizer(r.family)
     return piece_tokenizer(r.vocabulary(), SPECIAL_TOKENS, ROLE_TOKENS, model_max_length=1024, pattern=r.pattern)
 
 
@@ -182,23 +210,6 @@ def is_recipe_dir(path: str | os.PathLike, name: str) -> bool:
     return meta.get("recipe") == name and meta.get("version") == get_recipe(name).version
 
 
-def _length_buckets(seqs: list, batch_size: int, steps: int, rng: random.Random) -> list[list]:
-    """``steps`` batches: shuffled, then sorted by length within chunks of 16 batches (less padding)."""
-    out: list[list] = []
-    while len(out) < steps:
-        order = list(range(len(seqs)))
-        rng.shuffle(order)
-        chunk = 16 * batch_size
-        for c in range(0, len(order) - batch_size + 1, chunk):
-            idx = sorted(order[c : c + chunk], key=lambda i: len(seqs[i][0]))
-            group = [
-                [seqs[i] for i in idx[b : b + batch_size]] for b in range(0, len(idx) - batch_size + 1, batch_size)
-            ]
-            rng.shuffle(group)
-            out += group
-    return out[:steps]
-
-
 def _sft(
     model,
     tok,
@@ -211,45 +222,13 @@ def _sft(
     label: str,
 ) -> list[float]:
     """``steps`` AdamW steps of next-token loss on the completions of ``pairs`` (+ eos); the losses."""
-    import torch
-
     eos = tok.eos_token_id
     seqs = []
     for prompt, completion in pairs:
         p_ids = tok(prompt)["input_ids"]
         c_ids = tok(completion, add_special_tokens=False)["input_ids"] + [eos]
         seqs.append((p_ids + c_ids, len(p_ids)))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
-    )
-    batches = _length_buckets(seqs, batch_size, steps, rng)
-    model.train()
-    losses: list[float] = []
-    t0 = time.perf_counter()
-    for step, batch in enumerate(batches):
-        width = max(len(s) for s, _ in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id)  # (B, T), right-padded
-        labels = torch.full((len(batch), width), -100)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (s, n_prompt) in enumerate(batch):
-            ids[i, : len(s)] = torch.tensor(s)
-            labels[i, n_prompt : len(s)] = torch.tensor(s[n_prompt:])  # loss on the completion + eos only
-            attn[i, : len(s)] = 1
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-        if log and (step + 1) % 100 == 0:
-            log(
-                f"  {label}step {step + 1}/{steps}  loss {sum(losses[-100:]) / len(losses[-100:]):.3f}"
-                f"  ({time.perf_counter() - t0:.0f} s)"
-            )
-    return losses
+    return sft_steps(model, seqs, tok.pad_token_id, steps, lr, batch_size, rng, log, label)
 
 
 def pretrain(r: Recipe, log: Callable[[str], None] | None = None):
@@ -315,13 +294,18 @@ def ensure_recipe_model(
         return target
 
     def write(tmp: Path) -> None:
-        model, tok, info = pretrain(r, log)
-        model.generation_config.do_sample = True
-        model.generation_config.top_k = 0
-        model.generation_config.top_p = 1.0
-        model.generation_config.max_new_tokens = 64
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        if r.family is not None:  # the exact vocabulary: chat_recipe.py writes the model and the tokenizer's files
+            from srpo_graph.models.chat_recipe import write_chat_recipe
+
+            info = write_chat_recipe(r, tmp, log)
+        else:
+            model, tok, info = pretrain(r, log)
+            model.generation_config.do_sample = True
+            model.generation_config.top_k = 0
+            model.generation_config.top_p = 1.0
+            model.generation_config.max_new_tokens = 64
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(info), encoding="utf-8")
 
     return build_atomically(target, write, lambda d: is_recipe_dir(d, name))

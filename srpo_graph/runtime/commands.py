@@ -491,8 +491,12 @@ def init_model_cmd(directory, show_vocab, recipe, local):
             f"{recipe} ready at {path}: {info['parameters']:,} parameters, final SFT loss "
             f"{info['final_loss']:.3f}, built in {info['build_seconds']} s"
         )
+        if "trained_rows" in info:  # on an exact vocabulary (models/chat_recipe.py)
+            click.echo(f"  {info['family']}'s tokenizer ({info['vocab_size']:,} tokens), {info['trained_rows']} rows "
+                       f"trained; mass on the others on held-out turns: {info['unused_mass']['mean']:.2e} mean")
         if show_vocab:
-            for i, tok in enumerate(RECIPES[recipe].vocabulary()):
+            vocabulary = RECIPES[recipe].vocabulary() if RECIPES[recipe].family is None else ()
+            for i, tok in enumerate(vocabulary):
                 click.echo(f"  {i:3d}  {tok!r}")
         return
     path = ensure_tiny_model(directory)

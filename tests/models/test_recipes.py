@@ -142,7 +142,8 @@ def test_a_stale_or_other_version_is_rebuilt(tmp_path, small_recipe):
 def test_unknown_recipe_is_a_clear_error():
     from srpo_graph.errors import BackendError
 
-    with pytest.raises(BackendError, match="unknown model recipe .nope. \\(known: tiny-reason, tiny-search\\)"):
+    known = "tiny-reason, tiny-search, qwen3-realvocab-math"
+    with pytest.raises(BackendError, match=f"unknown model recipe .nope. \\(known: {known}\\)"):
         R.ensure_recipe_model("nope")
 
 
