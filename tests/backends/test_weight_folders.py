@@ -100,6 +100,7 @@ def test_a_resumed_run_is_the_same_owner(tmp_path):
     assert not (tmp_path / "w" / "v0").exists()
 
 
+@pytest.mark.proc
 def test_a_weight_folder_conflict_stops_a_run_without_blaming_a_server(run_a, tmp_path):
     """A real second owner: the stop it causes says to fix the weight folder, not to "check the
     server's log" (there is nothing wrong with any server)."""

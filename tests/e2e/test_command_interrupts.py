@@ -17,7 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from srpo_graph.runtime.trace import read_traces
+
+pytestmark = pytest.mark.proc  # real SIGINTs to real `run` / `eval` processes
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = str(ROOT / "workflows" / "coord_seq.wf")
