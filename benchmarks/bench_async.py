@@ -334,13 +334,16 @@ def run_learning(args, root: Path, modes: list[str]) -> dict[str, list[dict]]:
     def path(mode: str, seed: int) -> Path:
         return LEARN_RUNS / f"{mode_file(mode)}-s{seed}.json"
 
-    todo = [(seed, mode) for seed in range(args.learn_seeds) for mode in modes if not path(mode, seed).exists()]
+    seeds = list(range(args.learn_first_seed, args.learn_seeds))
+    todo = [(seed, mode) for seed in seeds for mode in modes if not path(mode, seed).exists()]
     if todo:
         reason = str(ensure_recipe_model(LEARN_MODEL))
         server = start_real_server(reason, root)
         t0 = time.perf_counter()
         try:
             for seed, mode in todo:
+                if path(mode, seed).exists():  # another process saved it meanwhile (--learn-first-seed)
+                    continue
                 wf = parse_mode(mode)[0]
                 base_path = LEARN_RUNS / (f"base-s{seed}.json" if wf == LEARN_WF else f"{wf}-base-s{seed}.json")
                 if not base_path.exists():
@@ -456,6 +459,8 @@ def main() -> None:
     ap.add_argument("--learn-steps", type=int, default=40)
     ap.add_argument("--learn-modes", default=LEARN_MODES, help="max_staleness[:decoupled_weight], comma-separated")
     ap.add_argument("--learn-only", action="store_true", help="only the learning comparison (resumes its records)")
+    ap.add_argument("--learn-first-seed", type=int, default=0,
+                    help="run the learning seeds from this one on (a second process beside a first)")
     args = ap.parse_args()
     import torch
 
