@@ -140,11 +140,12 @@ LOGGED = re.compile(
 LEARN_MODEL = "tiny-reason"
 
 
-def learn_once(url: str, model: str, mode: str, seed: int, args, root: Path) -> dict:
-    """One run of the learning comparison: the objectives study's budget on ``LEARN_WF``, sampled on
-    the server in ``mode`` (``"0"`` synchronous, ``"1:joint"`` max_staleness 1 with that
-    ``loss.decoupled_weight``; the mismatch correction is the configuration's default: ``tis`` when
-    synchronous on SGLang, ``decoupled`` when overlapped); its logged rows and held-out accuracy by step."""
+def learn_once(url: str | None, model: str, mode: str, seed: int, args, root: Path) -> dict:
+    """One run of the learning comparison: the objectives study's budget on the mode's workflow,
+    sampled on the server at ``url`` (None: transformers in its rollout worker) in ``mode`` (``"0"``
+    synchronous, ``"1:joint"`` max_staleness 1 with that ``loss.decoupled_weight``; the mismatch
+    correction is the configuration's default: ``tis`` synchronous on SGLang, none synchronous on
+    transformers, ``decoupled`` overlapped); its logged rows and held-out accuracy by step."""
     sys.path.insert(0, str(HERE))
     from study import _tasks_of
 
@@ -153,7 +154,17 @@ def learn_once(url: str, model: str, mode: str, seed: int, args, root: Path) -> 
     from srpo_graph.train.trainer import train
 
     wf, k, weight = parse_mode(mode)
-    reset(url, model)
+    if url is None:  # the rollout worker samples beside the update, so the loop can overlap (every mode alike)
+        backend = ["rollout.backend=transformers", "rollout.worker=true"]
+    else:
+        reset(url, model)
+        backend = [
+            "rollout.backend=sglang",
+            f"rollout.sglang.url={json.dumps(url)}",
+            "rollout.sglang.sync=disk",
+            "rollout.sglang.update_connected=true",
+            f"rollout.sglang.weight_dir={json.dumps(str(root / 'w-learn'))}",
+        ]
     run = root / f"learn-{mode_file(mode)}-s{seed}"
     cfg = load_config(
         None,
@@ -161,11 +172,7 @@ def learn_once(url: str, model: str, mode: str, seed: int, args, root: Path) -> 
             f"steps={args.learn_steps}",
             f"seed={seed}",
             f"run_dir={json.dumps(str(run))}",
-            "rollout.backend=sglang",
-            f"rollout.sglang.url={json.dumps(url)}",
-            "rollout.sglang.sync=disk",
-            "rollout.sglang.update_connected=true",
-            f"rollout.sglang.weight_dir={json.dumps(str(root / 'w-learn'))}",
+            *backend,
             f"rollout.max_staleness={k}",
             "rollout.tasks_per_step=8",
             "rollout.samples=8",
@@ -224,7 +231,7 @@ def _mean_of(rows: list[dict], key: str) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def learning_section(learn: dict[str, list[dict]], before: dict | None) -> tuple[str, dict]:
+def learning_section(learn: dict[str, list[dict]], before: dict | None, backend: str) -> tuple[str, dict]:
     """The learning table (held-out accuracy by workflow and mode, the paired difference to the
     workflow's first mode: synchronous, or the first weight), the stale gap and the behaviour weights
     by set size beside it, and its record. ``learn[mode]`` holds the runs of the seeds every mode has
@@ -284,19 +291,23 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None) -> tuple
             cells.append(f"{fmt(m, 3)}, {fmt(sd, 3)}, {fmt(tr, 3)}" if m else "-")
             rec[mode][f"weight/k{k}"] = {"mean": m, "std": sd, "truncated": tr}
         wlines.append("| " + " | ".join(cells) + " |")
-    n = len(runs0)
+    n = ", ".join(f"{wf} {len(learn[m])}" for wf, m in ref.items())
     minutes = sum(r["minutes"] for m in modes for r in learn[m])
     body = (
         f"### Learning per step: {LEARN_WF} on {LEARN_MODEL}\n\nThe tiny model of the section above learns nothing "
         f"in a few dozen steps, so learning is compared where it is measured: `workflows/{LEARN_WF}.wf` (every "
         "active set has one member, where `decoupled_weight`'s two choices are one weight) and, for the weight "
         "choice, `workflows/tinymath_mixed.wf` (two solvers consumed together: sets of K = 2), on the "
-        f"pre-trained `{LEARN_MODEL}` served by a real SGLang CPU server (weights reset to the base model before each "
-        f"run), with the objectives study's budget (8 tasks x G = 8 per step, 2 epochs, lr 1e-4, {last} steps), "
+        f"pre-trained `{LEARN_MODEL}`, "
+        + ("served by a real SGLang CPU server (weights reset to the base model before each run)" if backend == "sglang"
+           else "sampled by the transformers backend in its rollout worker (`rollout.worker = true`, in every mode: "
+           "the worker samples while the trainer updates, so the loop can overlap)")
+        + f", with the objectives study's budget (8 tasks x G = 8 per step, 2 epochs, lr 1e-4, {last} steps), "
         f"held-out accuracy = mean reward of 64 held-out problems x 2 sampled episodes every 10 steps (step 0: the "
         f"pre-trained model, measured once per seed in process, as the study does). Each mode trains with the "
-        f"configuration's default correction (synchronous on SGLang: `tis`; overlapped: `decoupled`) and the "
-        f"behaviour weight named (`loss.decoupled_weight`). {n} seeds per mode, interleaved (seed by seed, every "
+        "configuration's default correction (synchronous: `tis` on SGLang, none on transformers; overlapped: "
+        "`decoupled`) and the "
+        f"behaviour weight named (`loss.decoupled_weight`). Seeds per mode: {n}, interleaved (seed by seed, every "
         f"mode), mean ± 95% t interval; the paired column is the per-seed difference of the final held-out "
         f"accuracy to the workflow's first row (same seed: same tasks and the same first rollout). "
         f"{minutes:.0f} min of training in all; "
@@ -310,7 +321,8 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None) -> tuple
         + whead + "\n".join(wlines)
         + "\n\nHeld-out accuracy by step and by wall-clock: `docs/img/async_learning.png`. Records: "
         "`benchmarks/results/async-learning/` (one per mode and seed; a rerun resumes). Command: `python "
-        f"benchmarks/bench_async.py --learn-only --learn-seeds {n}`.\n"
+        f"benchmarks/bench_async.py --learn-only --learn-seeds {max(len(r) for r in learn.values())} "
+        f"--learn-backend {backend}` (seeds split over processes with `--learn-seed-list`).\n"
     )
     if before:
         body += (
@@ -329,16 +341,18 @@ def run_learning(args, root: Path, modes: list[str]) -> dict[str, list[dict]]:
 
     from srpo_graph.models.recipes import ensure_recipe_model
 
-    LEARN_RUNS.mkdir(parents=True, exist_ok=True)
+    runs_dir = LEARN_RUNS / args.learn_backend
+    runs_dir.mkdir(parents=True, exist_ok=True)
 
     def path(mode: str, seed: int) -> Path:
-        return LEARN_RUNS / f"{mode_file(mode)}-s{seed}.json"
+        return runs_dir / f"{mode_file(mode)}-s{seed}.json"
 
-    seeds = list(range(args.learn_first_seed, args.learn_seeds))
-    todo = [(seed, mode) for seed in seeds for mode in modes if not path(mode, seed).exists()]
+    seeds = ([int(x) for x in args.learn_seed_list.split(",")] if args.learn_seed_list
+             else list(range(args.learn_first_seed, args.learn_seeds)))
+    todo = [] if args.learn_report else [(s, m) for s in seeds for m in modes if not path(m, s).exists()]
     if todo:
         reason = str(ensure_recipe_model(LEARN_MODEL))
-        server = start_real_server(reason, root)
+        server = start_real_server(reason, root) if args.learn_backend == "sglang" else None
         t0 = time.perf_counter()
         try:
             for seed, mode in todo:
@@ -351,23 +365,27 @@ def run_learning(args, root: Path, modes: list[str]) -> dict[str, list[dict]]:
                 base = json.loads(base_path.read_text())["accuracy"]
                 print(f"learn: seed {seed} {mode} ({(time.perf_counter() - t0) / 60:.1f} min)", flush=True)
                 t = time.perf_counter()
-                got = learn_once(server.url, reason, mode, seed, args, root)
+                got = learn_once(server.url if server else None, reason, mode, seed, args, root)
                 got.update(seed=seed, mode=mode, minutes=(time.perf_counter() - t) / 60, eval=[[0, base], *got["eval"]])
                 path(mode, seed).write_text(json.dumps(got) + "\n")
         finally:
-            server.stop()
-    seeds = [s for s in range(args.learn_seeds) if all(path(m, s).exists() for m in modes)]
-    return {m: [json.loads(path(m, s).read_text()) for s in seeds] for m in modes}
+            if server:
+                server.stop()
+    # per workflow, the seeds every one of its modes has finished (so its differences are paired)
+    done = {m: [s for s in range(args.learn_seeds)
+                if all(path(x, s).exists() for x in modes if parse_mode(x)[0] == parse_mode(m)[0])] for m in modes}
+    return {m: [json.loads(path(m, s).read_text()) for s in done[m]] for m in modes if done[m]}
 
 
-def write_learning(learn: dict[str, list[dict]]) -> None:
+def write_learning(learn: dict[str, list[dict]], backend: str) -> None:
     """The learning section of docs/performance.md, its plot and its summary record."""
     # the rows measured before the decoupled default (every mode on tis), kept beside the new ones
     before = (read_result("async") or {}).get("learning") or (read_result("async_learning") or {}).get("before_tis")
-    body, rec = learning_section(learn, {m.removeprefix("k"): v for m, v in before.items()} if before else None)
+    body, rec = learning_section(learn, {m.removeprefix("k"): v for m, v in before.items()} if before else None,
+                                 backend)
     plot_learning(learn, ROOT / "docs" / "img" / "async_learning.png")
     write_section("async-learning", body)
-    write_result("async_learning", {"modes": rec, "before_tis": before})
+    write_result("async_learning", {"backend": backend, "modes": rec, "before_tis": before})
     print(body)
 
 
@@ -459,6 +477,10 @@ def main() -> None:
     ap.add_argument("--learn-steps", type=int, default=40)
     ap.add_argument("--learn-modes", default=LEARN_MODES, help="max_staleness[:decoupled_weight], comma-separated")
     ap.add_argument("--learn-only", action="store_true", help="only the learning comparison (resumes its records)")
+    ap.add_argument("--learn-backend", choices=("sglang", "transformers"), default="sglang",
+                    help="where the learning runs sample: a real SGLang CPU server, or transformers' rollout worker")
+    ap.add_argument("--learn-seed-list", default="", help="these learning seeds (comma-separated), in this order")
+    ap.add_argument("--learn-report", action="store_true", help="run nothing: write the section from the records")
     ap.add_argument("--learn-first-seed", type=int, default=0,
                     help="run the learning seeds from this one on (a second process beside a first)")
     args = ap.parse_args()
@@ -468,7 +490,7 @@ def main() -> None:
     learn_modes = args.learn_modes.split(",")
     if args.learn_only:
         with tempfile.TemporaryDirectory() as tmp:
-            write_learning(run_learning(args, Path(tmp), learn_modes))
+            write_learning(run_learning(args, Path(tmp), learn_modes), args.learn_backend)
         return
     from sglang_servers import start_real_server
 
@@ -503,7 +525,7 @@ def main() -> None:
         finally:
             server.stop()
         if args.learn_seeds:
-            write_learning(run_learning(args, root, learn_modes))
+            write_learning(run_learning(args, root, learn_modes), args.learn_backend)
     total = time.perf_counter() - t_start
     plot(runs, ROOT / "docs" / "img" / "async_reward.png")
     head = (
