@@ -249,7 +249,8 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
 
     head = (
         f"| workflow | mode | held-out, step 0 | held-out, step {last} | gain | vs the workflow's first row at step "
-        f"{last} (paired) | step time (s) | wall time to step {last} (min) |\n|---|---|---|---|---|---|---|---|\n"
+        f"{last} (paired) | step time (s) | step time / first row's (paired) | wall time to step {last} (min) |"
+        "\n|---|---|---|---|---|---|---|---|---|\n"
     )
     lines, rec = [], {}
     for mode in modes:
@@ -260,12 +261,16 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
         diff = [at(r, last) - at(s, last) for r, s in zip(runs, learn[ref[wf]])]
         st = [statistics.median(step_times(r["rows"])) for r in runs]
         wall = [r["rows"][-1]["time/clock"] / 60 for r in runs]
+        st_ref = [statistics.median(step_times(r["rows"])) for r in learn[ref[wf]]]
+        st_ratio = [a / b for a, b in zip(st, st_ref)]
         lines.append(
             f"| {wf} | {mode_name(mode)} | {fmt(first, 3)} | {fmt(final, 3)} | {fmt(gain, 3)} | "
-            f"{'-' if mode == ref[wf] else fmt(diff, 3)} | {fmt(st)} | {fmt(wall)} |"
+            f"{'-' if mode == ref[wf] else fmt(diff, 3)} | {fmt(st)} | {'-' if mode == ref[wf] else fmt(st_ratio)} | "
+            f"{fmt(wall)} |"
         )
         rec[mode] = {"seeds": [r["seed"] for r in runs], "mismatch": runs[0]["mismatch"], "first": first,
-                     "final": final, "gain": gain, "diff_vs_ref": diff, "ref": ref[wf], "step_s": st, "wall_min": wall}
+                     "final": final, "gain": gain, "diff_vs_ref": diff, "ref": ref[wf], "step_s": st,
+                     "step_ratio": st_ratio, "wall_min": wall}
     # the stale gap and the weights: per run the mean over its steps, then mean ± interval over seeds
     sizes = sorted({int(key.rsplit("/k", 1)[1]) for r in runs0 + [x for m in modes for x in learn[m]]
                     for row in r["rows"] for key in row if key.startswith("loss/is_weight_mean/k")})
