@@ -79,6 +79,7 @@ OUTCOMES: dict[frozenset[str], str] = {
     frozenset(pair): outcome
     for pair, outcome in {
         ("ddp", "fsdp"): "exclusive: `strategy` is one of them",
+        ("fsdp", "lora"): "refused: do not run under fsdp",
         ("ddp", "every_rank"): "implied: every_rank",
         ("every_rank", "fsdp"): 'refused: strategy = "fsdp" samples on rank 0 only',
         ("every_rank", "worker"): "refused: with rollout.worker = true, rank 0's rollout worker process samples",

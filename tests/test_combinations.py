@@ -120,14 +120,14 @@ def _outputs(run: Path, step: int) -> list[dict]:
     return [o for ep in eps for o in ep["outputs"]]
 
 
-def _same_metrics(run: Path, ref: Path, what: str) -> None:
+def _same_metrics(run: Path, ref: Path, what: str, rel: float = 1e-4) -> None:
     a, b = _metrics(run), _metrics(ref)
     assert len(a) == len(b) == 2
     for ra, rb in zip(a, b):
         assert ra.keys() == rb.keys(), f"{what}: keys differ: {sorted(ra.keys() ^ rb.keys())}"
         differ = [(k, ra[k], rb[k]) for k in sorted(ra) if not k.startswith(PER_PROCESS) and not (
             ra[k] == rb[k] or (isinstance(ra[k], float) and isinstance(rb[k], float)
-                               and math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=1e-6)))]
+                               and math.isclose(ra[k], rb[k], rel_tol=rel, abs_tol=rel / 100)))]
         assert not differ, f"{what}: step {ra['step']}: {differ[:10]}"
 
 
@@ -160,7 +160,9 @@ def _check(key: str, run: Path, keys: tuple[str, ...], runs: Runs) -> None:
         assert not list((saved / "base").glob("model*.safetensors"))  # the base: a pointer (frozen_base.json)
     elif key in NPROC:
         ref = runs.get(tuple(k for k in partner if k not in NPROC))
-        _same_metrics(run, ref, f"{keys} vs one process")
+        # fsdp reduces the gradients in another order (sharded): weights agree to ~1e-6, and Adam's
+        # normalised step turns that into ~1e-3 in what the second epoch measures (docs/training.md, FSDP)
+        _same_metrics(run, ref, f"{keys} vs one process", rel=1e-2 if key == "fsdp" else 1e-4)
     elif key in ("stale", "partial"):
         for r in _metrics(run):
             assert r["staleness/max"] <= 1

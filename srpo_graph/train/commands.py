@@ -138,9 +138,13 @@ def train_command(
 
         # the refusals of a job of several processes, here, before torchrun starts them (each rank would
         # print its own copy of the error): docs/combinations.md
+        from srpo_graph.lang import load_workflow
+        from srpo_graph.train.policies.lora import check_strategy
+
         job = DistInfo(world_size=cfg.nproc * nnodes)
         check_async(cfg, job)
         samples_on_every_rank(cfg, job)
+        check_strategy(load_workflow(workflow), cfg, job.world_size)
         if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
             from srpo_graph.lang import load_workflow
             from srpo_graph.train.config.loading import default_run_dir
