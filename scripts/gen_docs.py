@@ -49,11 +49,22 @@ def _exit_codes() -> str:
     return exit_codes_table()
 
 
+def _combinations() -> str:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("combinations", ROOT / "tests" / "combinations.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.setdefault("combinations", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)  # (registered first: its dataclasses look their module up)
+    return module.doc_table()
+
+
 BLOCKS: dict[str, tuple[str, Callable[[], str]]] = {
     "exit-codes": ("docs/architecture.md", _exit_codes),
     "backends": ("docs/architecture.md", _backends),
     "config-reference": ("docs/training.md", _config),
     "objectives": ("docs/algorithm.md", _objectives),
+    "combinations": ("docs/combinations.md", _combinations),
 }
 
 

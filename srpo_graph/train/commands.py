@@ -131,6 +131,18 @@ def train_command(
         )
         sys.exit(_interrupt_code())
     if (cfg.nproc > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
+        # the refusals of a job of several processes, here, before torchrun starts them (each rank would
+        # print its own copy of the error): docs/combinations.md
+        from srpo_graph.lang import load_workflow
+        from srpo_graph.train.parallel.collectives import DistInfo
+        from srpo_graph.train.policies.lora import check_strategy
+        from srpo_graph.train.rollout.overlapped import check_async
+        from srpo_graph.train.rollout.ranks import samples_on_every_rank
+
+        job = DistInfo(world_size=cfg.nproc * nnodes)
+        check_async(cfg, job)
+        samples_on_every_rank(cfg, job)
+        check_strategy(load_workflow(workflow), cfg, job.world_size)
         if cfg.run_dir is None:  # every rank must agree on the folder, and the resume line names it
             from srpo_graph.lang import load_workflow
             from srpo_graph.train.config.loading import default_run_dir

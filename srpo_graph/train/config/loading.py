@@ -273,8 +273,14 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 
 def to_data(config: BaseModel) -> dict[str, Any]:
-    """Plain TOML-able data (paths as strings, tuples as lists, None dropped); a training config
-    without the fields the trainer fills (:data:`FILLED_BY_TRAINER`), which are no settings."""
+    """Plain TOML-able data (paths as strings, tuples as lists, None dropped). A TrainConfig's
+    ``compile`` fields that the trainer fills from the workflow (``FILLED_BY_TRAINER``) are left out:
+    they are no setting, and data that held them would be refused when read back (``--resume``,
+    the config file ``--nproc`` hands its ranks, rank 0's config under torchrun).
+
+    >>> "frozen_policies" in to_data(TrainConfig())["compile"]
+    False
+    """
     data = _drop_none(config.model_dump(mode="json"))
     if isinstance(config, TrainConfig) and isinstance(data.get("compile"), dict):
         data["compile"] = {k: v for k, v in data["compile"].items() if k not in FILLED_BY_TRAINER}

@@ -49,6 +49,23 @@ def uses_adapters(wf: Workflow) -> bool:
     return any(p.adapter is not None for p in wf.policies)
 
 
+def check_strategy(wf: Workflow, config, world_size: int) -> None:
+    """Refuse LoRA adapter policies under ``strategy = "fsdp"`` with several processes (also called by
+    ``train --nproc`` before torchrun starts the ranks).
+
+    Raises:
+        ConfigError: naming the strategy, the adapters and the fix.
+    """
+    if config.strategy == "fsdp" and world_size > 1 and uses_adapters(wf):
+        names = [p.name for p in wf.policies if p.adapter is not None]
+        raise ConfigError.at(
+            "field `strategy`",
+            f"LoRA adapter policies ({', '.join(names)}) do not run under fsdp",
+            why="the adapters are small and replicated; the frozen base is shared",
+            fix='use strategy = "ddp" (the default)',
+        )
+
+
 def lora_config(pol: Policy, task_type: str = "CAUSAL_LM"):
     """The peft ``LoraConfig`` of an adapter policy."""
     from peft import LoraConfig
@@ -242,13 +259,7 @@ def build_slots(wf: Workflow, config, device: str, resume_from: Path | None, dis
     from srpo_graph.models import resolve_model
     from srpo_graph.models.tiny import load_tokenizer
 
-    if config.strategy == "fsdp" and dist.enabled:
-        raise ConfigError.at(
-            "field `strategy`",
-            "LoRA adapter policies do not run under fsdp",
-            why="the adapters are small and replicated; the frozen base is shared",
-            fix='use strategy = "ddp" (the default)',
-        )
+    check_strategy(wf, config, dist.world_size)
     dtype = getattr(torch, config.rollout.dtype)
     kl = float(getattr(config.loss, "kl_coef", 0.0) or 0.0)
     by_name = wf.policy_by_name

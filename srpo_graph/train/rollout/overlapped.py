@@ -91,8 +91,10 @@ def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
                              fix="rollout.worker=true (sampling in a process of its own), rollout.backend=sglang, "
                              "or rollout.max_staleness=0")
     if dist is not None and dist.enabled:
-        raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}) are not "
-                             "supported under torchrun yet", fix="run one process, or use rollout.max_staleness=0")
+        what = " and partial rollouts" if config.rollout.partial_rollouts else ""
+        raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}){what} are not "
+                             f"supported under torchrun yet ({dist.world_size} processes: --nproc or torchrun)",
+                             fix="run one process, or use rollout.max_staleness=0")
 
 
 def make_rollouts(wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
