@@ -21,6 +21,7 @@ from srpo_graph.errors import ConfigError
 from srpo_graph.train.checkpoint import full, sharded
 from srpo_graph.train.checkpoint.layout import (
     COMPLETE,
+    SNAPSHOT_OF,
     LoopState,
     checkpoint_dirs,
     latest_checkpoint,
@@ -172,6 +173,8 @@ def take_snapshot(checkpoint: Path) -> Path:
     target = root / checkpoint.name
     atexit.register(shutil.rmtree, root, True)
     try:
+        root.mkdir(parents=True)
+        (root / SNAPSHOT_OF).write_text(str(checkpoint.parent.resolve()), encoding="utf-8")  # layout.origin
         for dirpath, _, files in os.walk(checkpoint):
             rel = Path(dirpath).relative_to(checkpoint)
             (target / rel).mkdir(parents=True, exist_ok=True)

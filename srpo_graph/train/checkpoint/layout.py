@@ -342,6 +342,23 @@ def read_state(checkpoint: str | Path) -> dict[str, Any]:
     return payload
 
 
+SNAPSHOT_OF = "SNAPSHOT_OF"  # in a reader's snapshot folder: the checkpoint it was taken of
+
+
+def origin(checkpoint: str | Path) -> Path:
+    """The checkpoint a reader's snapshot was taken of (itself when it is no snapshot), for messages
+    and for finding its run folder.
+
+    >>> origin("/nonexistent/step_1").as_posix()
+    '/nonexistent/step_1'
+    """
+    ck = Path(checkpoint)
+    try:
+        return Path((ck.parent / SNAPSHOT_OF).read_text(encoding="utf-8").strip()) / ck.name
+    except OSError:
+        return ck
+
+
 def check_holds(checkpoint: str | Path, needed: list[str], workflow: str) -> None:
     """Refuse, before anything loads, a checkpoint that lacks a policy ``workflow`` loads from it
     (e.g. a run of another workflow), naming the run, what it holds and what the workflow needs.
@@ -361,6 +378,7 @@ def check_holds(checkpoint: str | Path, needed: list[str], workflow: str) -> Non
     missing = [n for n in needed if n not in held]
     if not missing:
         return
+    ck = origin(ck)  # a reader's snapshot names the checkpoint it was taken of (checkpointer.take_snapshot)
     run = ck.parent.parent if ck.parent.name == "checkpoints" else ck
     extra = payload.get("extra")
     trained = extra.get("workflow") if isinstance(extra, dict) else None
