@@ -44,7 +44,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.checkpoint.layout import begin, finish_checkpoint, policy_path
+from srpo_graph.train.checkpoint.layout import begin, finish_checkpoint, origin, policy_path
 from srpo_graph.train.parallel.collectives import all_reduce, broadcast_bytes, current
 
 DCP_DIR = "dcp"
@@ -264,7 +264,7 @@ def load_policy(checkpoint: str | Path, policy: str, model: Any, optimizer: torc
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
     except (RuntimeError, ValueError, KeyError, OSError) as exc:
         raise ConfigError.at(
-            str(checkpoint),
+            str(origin(checkpoint)),
             f"the sharded weights of policy {policy!r} do not load ({type(exc).__name__}: {str(exc)[:300]})",
             fix="resume from the run folder: --resume falls back to the previous good checkpoint",
         ) from None
@@ -347,7 +347,7 @@ def consolidate(checkpoint: str | Path, policy: str, out: str | Path, *, shard_b
             else []
         )
         raise ConfigError.at(
-            str(checkpoint),
+            str(origin(checkpoint)),
             f"no policy {policy!r} in this checkpoint (it has {have})",
             fix=f"choose one of {have} with --policy",
         )

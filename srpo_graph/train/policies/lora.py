@@ -338,7 +338,7 @@ def export_adapter(source: str | Path, policy: str, out: str | Path, *, dtype: s
     folder = ckpt.policy_path(checkpoint, policy)
     if not folder.is_dir():
         have = sorted(p.name for p in (checkpoint / "policies").iterdir()) if (checkpoint / "policies").is_dir() else []
-        raise ConfigError.at(str(checkpoint), f"no policy {policy!r} (has {have})")
+        raise ConfigError.at(str(ckpt.layout.origin(checkpoint)), f"no policy {policy!r} (has {have})")
     if (folder / FROZEN_MARKER).is_file():
         model = json.loads((folder / FROZEN_MARKER).read_text())["model"]
         raise ConfigError.at(
