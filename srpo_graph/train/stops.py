@@ -110,6 +110,9 @@ def disk_full_reason(exc: OSError, folder: Path) -> str:
     """
     import shutil
 
+    said = getattr(exc, "reason", None)  # a full disk another rank met, in its words (checkpoint/agree.py)
+    if isinstance(said, str):
+        return said
     what = os.strerror(exc.errno) if exc.errno else str(exc)
     where = str(exc.filename) if exc.filename else f"writing in {folder}"
     near = Path(exc.filename).parent if exc.filename else Path(folder)

@@ -38,6 +38,7 @@ from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models import cpu_threads
 from srpo_graph.train.checkpoint import Checkpointer, LoopState, latest_checkpoint
+from srpo_graph.train.checkpoint.agree import DiskFull
 from srpo_graph.train.config.defaults import with_loss_defaults
 from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
 from srpo_graph.train.config.schema import TrainConfig
@@ -247,7 +248,7 @@ class Trainer:
         Raises:
             TrainingInterrupted, RunStopped: the run stopped (``stops.as_stop``); resumable.
         """
-        completed = False
+        completed = agreed = False
         try:
             try:
                 with self.observer.bar:  # a Ctrl-C stops the bar first, then becomes TrainingInterrupted
@@ -279,6 +280,7 @@ class Trainer:
                 exiting.decided()  # the run stops: no second signal raises into the handling and cleanup below
                 raise
         except BaseException as exc:
+            agreed = isinstance(exc, DiskFull)  # every rank raised it (Note [A full disk stops every rank])
             stop = as_stop(
                 exc, self.run_dir, self.state.step, self.checkpointer.newest(), distributed=self.dist.enabled
             )
@@ -288,7 +290,7 @@ class Trainer:
         finally:
             self.rollouts.close()
             self.observer.close(completed=completed)
-            shutdown(self.dist, barrier=completed)
+            shutdown(self.dist, barrier=completed or agreed)  # agreed: no rank leaves before rank 0 has decided
         return self._summary()
 
     def _record(

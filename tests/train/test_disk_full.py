@@ -10,6 +10,7 @@ needs no root; it is skipped where namespaces are not allowed.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.observe.metrics import read_metrics
+from tests.support.tmpfs import PAGE, needs_tmpfs, on_tmpfs, pages, pages_of
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_seq.wf"
@@ -27,7 +29,6 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": 
 ARGS = ["rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0", "checkpoint.every=1",
         "checkpoint.keep_last=5", "logging.tensorboard=false", "logging.plots=false", "logging.traces_every=0",
         "logging.progress=false"]
-PAGE = 4096
 # the files of a checkpoint in the order save_checkpoint writes them; each case fails inside one
 ORDER = ["policies/tiny/config.json", "policies/tiny/generation_config.json", "policies/tiny/model.safetensors",
          "policies/tiny/tokenizer_config.json", "policies/tiny/special_tokens_map.json", "policies/tiny/vocab.json",
@@ -36,16 +37,15 @@ ORDER = ["policies/tiny/config.json", "policies/tiny/generation_config.json", "p
 TARGETS = ["policies/tiny/model.safetensors", "optim/tiny.safetensors", "rng.safetensors", "state.json"]
 
 
-def _pages(n: int) -> int:
-    return -(-n // PAGE)
-
-
-def _can_mount() -> bool:
-    if not shutil.which("unshare"):
-        return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt && umount /mnt"],
-                           capture_output=True)
-    return probe.returncode == 0
+def _tmpfs_size(run: Path, checkpoint: Path, order: list[str], target: str) -> int:
+    """Bytes of a tmpfs that holds ``run`` and then fills up halfway through ``target``, a file of
+    ``checkpoint`` (a checkpoint like the one to be written), its files written in ``order``."""
+    files = [f for f in order if (checkpoint / f).is_file()]
+    assert target in files
+    extra = [p for p in checkpoint.rglob("*") if p.is_file() and str(p.relative_to(checkpoint)) not in files]
+    before = pages_of(checkpoint / f for f in files[: files.index(target)])
+    before += pages_of(p for p in extra if p.name != "COMPLETE")
+    return (pages_of(run.rglob("*")) + before + 2 + pages((checkpoint / target).stat().st_size) // 2) * PAGE
 
 
 def _cli_train(*args: str) -> None:
@@ -68,26 +68,18 @@ def one_step(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _can_mount(), reason="needs user+mount namespaces (unshare -rm) to mount a small tmpfs")
+@needs_tmpfs
 @pytest.mark.parametrize("target", TARGETS)
 def test_disk_full_inside_a_checkpoint_stops_with_the_resume_command(one_step, tmp_path, target):
-    ckpt = one_step / "checkpoints" / "step_1"
-    files = [f for f in ORDER if (ckpt / f).is_file()]
-    assert target in files
-    extra = [p for p in ckpt.rglob("*") if p.is_file() and str(p.relative_to(ckpt)) not in files]
-    used = sum(_pages(p.stat().st_size) for p in one_step.rglob("*") if p.is_file())
-    before = sum(_pages((ckpt / f).stat().st_size) for f in files[: files.index(target)])
-    before += sum(_pages(p.stat().st_size) for p in extra if p.name != "COMPLETE")
-    size = (used + before + 2 + _pages((ckpt / target).stat().st_size) // 2) * PAGE
+    size = _tmpfs_size(one_step, one_step / "checkpoints" / "step_1", ORDER, target)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     inner = mnt / "run"
     train = [sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--resume", str(inner), "--steps", "2"]
-    script = (f"mount -t tmpfs -o size={size} tmpfs {mnt} && cp -a {one_step} {inner} && "
+    script = (f"cp -a {one_step} {inner} && "
               f"{' '.join(train)}; rc=$?; ls -a {inner}/checkpoints > {tmp_path}/ls.txt; "
               f"cp -a {inner} {tmp_path}/after; exit $rc")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
+    proc = on_tmpfs(mnt, size, script, cwd=ROOT, env=ENV)
     err = proc.stderr
     assert proc.returncode == 1, (target, size, err[-3000:])
     assert "Traceback" not in err and "SafetensorError" not in err, err[-3000:]
@@ -108,16 +100,15 @@ def _on_a_full_tmpfs(tmp_path: Path, free_pages: int, copy: Path | None, *args: 
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     train = [sys.executable, "-m", "srpo_graph.cli", "train", *args]
-    script = (f"mount -t tmpfs -o size=8m tmpfs {mnt} && {f'cp -a {copy} {mnt}/run && ' if copy else ''}"
+    script = (f"{f'cp -a {copy} {mnt}/run && ' if copy else ''}"
               f"avail=$(df -B{PAGE} --output=avail {mnt} | tail -1) && "
               f"dd if=/dev/zero of={mnt}/filler bs={PAGE} count=$((avail - {free_pages})) status=none && "
               f"{' '.join(train)}; rc=$?; (cp -a {mnt}/run {tmp_path}/after 2>/dev/null || true); exit $rc")
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
+    return on_tmpfs(mnt, "8m", script, cwd=ROOT, env=ENV)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _can_mount(), reason="needs user+mount namespaces (unshare -rm) to mount a small tmpfs")
+@needs_tmpfs
 @pytest.mark.parametrize("free_pages, file", [(0, ".lock"), (1, "config.toml"), (2, "workflow.json")])
 def test_disk_full_while_a_new_run_is_set_up_is_one_message(tmp_path, free_pages, file):
     """Every write of a new run's set-up -- the lock, config.toml, the workflow's record -- on a disk
@@ -138,7 +129,7 @@ def test_disk_full_while_a_new_run_is_set_up_is_one_message(tmp_path, free_pages
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _can_mount(), reason="needs user+mount namespaces (unshare -rm) to mount a small tmpfs")
+@needs_tmpfs
 def test_disk_full_while_a_resumed_run_rewrites_its_config_is_one_message(one_step, tmp_path):
     """`--resume` rewrites config.toml before the loop: on a full disk, one message naming it, the
     newest checkpoint and the resume command; the old config.toml is intact (written atomically),
@@ -156,3 +147,79 @@ def test_disk_full_while_a_resumed_run_rewrites_its_config_is_one_message(one_st
     _cli_train(str(WF), "--resume", str(after), "--steps", "2")  # the config of record says 1 step
     assert [r["step"] for r in read_metrics(after / "metrics.jsonl")] == [1, 2]
 
+
+
+# A job of 2 ranks (torchrun, gloo): Note [A full disk stops every rank] (srpo_graph/train/checkpoint/agree.py).
+TRAIN = [sys.executable, "-m", "srpo_graph.cli", "train", str(WF)]
+# the files of a sharded (fsdp) checkpoint in the order its save writes them: both ranks' shards at
+# once, DCP's metadata (rank 0), then rank 0's configs, tokenizer, scheduler, RNG and state
+FSDP_ORDER = ["dcp/tiny/__0_0.distcp", "dcp/tiny/__1_0.distcp", "dcp/tiny/.metadata", "policies/tiny/config.json",
+              "policies/tiny/generation_config.json", "policies/tiny/tokenizer_config.json",
+              "policies/tiny/tokenizer.json", "optim/tiny.json", "config.toml", "rng.safetensors", "state.json"]
+TWO_RANKS = [("fsdp", "dcp/tiny/__1_0.distcp"), ("fsdp", "dcp/tiny/.metadata"), ("fsdp", "state.json"),
+             ("ddp", "policies/tiny/model.safetensors")]
+RESUMED = {"dcp/tiny/__1_0.distcp", "policies/tiny/model.safetensors"}  # what is left is the same in every case
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*TRAIN, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """strategy -> an uninterrupted run of 2 steps by 2 ranks with it, every step checkpointed."""
+    runs: dict[str, Path] = {}
+
+    def run(strategy: str) -> Path:
+        if strategy not in runs:
+            runs[strategy] = tmp_path_factory.mktemp(strategy) / "run"
+            _run("--nproc", "2", "--steps", "2", "--run-dir", str(runs[strategy]), *ARGS, f"strategy={strategy}",
+                 "dist_timeout=120")
+        return runs[strategy]
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.proc
+@needs_tmpfs
+@pytest.mark.parametrize("strategy, target", TWO_RANKS, ids=[f"{s}-{t.split('/')[-1]}" for s, t in TWO_RANKS])
+def test_disk_full_inside_a_checkpoint_of_two_ranks_stops_every_rank_alike(two_ranks, tmp_path, strategy, target):
+    """Under torchrun the disk fills up inside step 2's checkpoint -- fsdp: inside the ranks' shards,
+    DCP's metadata (rank 0) or rank 0's own files; ddp: rank 0's whole save while rank 1 waits --
+    as it does for one process: exit 1, ONE message (rank 0's, no traceback from any rank) naming
+    the disk, the newest complete checkpoint and the resume command; no .tmp- folder left, every
+    rank and torchrun out. With space, that command gives the uninterrupted run's steps (run once per
+    strategy: the folder left is step 1's run in every case)."""
+    ref = two_ranks(strategy)
+    start = tmp_path / "start"  # the run as it stood after step 1
+    shutil.copytree(ref, start, symlinks=True,
+                    ignore=lambda _, names: [n for n in names if n in ("step_2", "summary.json")])
+    size = _tmpfs_size(start, ref / "checkpoints" / "step_2", FSDP_ORDER if strategy == "fsdp" else ORDER, target)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    inner = mnt / "run"
+    script = (f"cp -a {start} {inner} && {' '.join(TRAIN)} --resume {inner}; rc=$?; "
+              f"ls -a {inner}/checkpoints > {tmp_path}/ls.txt; cp -a {inner} {tmp_path}/after; exit $rc")
+    proc = on_tmpfs(mnt, size, script, cwd=ROOT, env=ENV)
+    err = proc.stderr
+    assert proc.returncode == 1, (size, err[-3000:])
+    assert "Traceback" not in err and "Exception" not in err, err[-3000:]
+    assert err.count("srpo-graph train: stopped after step 2: No space left on device (") == 1, err[-3000:]
+    assert err.count("free space, then resume:") == 1 and "interrupted" not in err, err[-3000:]
+    assert f"newest complete checkpoint: {inner}/checkpoints/step_1\n" in err, err[-3000:]
+    assert f"free space, then resume: srpo-graph train {WF} --resume {inner}\n" in err, err[-3000:]
+    assert (tmp_path / "ls.txt").read_text().split() == [".", "..", "step_1"]  # no .tmp- folder left
+    if target not in RESUMED:
+        return
+    after = tmp_path / "after"
+    _run("--resume", str(after))  # with space: the command finishes the run (2 ranks: the run's config)
+    rows, want = read_metrics(after / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for a, b in zip(rows, want):
+        assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
+    assert ck.verify_checkpoint(after / "checkpoints" / "step_2") is None
+    assert json.loads((after / "checkpoints" / "step_2" / "state.json").read_text())["sharded"] == (strategy == "fsdp")

@@ -5,6 +5,7 @@ Modules (each imports only those above it):
 * ``layout.py`` -- the generic layer: ``RUN_DIR/checkpoints/step_N/``, :class:`LoopState`, the
   atomic finish (manifest, fsync, rename), ``verify_files``; it never imports a format;
 * ``full.py`` -- the ``full`` format: each policy whole (``save_pretrained`` + safetensors);
+* ``agree.py`` -- every rank of a job leaves a save alike (a full disk on any rank stops them all);
 * ``sharded.py`` -- the ``dcp`` format under fsdp (``torch.distributed.checkpoint`` shards),
   ``consolidate``;
 * ``checkpointer.py`` -- ``FORMATS`` (the table of formats), ``verify_checkpoint``,

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.train.checkpoint import full, sharded
+from srpo_graph.train.checkpoint.agree import agree
 from srpo_graph.train.checkpoint.layout import (
     COMPLETE,
     SNAPSHOT_OF,
@@ -304,7 +305,8 @@ class Checkpointer:
         sharded (a collective: every rank), else ``full`` (the main process; None elsewhere).
 
         Raises:
-            OSError: the disk filled up (``ENOSPC``: complete checkpoints stay intact).
+            OSError: the disk filled up (``ENOSPC``: complete checkpoints stay intact), on every rank
+                of a job wherever it filled up (``agree.DiskFull``).
             ValueError: a weight is not finite (nothing is saved).
         """
         parts = {"models": {p.name: p.model for p in policies}, "tokenizers": {p.name: p.tokenizer for p in policies},
@@ -312,8 +314,15 @@ class Checkpointer:
                  "schedulers": {p.name: p.scheduler for p in policies}}
         if any(is_sharded(p.model) for p in policies):
             self.latest = sharded.save(self.run_dir, state, keep_last=self.keep_last, **parts)
-        elif self.is_main:
-            self.latest = full.save_checkpoint(self.run_dir, state, keep_last=self.keep_last, **parts)
+            return self.latest
+        error: Exception | None = None
+        if self.is_main:
+            try:
+                self.latest = full.save_checkpoint(self.run_dir, state, keep_last=self.keep_last, **parts)
+            except Exception as exc:
+                error = exc
+        # the other ranks learn how rank 0's save went, so none goes on alone (Note [A full disk stops every rank])
+        agree(error, self.run_dir, self.run_dir / "checkpoints" / f"step_{state.step}")
         return self.latest
 
     def choose(self, *, announce: bool = True) -> Path | None:

@@ -44,6 +44,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from srpo_graph.errors import ConfigError
+from srpo_graph.train.checkpoint.agree import agree
 from srpo_graph.train.checkpoint.layout import begin, finish_checkpoint, origin, policy_path
 from srpo_graph.train.parallel.collectives import all_reduce, broadcast_bytes, current
 
@@ -91,9 +92,12 @@ def save(
         The checkpoint folder (the same path on every rank).
     Raises:
         ValueError: a model has a non-finite parameter on some rank (nothing is saved).
+        DiskFull: the disk filled up on some rank, raised by every rank (Note [A full disk stops
+            every rank], ``agree.py``); nothing half-written is left.
         ConfigError: a shard file no rank has (Note [No shared run folder]).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     rank = current().rank
@@ -107,53 +111,51 @@ def save(
         raise ValueError(bad or "refusing to checkpoint: another rank holds a non-finite parameter")
     root = Path(run_dir) / "checkpoints"
     tag = _all_max(os.getpid() if rank == 0 else 0)  # rank 0's pid names the folder on every rank
-    tmp = begin(run_dir, state.step, tag) if rank == 0 else root / f".tmp-step_{state.step}-{tag}"
-    _all_max(0)  # a barrier with a deadline: the folder exists before any rank writes into it
-    failed = 0
-    try:
-        for name, model in models.items():
-            msd, osd = get_state_dict(model, optimizers[name])
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(dcp_path(tmp, name)))
-    except Exception:
-        failed = 1
-        raise
-    finally:  # every rank learns that one failed (dcp.save's own collectives report most of it)
-        any_failed = _all_max(failed)
-        if any_failed and rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        if any_failed:  # reached by the ranks whose own shards were written: they stop too, none waits
-            raise ConfigError.at(str(run_dir), "another rank could not write its checkpoint shards (see its output)")
-        _collect_shards(tmp, sorted(models))  # Note [No shared run folder]
-        final = root / f"step_{state.step}"
-        error: BaseException | None = None
-        if rank == 0:
+    tmp, final = root / f".tmp-step_{state.step}-{tag}", root / f"step_{state.step}"
+    error: BaseException | None = None
+    try:  # each part ends in agree(): a failure on any rank (a full disk) stops every rank alike
+        try:
+            if rank == 0:
+                begin(run_dir, state.step, tag)
+        except Exception as exc:
+            error = exc
+        agree(error, run_dir, final, remove=[tmp])  # also the barrier: the folder exists before any rank writes into it
+        try:
+            for name, model in models.items():
+                msd, osd = get_state_dict(model, optimizers[name])
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(dcp_path(tmp, name)))
+        except (Exception, CheckpointException) as exc:  # DCP hands a rank's failure to every rank, as a
+            error = exc  # CheckpointException: a BaseException (it would pass an `except Exception`)
+        agree(error, run_dir, final, remove=[tmp])
+        error = _collect_shards(tmp, sorted(models))  # Note [No shared run folder]
+        if rank == 0 and error is None:
             try:
-                final = _finish(run_dir, tmp, state, models, tokenizers, schedulers, keep_last)
-            except BaseException as exc:  # the other ranks learn of it below, then rank 0 raises it
-                shutil.rmtree(tmp, ignore_errors=True)
+                _finish(run_dir, tmp, state, models, tokenizers, schedulers, keep_last)
+            except Exception as exc:
                 error = exc
-        if _all_max(int(error is not None)):
-            if error is not None:
-                raise error
-            raise ConfigError.at(str(run_dir), "rank 0 could not finish the checkpoint (see its output)")
+        agree(error, run_dir, final, remove=[tmp])
         return final
-    finally:
-        if rank != 0:  # another node's own copy of its shards (rank 0 renamed the one it sees, or removed it)
-            shutil.rmtree(tmp, ignore_errors=True)
+    finally:  # another node's own copy of its shards (rank 0 renamed the one it sees), or what a rank
+        shutil.rmtree(tmp, ignore_errors=True)  # stopped by a signal or a dead peer had written
 
 
 CHUNK = 64 << 20  # bytes per message when a shard file travels to rank 0
 
 
-def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
+def _collect_shards(tmp: Path, policies: Sequence[str]) -> Exception | None:
     """Rank 0 receives the shard files under ``tmp`` that it does not see, each from the lowest rank
-    that has it (Note [No shared run folder]). A collective: every rank calls it after ``dcp.save``."""
+    that has it (Note [No shared run folder]). A collective: every rank calls it after ``dcp.save``.
+
+    Returns:
+        What writing a received file raised on rank 0 (its disk is full): the transfer goes on to
+        its end, the rest unwritten, so every rank leaves it together (``agree``); else None.
+    """
     import torch.distributed as tdist
 
     rank, world = current().rank, current().world_size
     if world == 1:
-        return
+        return None
+    failed: Exception | None = None
     missing: list[str] = []
     if rank == 0:
         for name in policies:
@@ -173,12 +175,27 @@ def _collect_shards(tmp: Path, policies: Sequence[str]) -> None:
         elif rank == 0:
             n = torch.empty(1, dtype=torch.int64)
             tdist.recv(n, src=src)
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp / rel, "wb") as out:
-                for off in range(0, int(n.item()), CHUNK):
-                    chunk = torch.empty(min(CHUNK, int(n.item()) - off), dtype=torch.uint8)
-                    tdist.recv(chunk, src=src)
-                    out.write(chunk.numpy().tobytes())
+            out = None
+            try:
+                if failed is None:
+                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                    out = open(tmp / rel, "wb")
+            except OSError as exc:
+                failed = exc
+            for off in range(0, int(n.item()), CHUNK):
+                chunk = torch.empty(min(CHUNK, int(n.item()) - off), dtype=torch.uint8)
+                tdist.recv(chunk, src=src)
+                try:
+                    if out is not None and failed is None:
+                        out.write(chunk.numpy().tobytes())
+                except OSError as exc:
+                    failed = exc
+            try:
+                if out is not None:
+                    out.close()
+            except OSError as exc:
+                failed = failed or exc
+    return failed
 
 
 def _finish(
