@@ -4,8 +4,14 @@ The run folder lives on a tmpfs sized so that step 1's checkpoint fits and step 
 space inside one chosen file (the weights -- safetensors --, the optimizer state -- safetensors --,
 the RNG state, state.json). Every case must end with exit 1, one message naming the disk and the
 command that continues, no traceback, no half-written folder; once there is space, that command
-finishes the run. The tmpfs is mounted in a user+mount namespace (``unshare -rm``), so the test
-needs no root; it is skipped where namespaces are not allowed.
+finishes the run. The tmpfs is mounted in a user+mount namespace (``unshare -rm``,
+tests/support/tmpfs.py), so the test needs no root; it is skipped where namespaces are not allowed.
+
+The same rule holds for every save path of a torchrun job (issue 40, item 1; Note [A full disk stops
+every rank], srpo_graph/train/checkpoint/agree.py): fsdp's sharded save (inside the ranks' shards,
+DCP's metadata, rank 0's own files), ddp's (rank 0 writes, rank 1 waits), and fsdp on two nodes
+without a shared run folder (node 1's disk, or node 0's as it receives node 1's shard): exit 1 on
+every process, one message (rank 0's), no traceback, no ``.tmp-`` folder on any node.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pytest
 
 from srpo_graph.train import checkpoint as ck
 from srpo_graph.train.observe.metrics import read_metrics
-from tests.support.tmpfs import PAGE, needs_tmpfs, on_tmpfs, pages, pages_of
+from tests.support.tmpfs import PAGE, needs_tmpfs, on_tmpfs, pages, pages_of, tmpfs_command
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_seq.wf"
@@ -223,3 +229,50 @@ def test_disk_full_inside_a_checkpoint_of_two_ranks_stops_every_rank_alike(two_r
         assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
     assert ck.verify_checkpoint(after / "checkpoints" / "step_2") is None
     assert json.loads((after / "checkpoints" / "step_2" / "state.json").read_text())["sharded"] == (strategy == "fsdp")
+
+
+@pytest.mark.slow
+@pytest.mark.proc
+@needs_tmpfs
+@pytest.mark.parametrize("small", [1, 0], ids=["node1-writing-its-shard", "node0-receiving-node1s-shard"])
+def test_disk_full_on_one_node_stops_every_node_with_one_message(two_ranks, tmp_path, small):
+    """fsdp on two "nodes" without a shared run folder (tests/train/test_multinode.py, Note [No shared
+    run folder]), one node's disk a small tmpfs: node 1's fills up inside its own DCP shard of step
+    1, or node 0's inside node 1's shard as it receives it. Both nodes exit 1; node 0 alone prints
+    one message naming the full disk (and the rank whose it is) and the resume command; no .tmp-
+    folder is left on either node."""
+    from srpo_graph.backends.weight_sync import free_port
+
+    ref = two_ranks("fsdp")  # its shards are the sizes this job's are
+    shards = ref / "checkpoints" / "step_1" / "dcp" / "tiny"
+    size = 64 * PAGE  # node 1: under its shard
+    if small == 0:  # node 0: the run's files, its own shard and DCP's metadata, half of node 1's shard
+        run = pages_of(p for p in ref.iterdir() if p.name != "summary.json")
+        own = pages_of([shards / "__0_0.distcp", shards / ".metadata"])
+        size = (run + 2 + own + pages((shards / "__1_0.distcp").stat().st_size) // 2) * PAGE
+    home = tmp_path / "home"
+    home.mkdir()
+    os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", home / "tiny")  # the built model
+    env = {**ENV, "SRPO_GRAPH_HOME": str(home)}
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = []
+    for rank in (0, 1):
+        cwd = tmp_path / f"node{rank}"
+        cwd.mkdir()
+        train = [*TRAIN, "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--steps", "1",
+                 "--run-dir", "runs/job", *ARGS, "strategy=fsdp", "dist_timeout=120"]
+        cmd = train if rank != small else tmpfs_command(  # cd: into the tmpfs mounted over the node's folder
+            cwd, size, f"cd {cwd} && {' '.join(train)}; rc=$?; find . > {tmp_path}/left.txt; exit $rc")
+        with open(tmp_path / f"err{rank}.txt", "w") as err:
+            procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err))
+    codes = [p.wait(timeout=300) for p in procs]
+    err0, err1 = ((tmp_path / f"err{r}.txt").read_text() for r in (0, 1))
+    assert codes == [1, 1], (size, err0[-3000:], err1[-3000:])
+    assert "Traceback" not in err0 + err1 and "Exception" not in err0 + err1, (err0[-3000:], err1[-3000:])
+    assert err0.count("srpo-graph train: stopped after step 1: No space left on device (") == 1, err0[-3000:]
+    named = " bytes free on that file system)" + (" [rank 1, on " if small else "\n")
+    assert named in err0 and "stopped after" not in err1, err0[-3000:]
+    assert "no checkpoint yet" in err0 and err0.count("free space, then resume: ") == 1, err0[-3000:]
+    assert f"free space, then resume: srpo-graph train {WF} --resume runs/job\n" in err0, err0[-3000:]
+    assert ".tmp-" not in (tmp_path / "left.txt").read_text()
+    assert not list((tmp_path / "node0").rglob(".tmp-*")) and not list((tmp_path / "node1").rglob(".tmp-*"))
