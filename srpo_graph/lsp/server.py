@@ -52,10 +52,11 @@ from pygls.uris import to_fs_path
 from srpo_graph.errors import Diagnostic
 from srpo_graph.lang.checker import ImportPolicy
 from srpo_graph.lsp import completion, features
-from srpo_graph.lsp.document import NO_IMPORT, Analysis, Limits, analyze, too_large
+from srpo_graph.lsp.document import NO_IMPORT, Analysis, Limits, too_large
 from srpo_graph.lsp.framing import serve_stdio
 from srpo_graph.lsp.imports import check_in_child
 from srpo_graph.lsp.positions import Lines
+from srpo_graph.lsp.workers import analyze_without_gc, token_diagnostics, warm_analysis, warm_tokens
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,9 @@ class Settings:
 # them. A request waits for the analysis of the document's current text at most ``requestWait``
 # seconds, then answers from the last completed analysis (read-only features) or declines (edits:
 # formatting, rename), so no request waits on a document longer than that bound. Two threads: a
-# small file is not queued behind one big one. The first analysis waits for ``_warm_analysis``
-# (imports and grammar built once, on one thread).
+# small file is not queued behind one big one. The first analysis waits for ``warm_analysis``
+# (imports and grammar built once, on one thread), and the garbage collector is off while
+# analyses run (Note [No garbage collection during an analysis] in :mod:`.workers`).
 _ANALYSIS_THREADS = 2
 
 
@@ -142,7 +144,7 @@ class WfServer:
     docs: dict[str, _Doc] = field(default_factory=dict)
     threads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         _ANALYSIS_THREADS, thread_name_prefix="wf-analysis"))
-    warmed: Future = field(default_factory=Future)  # done once the analysis modules are imported (_warm_analysis)
+    warmed: Future = field(default_factory=Future)  # done once the analysis modules are imported (warm_analysis)
 
     # -- documents -----------------------------------------------------------------------
     def lines(self, uri: str, text: str) -> Lines:
@@ -201,7 +203,7 @@ class WfServer:
         state = self.docs.setdefault(uri, _Doc())
         while state.running is not None and not state.running.done():
             await asyncio.wait([asyncio.wrap_future(state.running)])
-        running = state.running = self.threads.submit(analyze, text, path_of(uri))
+        running = state.running = self.threads.submit(analyze_without_gc, text, path_of(uri))
         return await asyncio.wrap_future(running)
 
     # -- diagnostics ---------------------------------------------------------------------
@@ -222,7 +224,7 @@ class WfServer:
         self.remember(uri, analysis, version)
         token_diags: list[Diagnostic] = []
         if self.settings.tokens and analysis.workflow is not None:
-            token_diags = await asyncio.to_thread(_token_diagnostics, analysis)
+            token_diags = await asyncio.to_thread(token_diagnostics, analysis)
             if self.stale(uri, text, version):
                 return  # edited meanwhile: a newer check is on its way
         self.publish(uri, analysis, [*token_diags, *analysis.diagnostics], version)
@@ -269,44 +271,6 @@ class _RefusalsWithoutTraceback(logging.Filter):
 logging.getLogger("pygls.protocol.json_rpc").addFilter(_RefusalsWithoutTraceback())
 
 
-_TOKENIZERS = threading.Lock()  # a fast tokenizer must not be used by two threads at once
-
-
-def _token_diagnostics(a: Analysis) -> list[Diagnostic]:
-    """``check``'s token rule (``allow`` entries are single tokens; prompt text the tokenizer
-    does not know) against the local tokenizers, as ``srpo-graph check`` runs it."""
-    from srpo_graph.runtime.tokens import check_local_tokens
-
-    assert a.workflow is not None
-    with _TOKENIZERS:
-        try:
-            return check_local_tokens(a.workflow)
-        except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot load: said, not fatal
-            return [Diagnostic(f"the token check could not run: {type(exc).__name__}: {exc}", None,
-                               code="token-check", severity="warning")]
-
-
-_WARM_TEXT = ('workflow w import std task { q: text } policy p = "tiny"'
-              ' agent a { policy: p prompt: "{task.q}" } start: a')
-
-
-def _warm_analysis(ready: Future) -> None:
-    """Import what an analysis needs and build the grammar on one thread before any analysis runs
-    (two threads' first imports of the same modules could meet half-initialized modules)."""
-    try:
-        analyze(_WARM_TEXT, "<warm>")
-    finally:
-        ready.set_result(None)
-
-
-def _warm_tokens(analysis_ready: Future) -> None:
-    analysis_ready.result()  # after the analysis's imports (_warm_analysis)
-    with _TOKENIZERS:
-        from transformers import PreTrainedTokenizerFast  # noqa: F401  (what the tiny tokenizer loads)
-
-        import srpo_graph.runtime.tokens  # noqa: F401
-
-
 def _is_std(a: Analysis, alias: str) -> bool:
     imp = features.import_of(a.index, alias) if a.index is not None else None
     return imp is not None and imp.dotted == "std"
@@ -348,7 +312,7 @@ def make_server() -> LanguageServer:
         ver = "0"
     ls = LanguageServer("srpo-graph", ver, text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
     st = WfServer(ls)
-    threading.Thread(target=_warm_analysis, args=(st.warmed,), daemon=True).start()
+    threading.Thread(target=warm_analysis, args=(st.warmed,), daemon=True).start()
 
     async def at(params, exact: bool = False) -> tuple[Analysis, int, int, Lines] | None:
         """(analysis, line, column, lines) at the request's position: the features' arguments."""
@@ -363,7 +327,7 @@ def make_server() -> LanguageServer:
     def initialize(params: lsp.InitializeParams) -> None:
         st.settings = st.settings.updated(params.initialization_options)
         if st.settings.tokens:  # the token rule's imports (transformers) load while the editor starts
-            threading.Thread(target=_warm_tokens, args=(st.warmed,), daemon=True).start()
+            threading.Thread(target=warm_tokens, args=(st.warmed,), daemon=True).start()
 
     @ls.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(params: lsp.DidChangeConfigurationParams) -> None:
