@@ -109,9 +109,12 @@ class Settings:
 # Note [Analysis off the loop]
 # The event loop only reads messages and answers from analyses already made; parse + check runs on
 # worker threads (``_ANALYSIS_THREADS``), so a hover on one document never waits for another's
-# analysis. Measured (benchmarks/bench_lsp_hostile.py): the loop keeps answering during a big
-# analysis on a thread despite the GIL (CPython hands the lock over every switch interval, 5 ms),
-# while a child process would have to send the whole analysis (syntax tree, index, workflow) back.
+# analysis. A thread, not a child process, despite the GIL: CPython hands the lock to the waiting
+# loop every switch interval (5 ms), so hovers during a 3,000-agent analysis take 14 ms (median;
+# benchmarks/bench_lsp_hostile.py, 2 loaded cores; 9 s before), while a child process would have to
+# send the whole analysis (syntax tree, index, workflow) back. The worst hover, ~0.6 s there, is
+# the one full garbage collection right after the analysis (Note [No garbage collection during an
+# analysis]).
 # Per document, at most one analysis runs at a time, and each is tagged with the text and version
 # it analyzed: a newer change cancels the scheduled check; if its analysis is already running on a
 # thread (it cannot be interrupted) its result is dropped when it ends, and the newest version's
