@@ -43,6 +43,7 @@ HEADER = re.compile(rb"Content-Length:", re.I)
 _HEADER_LINE = re.compile(rb"Content-Length:[ \t]*(\d+)[ \t]*\r\n", re.I)
 _OTHER_LINE = re.compile(rb"[A-Za-z0-9-]+:[^\r\n]*")
 MAX_HEADER = 4096  # bytes of one header block
+_OVERLAP = 64  # a header line cut by a chunk boundary is searched again from this far back
 MAX_BODY = 256 * 1024 * 1024  # bytes of one message (a document of the size limit is far smaller)
 PARSE_ERROR = -32700
 DRAIN_S = 30.0  # seconds the requests in flight may take to answer at exit
@@ -82,7 +83,7 @@ class Framer:
                 continue
             end = self.body_at + self.length
             window_end = min(end, len(self.buf))
-            cut = _HEADER_LINE.search(self.buf, max(self.body_at, self.scanned - 24), window_end + 24)
+            cut = _HEADER_LINE.search(self.buf, max(self.body_at, self.scanned - _OVERLAP), window_end + _OVERLAP)
             if cut is not None and cut.start() < window_end and cut.end() <= len(self.buf):
                 faults.append(f"a body of {self.length} bytes was cut short by a new header after "
                               f"{cut.start() - self.body_at} bytes")
