@@ -62,13 +62,18 @@ def test_a_hover_on_another_document_is_answered_during_a_big_analysis(wire, tmp
 
 
 def test_a_newer_version_supersedes_an_older_analysis(wire, tmp_path):
+    small = wire.open(tmp_path / "small.wf", SMALL)
+    wire.published(small)
     uri = wire.open(tmp_path / "versions.wf", agents(1000))  # v1: a long analysis starts at once
+    n, _ = wire.request("textDocument/documentSymbol", {"textDocument": {"uri": small}})
+    wire.answer(n)  # a round trip: v1's analysis now runs on its thread (its result will be dropped)
     wire.change(uri, agents(3, policy="nope2"), 2)  # superseded by v3 before its debounce ends
     wire.change(uri, agents(3, policy="nope3"), 3)
     last = wire.published(uri, 3)
     assert [d["message"].splitlines()[0] for d in last["params"]["diagnostics"]] == ["unknown policy 'nope3'"] * 3
     assert [m["params"]["version"] for m in wire.got if _publish_of(uri)(m)] == [3]  # v1, v2: never published
     wire.close_doc(uri)
+    wire.close_doc(small)
 
 
 HUGE_PROMPT = 'workflow w\nagent a {\n  prompt: "' + "x" * 1_100_000 + '"\n}\n'
