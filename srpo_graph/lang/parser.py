@@ -162,7 +162,7 @@ def _recover(first: WorkflowSyntaxError, text: str, path: str) -> WorkflowSyntax
 def _is_whole_line(line: str) -> bool:
     """The line (strings and comments left out) opens and closes no bracket and holds no quote
     left open: blanking it leaves the rest of its item well formed."""
-    bare = re.sub(r'"(?:[^"\\\n]|\\.)*"|#.*', "", line)
+    bare = re.sub(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|#.*', "", line)
     return bare.strip() != "" and not any(c in bare for c in '{}[]()"')
 
 
@@ -303,7 +303,15 @@ def _describe(token_type: str) -> str:
     return f"'{token_type.lower()}'"
 
 
-_SKIP_OR_NUMBER = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*'
+# Note [Strings without backtracking]
+# Every pattern of a string literal (the grammar's STRING and LONG_STRING terminals, and the scans of
+# this module and of lsp/completion.py) is written ``"a*(?:b a*)*"`` -- the loop unrolled -- never
+# ``"(?:a|b)*"``: Python's regex engine keeps a backtracking frame per repetition of a group, so the
+# alternation cost ~120 bytes per character of a string (a 1 MB prompt: 190 MB while lexing, a 5 MB
+# one past 2 GB in the editor), while ``a*`` over a character class repeats without frames; the
+# unrolled form keeps one frame per escape. Both forms match the same strings (the alternatives
+# start with different characters, so there is one way to match). benchmarks/bench_lsp_hostile.py.
+_SKIP_OR_NUMBER = re.compile(r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|#[^\n]*'
                              r'|(?<![A-Za-z0-9_.])[+-]?\.?[0-9][A-Za-z0-9_.]*(?:(?<=[eE])[+-][A-Za-z0-9_.]*)?', re.S)
 _NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
 
@@ -458,7 +466,7 @@ def _named_mistake(tok: Token, text: str, path: str) -> WorkflowSyntaxError | No
 _EXAMPLES_KEYS = list(_EXAMPLES)
 _TOP_KEYWORDS = {"$END", "AGENT", "TRANSITION", "TASK", "IMPORT", "START", "MAX_STEPS", "WORKFLOW"}
 
-_SCAN = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*|[{}]|\n', re.S)
+_SCAN = re.compile(r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|#[^\n]*|[{}]|\n', re.S)
 
 
 def _unclosed_brace(text: str) -> tuple[int, int] | None:

@@ -14,6 +14,9 @@ from srpo_graph.errors import Diagnostic, Span, WorkflowSyntaxError
 from srpo_graph.lang import ast
 
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "{": "{", "}": "}"}
+# ordinary characters (taken as one slice each run: no string per character)
+_PLAIN = re.compile(r"[^\\]*")
+_PLAIN_HOLES = re.compile(r"[^\\{}]*")
 _HOLE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)(\?)?\s*")
 
 
@@ -40,7 +43,14 @@ def _scan(raw: str, span: Span, triple: bool, holes: bool) -> tuple:
     parts: list = []
     buf: list[str] = []
     i = 0
+    plain = _PLAIN_HOLES if holes else _PLAIN
     while i < len(raw):
+        run = plain.match(raw, i)
+        if run is not None and run.end() > i:
+            run_end = run.end()
+            buf.append(raw[i:run_end])
+            i = run_end
+            continue
         c = raw[i]
         if c == "\\":
             nxt = raw[i + 1] if i + 1 < len(raw) else ""
@@ -77,9 +87,6 @@ def _scan(raw: str, span: Span, triple: bool, holes: bool) -> tuple:
         elif holes and c == "}":
             raise _error("unmatched '}' in a prompt", span, raw, i, i + 1, triple,
                          "write \\} for a literal brace", "bad-template")
-        else:
-            buf.append(c)
-            i += 1
     if buf:
         parts.append(ast.TextPiece("".join(buf)))
     return tuple(parts)

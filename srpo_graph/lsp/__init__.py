@@ -9,7 +9,8 @@ definition, references, completion, rename, outline, formatting (:mod:`.server`)
 indexed), ``symbols.py`` (declarations and uses), ``features.py`` (hover, definition, references,
 rename, outline, formatting), ``completion.py``, ``positions.py`` (spans <-> LSP positions),
 ``pyfiles.py`` (user modules read with ``ast``), ``imports.py`` (the import check in a child
-process), ``commands.py`` (``lsp``).
+process), ``framing.py`` (the stdio transport, which survives framing faults), ``workers.py``
+(what runs on worker threads), ``commands.py`` (``lsp``).
 """
 
 from __future__ import annotations

@@ -29,8 +29,11 @@ TOP_KEYWORDS = ("import", "task", "policy", "agent", "transition", "start:", "re
 AGENT_KEYWORDS = ("policy:", "prompt:", "sample", "output:", "unconsumed:", "system:", "memory:", "think:")
 TRANSITION_KEYWORDS = ("consume:", "tool", "reward:", "activate:", "max_rounds:")
 
-_STRINGS_COMMENTS = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*(?:"""|\Z)|"(?:[^"\\\n]|\\.)*(?:"|\Z)|#[^\n]*', re.S)
-_BRACES = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*|[{}]', re.S)
+# a string's opening and body, without backtracking (Note [Strings without backtracking], lang/parser.py)
+_LONG = r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*'
+_SHORT = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*'
+_STRINGS_COMMENTS = re.compile(_LONG + r'(?:"""|\Z)|' + _SHORT + r'(?:"|\Z)|#[^\n]*', re.S)
+_BRACES = re.compile(_LONG + '"""|' + _SHORT + r'"|#[^\n]*|[{}]', re.S)
 
 
 def _open_string(prefix: str) -> str | None:

@@ -9,6 +9,7 @@ file has no error. ``check``'s token rule (tokenizers of a later stage) is not r
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ class Analysis:
     tool_types: dict[str, str] = field(default_factory=dict)
     # after a syntax error: the index of the items that do parse (the outline keeps them), else None
     partial: Index | None = None
+    too_large: bool = False  # over the live-analysis limits: not analyzed (one diagnostic says so)
 
     @property
     def workflow(self) -> Workflow | None:
@@ -86,6 +88,52 @@ def analyze(text: str, path: str, imports: ImportPolicy = NO_IMPORT) -> Analysis
             out.diagnostics = [_internal(exc, path)]
     out.seconds = time.perf_counter() - t0
     return out
+
+
+# Note [Bounded work per document]
+# The server analyzes a document on every pause in typing, so the cost of one analysis must be
+# bounded whatever the client sends: a document over any of the limits below is not parsed at all;
+# it gets one diagnostic naming the measure, its value and the limit (``srpo-graph check`` still
+# checks it). The limits are far above any real workflow (the largest shipped one is 3 KB, 100
+# lines, 7 agents) and bound the worst analysis to seconds (1,000 agents: about 2 s on an idle
+# 2-core machine; 1 MB of prompt: 0.4 s); the settings ``maxBytes``, ``maxLines`` and ``maxAgents``
+# move them. Counting is one pass over the text, no parse. Memory stays a small multiple of the text
+# too: the string terminals lex without backtracking (Note [Strings without backtracking]).
+_AGENT_LINE = re.compile(r"^[ \t]*agent[ \t]", re.M)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server analyzes live (Note [Bounded work per document])."""
+
+    max_bytes: int = 1_000_000
+    max_lines: int = 20_000
+    max_agents: int = 1_000
+
+    def exceeded(self, text: str) -> str | None:
+        r"""Why ``text`` is over a limit (the measure, its value and the limit), or None.
+
+        >>> Limits(max_agents=1).exceeded("agent a {}\nagent b {}")
+        '2 agents (the limit is 1)'
+        """
+        size = len(text) if len(text) * 4 <= self.max_bytes else len(text.encode("utf-8", "surrogatepass"))
+        if size > self.max_bytes:
+            return f"{size:,} bytes (the limit is {self.max_bytes:,})"
+        lines = text.count("\n") + 1
+        if lines > self.max_lines:
+            return f"{lines:,} lines (the limit is {self.max_lines:,})"
+        agents = sum(1 for _ in _AGENT_LINE.finditer(text))
+        if agents > self.max_agents:
+            return f"{agents:,} agents (the limit is {self.max_agents:,})"
+        return None
+
+
+def too_large(text: str, path: str, why: str) -> Analysis:
+    """The analysis of a document over the limits: not parsed, one warning that says why."""
+    message = f"the document is too large for live analysis: {why}"
+    hint = "`srpo-graph check` checks it in full; the settings maxBytes, maxLines and maxAgents raise the limits"
+    return Analysis(text=text, path=path, too_large=True, diagnostics=[Diagnostic(
+        message, Span(path=path, line=1, col=1, end_line=1, end_col=1), hint, code="too-large", severity="warning")])
 
 
 def _internal(exc: Exception, path: str) -> Diagnostic:

@@ -12,9 +12,17 @@ the client's column unit). Decisions:
   ``allowedImports``) runs the check with imports in a child process under ``importTimeout``
   seconds (:mod:`.imports`): its diagnostics replace the no-import ones when it answers in time,
   else a warning on the import line says why they are not shown.
-* Every handler answers from the last analysis of the current text; completion falls back to the
-  last version that parsed (mid-edit text rarely does). A failure inside a handler is answered
-  as an LSP error, never a crash.
+* Analysis runs on worker threads, never on the event loop, one per document at a time; a newer
+  version supersedes an older one, whose result is dropped (Note [Analysis off the loop]). A
+  document over the limits (``maxBytes``, ``maxLines``, ``maxAgents``) is not analyzed: one
+  warning says so (Note [Bounded work per document] in :mod:`.document`).
+* Every handler answers from the analysis of the current text, waiting for it at most
+  ``requestWait`` seconds, else from the last completed one (an edit -- formatting, rename -- is
+  only computed on the current text); completion falls back to the last version that parsed
+  (mid-edit text rarely does). A failure inside a handler is answered as an LSP error, never a
+  crash.
+* The transport survives framing faults (a wrong ``Content-Length``, junk bytes, a body that is
+  not JSON): :mod:`.framing` resynchronises at the next header.
 
 * ``check``'s token rule (``allow`` entries against local tokenizers) runs on a worker thread
   when the file checks, before the diagnostics are published (setting ``tokens``, default on;
@@ -22,7 +30,8 @@ the client's column unit). Decisions:
 
 Settings come from ``initializationOptions`` and ``workspace/didChangeConfiguration``
 (``{"srpoGraph": {...}}`` or the bare object): ``imports``, ``allowedImports``,
-``importTimeout``, ``debounce``, ``tokens``.
+``importTimeout``, ``debounce``, ``tokens``, ``maxBytes``, ``maxLines``, ``maxAgents``,
+``requestWait``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,9 +52,11 @@ from pygls.uris import to_fs_path
 from srpo_graph.errors import Diagnostic
 from srpo_graph.lang.checker import ImportPolicy
 from srpo_graph.lsp import completion, features
-from srpo_graph.lsp.document import NO_IMPORT, Analysis, analyze
+from srpo_graph.lsp.document import NO_IMPORT, Analysis, Limits, too_large
+from srpo_graph.lsp.framing import serve_stdio
 from srpo_graph.lsp.imports import check_in_child
 from srpo_graph.lsp.positions import Lines
+from srpo_graph.lsp.workers import analyze_without_gc, token_diagnostics, warm_analysis, warm_tokens
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +73,8 @@ class Settings:
     import_timeout: float = 5.0  # seconds
     debounce: float = 0.15  # seconds
     tokens: bool = True  # check's token rule against local tokenizers (the first check loads transformers)
+    limits: Limits = field(default_factory=Limits)  # what is analyzed live (Note [Bounded work per document])
+    request_wait: float = 2.0  # seconds a request waits for the analysis of the current text
 
     def policy(self) -> ImportPolicy:
         if self.imports == "all":
@@ -84,15 +98,44 @@ class Settings:
             out = replace(out, tokens=raw["tokens"])
         if isinstance(raw.get("debounce"), (int, float)) and raw["debounce"] >= 0:
             out = replace(out, debounce=float(raw["debounce"]))
+        if isinstance(raw.get("requestWait"), (int, float)) and raw["requestWait"] >= 0:
+            out = replace(out, request_wait=float(raw["requestWait"]))
+        for key, attr in (("maxBytes", "max_bytes"), ("maxLines", "max_lines"), ("maxAgents", "max_agents")):
+            if isinstance(raw.get(key), int) and not isinstance(raw[key], bool) and raw[key] > 0:
+                out = replace(out, limits=replace(out.limits, **{attr: raw[key]}))
         return out
+
+
+# Note [Analysis off the loop]
+# The event loop only reads messages and answers from analyses already made; parse + check runs on
+# worker threads (``_ANALYSIS_THREADS``), so a hover on one document never waits for another's
+# analysis. A thread, not a child process, despite the GIL: CPython hands the lock to the waiting
+# loop every switch interval (5 ms), so hovers during a 3,000-agent analysis take 14 ms (median;
+# benchmarks/bench_lsp_hostile.py, 2 loaded cores; 9 s before), while a child process would have to
+# send the whole analysis (syntax tree, index, workflow) back. The worst hover, ~0.6 s there, is
+# the one full garbage collection right after the analysis (Note [No garbage collection during an
+# analysis]).
+# Per document, at most one analysis runs at a time, and each is tagged with the text and version
+# it analyzed: a newer change cancels the scheduled check; if its analysis is already running on a
+# thread (it cannot be interrupted) its result is dropped when it ends, and the newest version's
+# analysis starts only then, so a burst of edits costs at most one stale analysis, never a queue of
+# them. A request waits for the analysis of the document's current text at most ``requestWait``
+# seconds, then answers from the last completed analysis (read-only features) or declines (edits:
+# formatting, rename), so no request waits on a document longer than that bound. Two threads: a
+# small file is not queued behind one big one. The first analysis waits for ``warm_analysis``
+# (imports and grammar built once, on one thread), and the garbage collector is off while
+# analyses run (Note [No garbage collection during an analysis] in :mod:`.workers`).
+_ANALYSIS_THREADS = 2
 
 
 @dataclass
 class _Doc:
-    analysis: Analysis
-    version: int | None = None
+    analysis: Analysis | None = None  # the last completed analysis
+    version: int | None = None  # the version it analyzed
     last_parsed: Analysis | None = None  # the last analysis whose text parsed (for completion)
-    pending: asyncio.Task | None = None
+    pending: asyncio.Task | None = None  # the scheduled check: debounce, analysis, publish
+    running: Future | None = None  # the analysis on a worker thread, if one runs
+    fresh: asyncio.Event = field(default_factory=asyncio.Event)  # set whenever an analysis completes
 
 
 @dataclass
@@ -102,47 +145,90 @@ class WfServer:
     ls: LanguageServer
     settings: Settings = field(default_factory=Settings)
     docs: dict[str, _Doc] = field(default_factory=dict)
+    threads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        _ANALYSIS_THREADS, thread_name_prefix="wf-analysis"))
+    warmed: Future = field(default_factory=Future)  # done once the analysis modules are imported (warm_analysis)
 
     # -- documents -----------------------------------------------------------------------
     def lines(self, uri: str, text: str) -> Lines:
         codec = self.ls.workspace.position_codec
         return Lines(text, codec.client_num_units)
 
-    def current(self, uri: str) -> tuple[Analysis, Lines]:
-        """The analysis of the document's current text (re-analyzed when it changed since)."""
-        doc = self.ls.workspace.get_text_document(uri)
-        state = self.docs.get(uri)
-        if state is None or state.analysis.text != doc.source:
-            analysis = analyze(doc.source, path_of(uri))
-            state = self.remember(uri, analysis, doc.version)
+    async def current(self, uri: str, exact: bool = False) -> tuple[Analysis, Lines] | None:
+        """The analysis of the document's current text, waited for at most ``requestWait`` seconds;
+        then the last completed one, unless ``exact`` (Note [Analysis off the loop]). None: there is
+        none to answer from."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.request_wait
+        while True:
+            source = self.ls.workspace.get_text_document(uri).source
+            state = self.docs.get(uri)
+            if state is not None and state.analysis is not None and state.analysis.text == source:
+                return state.analysis, self.lines(uri, source)
+            if state is None or state.pending is None or state.pending.done():
+                self.schedule(uri, 0)  # a document never opened, or a check that ended stale
+                state = self.docs[uri]
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            state.fresh.clear()
+            try:
+                await asyncio.wait_for(state.fresh.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        if exact or state.analysis is None:
+            return None
         return state.analysis, self.lines(uri, state.analysis.text)
 
     def remember(self, uri: str, analysis: Analysis, version: int | None) -> _Doc:
-        state = self.docs.setdefault(uri, _Doc(analysis))
+        state = self.docs.setdefault(uri, _Doc())
         state.analysis, state.version = analysis, version
         if analysis.module is not None:
             state.last_parsed = analysis
+        state.fresh.set()
         return state
+
+    def stale(self, uri: str, text: str, version: int | None) -> bool:
+        """The document changed since ``text``/``version`` was read (or was closed)."""
+        if uri not in self.docs:
+            return True
+        doc = self.ls.workspace.get_text_document(uri)
+        return doc.version != version or doc.source != text
+
+    async def analysis_of(self, uri: str, text: str) -> Analysis:
+        """``text`` analyzed on a worker thread, after the document's running analysis, if any
+        (Note [Analysis off the loop]); over the limits: the one diagnostic, at once."""
+        why = self.settings.limits.exceeded(text)
+        if why is not None:
+            return too_large(text, path_of(uri), why)
+        if not self.warmed.done():
+            await asyncio.shield(asyncio.wrap_future(self.warmed))  # a cancelled check must not cancel it
+        state = self.docs.setdefault(uri, _Doc())
+        while state.running is not None and not state.running.done():
+            await asyncio.wait([asyncio.wrap_future(state.running)])
+        running = state.running = self.threads.submit(analyze_without_gc, text, path_of(uri))
+        return await asyncio.wrap_future(running)
 
     # -- diagnostics ---------------------------------------------------------------------
     def schedule(self, uri: str, delay: float) -> None:
-        state = self.docs.get(uri)
-        if state is not None and state.pending is not None:
+        state = self.docs.setdefault(uri, _Doc())
+        if state.pending is not None:
             state.pending.cancel()
-        task = asyncio.ensure_future(self.publish_after(uri, delay))
-        self.docs.setdefault(uri, _Doc(Analysis(text="\0", path=path_of(uri)))).pending = task
+        state.pending = asyncio.ensure_future(self.publish_after(uri, delay))
 
     async def publish_after(self, uri: str, delay: float) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
         doc = self.ls.workspace.get_text_document(uri)
         text, version = doc.source, doc.version
-        analysis = analyze(text, path_of(uri))
+        analysis = await self.analysis_of(uri, text)
+        if self.stale(uri, text, version):
+            return  # superseded: a newer check is on its way (Note [Analysis off the loop])
         self.remember(uri, analysis, version)
         token_diags: list[Diagnostic] = []
         if self.settings.tokens and analysis.workflow is not None:
-            token_diags = await asyncio.to_thread(_token_diagnostics, analysis)
-            if self.ls.workspace.get_text_document(uri).source != text:
+            token_diags = await asyncio.to_thread(token_diagnostics, analysis)
+            if self.stale(uri, text, version):
                 return  # edited meanwhile: a newer check is on its way
         self.publish(uri, analysis, [*token_diags, *analysis.diagnostics], version)
         policy = self.settings.policy()
@@ -151,7 +237,7 @@ class WfServer:
         if all(_is_std(analysis, alias) for alias in analysis.index.names("module")):
             return
         outcome = await check_in_child(text, path_of(uri), policy, self.settings.import_timeout)
-        if self.ls.workspace.get_text_document(uri).source != text:
+        if self.stale(uri, text, version):
             return  # edited meanwhile: a newer check is on its way
         if outcome.diagnostics is not None:
             analysis.tool_types = outcome.tool_types  # hover shows the imported functions' result types
@@ -186,30 +272,6 @@ class _RefusalsWithoutTraceback(logging.Filter):
 
 
 logging.getLogger("pygls.protocol.json_rpc").addFilter(_RefusalsWithoutTraceback())
-
-
-_TOKENIZERS = threading.Lock()  # a fast tokenizer must not be used by two threads at once
-
-
-def _token_diagnostics(a: Analysis) -> list[Diagnostic]:
-    """``check``'s token rule (``allow`` entries are single tokens; prompt text the tokenizer
-    does not know) against the local tokenizers, as ``srpo-graph check`` runs it."""
-    from srpo_graph.runtime.tokens import check_local_tokens
-
-    assert a.workflow is not None
-    with _TOKENIZERS:
-        try:
-            return check_local_tokens(a.workflow)
-        except Exception as exc:  # noqa: BLE001 - a tokenizer that cannot load: said, not fatal
-            return [Diagnostic(f"the token check could not run: {type(exc).__name__}: {exc}", None,
-                               code="token-check", severity="warning")]
-
-
-def _warm_tokens() -> None:
-    with _TOKENIZERS:
-        from transformers import PreTrainedTokenizerFast  # noqa: F401  (what the tiny tokenizer loads)
-
-        import srpo_graph.runtime.tokens  # noqa: F401
 
 
 def _is_std(a: Analysis, alias: str) -> bool:
@@ -253,17 +315,22 @@ def make_server() -> LanguageServer:
         ver = "0"
     ls = LanguageServer("srpo-graph", ver, text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
     st = WfServer(ls)
+    threading.Thread(target=warm_analysis, args=(st.warmed,), daemon=True).start()
 
-    def at(params) -> tuple[Analysis, Lines, int, int]:
-        analysis, lines = st.current(params.text_document.uri)
+    async def at(params, exact: bool = False) -> tuple[Analysis, int, int, Lines] | None:
+        """(analysis, line, column, lines) at the request's position: the features' arguments."""
+        got = await st.current(params.text_document.uri, exact)
+        if got is None:
+            return None
+        analysis, lines = got
         line0, char0 = lines.from_lsp(params.position)
-        return analysis, lines, line0 + 1, char0 + 1
+        return analysis, line0 + 1, char0 + 1, lines
 
     @ls.feature(lsp.INITIALIZE)
     def initialize(params: lsp.InitializeParams) -> None:
         st.settings = st.settings.updated(params.initialization_options)
         if st.settings.tokens:  # the token rule's imports (transformers) load while the editor starts
-            threading.Thread(target=_warm_tokens, daemon=True).start()
+            threading.Thread(target=warm_tokens, args=(st.warmed,), daemon=True).start()
 
     @ls.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(params: lsp.DidChangeConfigurationParams) -> None:
@@ -291,46 +358,52 @@ def make_server() -> LanguageServer:
         ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
     @ls.feature(lsp.TEXT_DOCUMENT_HOVER)
-    def hover(params: lsp.HoverParams):
-        a, lines, line, col = at(params)
-        return features.hover(a, line, col, lines)
+    async def hover(params: lsp.HoverParams):
+        got = await at(params)
+        return features.hover(*got) if got else None
 
     @ls.feature(lsp.TEXT_DOCUMENT_DEFINITION)
-    def definition(params: lsp.DefinitionParams):
-        a, lines, line, col = at(params)
-        return features.definition(a, line, col, lines)
+    async def definition(params: lsp.DefinitionParams):
+        got = await at(params)
+        return features.definition(*got) if got else None
 
     @ls.feature(lsp.TEXT_DOCUMENT_REFERENCES)
-    def references(params: lsp.ReferenceParams):
-        a, lines, line, col = at(params)
-        return features.references(a, line, col, lines, params.context.include_declaration)
+    async def references(params: lsp.ReferenceParams):
+        got = await at(params)
+        return features.references(*got, params.context.include_declaration) if got else None
 
     @ls.feature(lsp.TEXT_DOCUMENT_PREPARE_RENAME)
-    def prepare_rename(params: lsp.PrepareRenameParams):
-        a, lines, line, col = at(params)
-        return features.prepare_rename(a, line, col, lines)
+    async def prepare_rename(params: lsp.PrepareRenameParams):
+        got = await at(params, exact=True)
+        return features.prepare_rename(*got) if got else None
 
     @ls.feature(lsp.TEXT_DOCUMENT_RENAME, lsp.RenameOptions(prepare_provider=True))
-    def rename(params: lsp.RenameParams):
-        a, lines, line, col = at(params)
+    async def rename(params: lsp.RenameParams):
+        got = await at(params, exact=True)
+        if got is None:
+            raise Refused(message="the file is still being analyzed: try the rename again")
+        a, line, col, lines = got
         try:
             return features.rename(a, line, col, params.new_name, lines)
         except features.RenameError as exc:  # answered as an error the editor shows; not a server fault
             raise Refused(message=str(exc)) from None
 
     @ls.feature(lsp.TEXT_DOCUMENT_DOCUMENT_SYMBOL)
-    def document_symbol(params: lsp.DocumentSymbolParams):
-        a, lines = st.current(params.text_document.uri)
-        return features.document_symbols(a, lines)
+    async def document_symbol(params: lsp.DocumentSymbolParams):
+        got = await st.current(params.text_document.uri)
+        return features.document_symbols(*got) if got else None
 
     @ls.feature(lsp.TEXT_DOCUMENT_FORMATTING)
-    def formatting(params: lsp.DocumentFormattingParams):
-        a, lines = st.current(params.text_document.uri)
-        return features.formatting(a, lines)
+    async def formatting(params: lsp.DocumentFormattingParams):
+        got = await st.current(params.text_document.uri, exact=True)  # edits of another text would corrupt it
+        return features.formatting(*got) if got else None
 
     @ls.feature(lsp.TEXT_DOCUMENT_COMPLETION, lsp.CompletionOptions(trigger_characters=[".", "{", ":", " ", ","]))
-    def complete(params: lsp.CompletionParams):
-        a, lines, line, col = at(params)
+    async def complete(params: lsp.CompletionParams):
+        got = await at(params)
+        if got is None or got[0].too_large:
+            return lsp.CompletionList(is_incomplete=False, items=[])
+        a, line, col, lines = got
         state = st.docs.get(params.text_document.uri)
         ix = a.index if a.index is not None else (state.last_parsed.index if state and state.last_parsed else None)
         base = Path(a.path).resolve().parent if not a.path.startswith("<") else None
@@ -338,12 +411,14 @@ def make_server() -> LanguageServer:
         return lsp.CompletionList(is_incomplete=False, items=items)
 
     @ls.command(GRAPH_COMMAND)
-    def graph_svg(uri: str) -> dict:
+    async def graph_svg(uri: str) -> dict:
         """The routing graph of an open document as SVG (``viz``), or the reason there is none."""
-        a, _ = st.current(uri)
-        if a.workflow is None:
-            first = next((d for d in a.diagnostics if d.severity == "error"), None)
-            return {"svg": None, "error": "the file has errors" + (f": {first.headline()}" if first else "")}
+        got = await st.current(uri)
+        a = got[0] if got else None
+        if a is None or a.workflow is None:
+            first = next((d for d in a.diagnostics if d.severity == "error"), None) if a else None
+            return {"svg": None, "error": "the file has errors" + (f": {first.headline()}" if first else "")
+                    if a else "the file is still being analyzed"}
         from srpo_graph.viz import to_svg
 
         return {"svg": to_svg(a.workflow), "error": None}
@@ -352,5 +427,5 @@ def make_server() -> LanguageServer:
 
 
 def serve() -> None:
-    """Run the server on stdin/stdout until the client says exit."""
-    make_server().start_io()
+    """Run the server on stdin/stdout until the client says exit (or closes stdin)."""
+    serve_stdio(make_server())

@@ -4,8 +4,6 @@ process, driven over stdio by pytest-lsp's client."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +12,7 @@ from lsprotocol import types as lsp
 pytest.importorskip("pytest_lsp")
 from pytest_lsp import ClientServerConfig, LanguageClient  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-SERVER = [sys.executable, "-m", "srpo_graph.cli", "lsp"]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+from tests.support.lsp_wire import ENV, ROOT, SERVER  # noqa: E402,F401  (the server command, shared)
 
 
 def config() -> ClientServerConfig:

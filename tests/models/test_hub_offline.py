@@ -119,12 +119,12 @@ def test_check_run_train_eval_resolve_a_hub_name_from_the_offline_cache(offline_
     assert res.exit_code == 0, res.output
     # the language server's view of the same file: its analysis and its token rule (as `check`'s)
     from srpo_graph.lsp.document import analyze
-    from srpo_graph.lsp.server import _token_diagnostics
+    from srpo_graph.lsp.workers import token_diagnostics
     from srpo_graph.runtime.tokens import local_tokenizers
 
     doc = analyze(Path("chat_hub.wf").read_text(), str(work / "chat_hub.wf"))
     assert doc.workflow is not None and not [d for d in doc.diagnostics if d.severity == "error"], doc.diagnostics
-    assert _token_diagnostics(doc) == [] and len(local_tokenizers(doc.workflow)["m"]) == 151_665
+    assert token_diagnostics(doc) == [] and len(local_tokenizers(doc.workflow)["m"]) == 151_665
     res = cli.invoke(app, ["run", "chat_hub.wf", "--tasks", "tasks/chat_hub.jsonl", "--samples", "2", "--limit", "2",
                            "--out", "traces.jsonl", "--quiet"])
     assert res.exit_code == 0, res.output
