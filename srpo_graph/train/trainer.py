@@ -43,6 +43,7 @@ from srpo_graph.train.config.loading import check_trainable, default_run_dir, to
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.learn.step import Learner
 from srpo_graph.train.observe.evaluator import Evaluator
+from srpo_graph.train.observe.metrics import checkpoint_records
 from srpo_graph.train.observe.observer import Observer
 from srpo_graph.train.observe.record import StepRecord
 from srpo_graph.train.parallel.collectives import DistInfo, init_distributed, shutdown
@@ -237,7 +238,9 @@ class Trainer:
             self.evaluator = Evaluator(self.workflow_eval, eval_tasks, config, dist, self.policies, self.frozen)
             self.observer = Observer(self.run_dir, config, is_main=dist.is_main, start=self.state.step)
             if dist.is_main:
-                self.observer.open(resumed_at=self.state.step if resume_from is not None else None)
+                st = self.state  # a step whose metrics line was lost is written again from the checkpoint
+                self.observer.open(resumed_at=st.step if resume_from is not None else None,
+                                   restore=checkpoint_records(st.step, st.rewards, st.evals) if resume_from else None)
             self._first_step = self.state.step
             self.rollouts = make_rollouts(self.workflow, train_tasks, self.policies, config, dist, self.frozen)
             self.rollouts.load_state_dict({"cursor": self.state.cursor})
