@@ -451,6 +451,7 @@ class SGLangBackend:
             attempt += 1
 
     def close(self) -> None:
+        self.weights.close()  # the weight folder's lease, if this backend took it (weight_lease.py)
         if self._streamer is not None:
             self._streamer.close()
         self._pool.shutdown(wait=False, cancel_futures=True)

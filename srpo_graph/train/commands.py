@@ -194,9 +194,7 @@ def train_command(
                 if folder is not None and (Path(folder) / "config.toml").is_file()
                 else "nothing was trained; run the command again to start"
             )
-            click.echo(
-                f"srpo-graph train: {_interrupt_name()} while starting, the run folder is unchanged; {again}", err=True
-            )
+            click.echo(f"srpo-graph train: {_interrupt_name()} while starting, nothing trained yet; {again}", err=True)
         sys.exit(_interrupt_code())
     exiting.decided()
     if main_rank and resume is not None and summary.steps_this_run == 0:

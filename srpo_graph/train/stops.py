@@ -2,7 +2,8 @@
 
 Every way a run stops early prints one message ending in the exact command that continues it
 (:func:`continue_command`: ``srpo-graph train <the .wf> --resume <the run folder>``; with no
-checkpoint yet, ``--resume`` starts the run again from step 0 with its saved configuration):
+checkpoint yet, ``--resume`` starts the run again from step 0 with its saved configuration),
+whether it stopped in the loop or while it was being set up (Note [Every stop prints its resume line]):
 
 * :class:`TrainingInterrupted`: Ctrl-C / SIGTERM in the loop;
 * :class:`RunStopped`: the disk filled up, a step's episodes failed beyond the budget, a server
@@ -24,6 +25,24 @@ from srpo_graph.train.parallel.collectives import collective_failed
 from srpo_graph.train.rollout.failures import FailureBudgetExceeded
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+# Note [Every stop prints its resume line]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A run can stop for a cause outside the user's code (a full disk, a backend or the rollout worker
+# that died or missed its deadline, the failure budget, Ctrl-C, another rank gone) before step 1 has
+# finished -- while it is set up (the worker starting, the checkpoint's weights pushed to it) or in
+# the loop. Each prints one message ending in the command that continues it, the same whether a
+# checkpoint exists or not ("no checkpoint yet": ``--resume`` starts again at step 0 with the saved
+# configuration). Two things make that hold before the first checkpoint:
+#
+# * ``config.toml`` (what ``--resume`` reads) is written before anything that can stop the run is
+#   started (``Trainer.__init__``: ``_prepare_run_dir`` before models, backends and the worker);
+# * ``train()`` turns what set-up raised into a stop with :func:`stopped_at_start`, as ``fit``
+#   does with :func:`as_stop` for the loop (before: the worker missing its start deadline exited 3,
+#   a bare BackendError with no resume line).
+#
+# Only a stop before config.toml exists (the lock or config.toml itself on a full disk) says "nothing
+# was trained ... run the command again": there is nothing to resume. tests/train/test_stop_lines.py.
 
 
 def continue_command(workflow: str | Path, run_dir: str | Path) -> str:
@@ -125,11 +144,19 @@ def disk_full_reason(exc: OSError, folder: Path) -> str:
     return f"{what} ({where}; {free:,} bytes free on that file system)"
 
 
-def stopped_at_start(exc: OSError, run_dir: Path, checkpoint: Path | None) -> RunStopped:
-    """The :class:`RunStopped` of a full disk met while a run was being set up (the lock, config.toml,
-    the workflow's record, the metrics file): the run stands at its newest complete checkpoint."""
+def stopped_at_start(exc: BaseException, run_dir: Path, checkpoint: Path | None, *,
+                     distributed: bool = False) -> RunStopped | None:
+    """The :class:`RunStopped` of a stop met while a run was being set up (Note [Every stop prints its
+    resume line]): a full disk (the lock, config.toml, the workflow's record, the metrics file), a
+    backend or rollout worker that did not start (or died, or missed its deadline) or did not take the
+    checkpoint's weights, another rank gone. The run stands at its newest complete checkpoint. None:
+    not a stop (a bug, a refused configuration: the caller re-raises it); a Ctrl-C is left to the
+    command, which says where the run stands (``commands.py``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return None
     step = int(checkpoint.name.split("_")[-1]) if checkpoint is not None else 0
-    return RunStopped(run_dir, step, checkpoint, exc)
+    stop = as_stop(exc, run_dir, step, checkpoint, distributed=distributed)
+    return stop if isinstance(stop, RunStopped) else None
 
 
 def backend_remedy(exc: BackendError, run_dir: Path) -> str:

@@ -44,6 +44,7 @@ from srpo_graph.train.config.loading import check_trainable, default_run_dir, to
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.learn.step import Learner
 from srpo_graph.train.observe.evaluator import Evaluator
+from srpo_graph.train.observe.metrics import checkpoint_records
 from srpo_graph.train.observe.observer import Observer
 from srpo_graph.train.observe.record import StepRecord
 from srpo_graph.train.parallel.collectives import DistInfo, init_distributed, shutdown
@@ -57,7 +58,7 @@ from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make
 from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
 from srpo_graph.train.rollout.worker.client import close_worker
 from srpo_graph.train.run_folder import check_resumed_workflow, clear_previous_run, lock_run_dir, record_workflow
-from srpo_graph.train.stops import RunStopped, TrainingInterrupted, as_stop, is_disk_full, stopped_at_start
+from srpo_graph.train.stops import RunStopped, TrainingInterrupted, as_stop, stopped_at_start
 from srpo_graph.train.sync import Syncer
 from srpo_graph.workflow import Workflow
 
@@ -101,15 +102,31 @@ def train(workflow_path: str | Path, config: TrainConfig = TrainConfig(), *, res
     if config.run_dir is None:  # the folder is chosen (and locked) before anything is loaded
         config = config.model_copy(update={"run_dir": default_run_dir(load_workflow(workflow_path).name)})
     if int(os.environ.get("RANK", "0")) != 0:  # rank 0 holds the lock for the whole job
-        return Trainer(workflow_path, config, resume=resume).fit()
+        return _set_up(workflow_path, config, resume).fit()
     assert config.run_dir is not None
     try:
         with lock_run_dir(config.run_dir), server_scope():  # servers it launched stop with it, whatever happens
-            return Trainer(workflow_path, config, resume=resume).fit()
-    except OSError as exc:  # the loop turns a full disk into RunStopped itself: this one came during set-up
-        if not is_disk_full(exc):
+            return _set_up(workflow_path, config, resume).fit()
+    except OSError as exc:  # the loop turns a full disk into RunStopped itself: this one came with the lock
+        stop = stopped_at_start(exc, Path(config.run_dir), latest_checkpoint(config.run_dir))
+        if stop is None:
             raise
-        raise stopped_at_start(exc, Path(config.run_dir), latest_checkpoint(config.run_dir)) from None
+        raise stop from None
+
+
+def _set_up(workflow_path: str | Path, config: TrainConfig, resume: bool) -> Trainer:
+    """The run's :class:`Trainer`; a stop while it is set up (a full disk, a rollout worker or a backend
+    that did not start, another rank gone) raised as :class:`RunStopped` with its resume line
+    (Note [Every stop prints its resume line], ``stops.py``)."""
+    try:
+        return Trainer(workflow_path, config, resume=resume)
+    except BaseException as exc:
+        assert config.run_dir is not None
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        stop = stopped_at_start(exc, Path(config.run_dir), latest_checkpoint(config.run_dir), distributed=distributed)
+        if stop is None:
+            raise
+        raise stop from None
 
 
 class Trainer:
@@ -190,6 +207,9 @@ class Trainer:
         if resume_from is not None:  # before loading anything: the frozen policies must be the run's
             frozen_policies.check_pointers(frozen_policies.saved_pointers(resume_from), self.workflow, resume_from)
         restart = resume and resume_from is None  # a run stopped before its first checkpoint: step 0 again
+        if dist.is_main:  # config.toml before anything that can stop the run can start: every stop can be
+            # resumed (Note [Every stop prints its resume line], stops.py)
+            self._prepare_run_dir(fresh=resume_from is None, restart=restart)
         # (a rollout worker loads its own)
         frozen_local, external = load_frozen(self.workflow, config, self.device, dist)
         self.policies = build_policies(self.workflow, config, self.device, resume_from, dist)
@@ -219,8 +239,9 @@ class Trainer:
             self.evaluator = Evaluator(self.workflow_eval, eval_tasks, config, dist, self.policies, self.frozen)
             self.observer = Observer(self.run_dir, config, is_main=dist.is_main, start=self.state.step)
             if dist.is_main:
-                self._prepare_run_dir(fresh=resume_from is None, restart=restart)
-                self.observer.open(resumed_at=self.state.step if resume_from is not None else None)
+                st = self.state  # a step whose metrics line was lost is written again from the checkpoint
+                self.observer.open(resumed_at=st.step if resume_from is not None else None,
+                                   restore=checkpoint_records(st.step, st.rewards, st.evals) if resume_from else None)
             self._first_step = self.state.step
             self.rollouts = make_rollouts(self.workflow, train_tasks, self.policies, config, dist, self.frozen)
             self.rollouts.load_state_dict({"cursor": self.state.cursor})

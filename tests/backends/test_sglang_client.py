@@ -183,7 +183,7 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
         b.sync_weights(model, 4)
         b.sync_weights(model, 5)
         names = sorted(p.name for p in (tmp_path / "w").iterdir())
-        assert names == [".srpo-graph-weights.json", "v4", "v5", "v99", "venv"]
+        assert names == [".srpo-graph-lease.json", ".srpo-graph-weights.json", "v4", "v5", "v99", "venv"]  # leased
         with pytest.raises(BackendError, match="v99: error: exists and was not written by srpo-graph"):
             b.sync_weights(model, 99)
         assert (tmp_path / "w" / "v99").is_dir()

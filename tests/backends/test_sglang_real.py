@@ -192,7 +192,8 @@ def test_weight_sync_changes_outputs_and_tags_versions(sglang_url, tiny_dir, tok
     b.sync_weights(model, 8)
     b.sync_weights(model, 9)
     assert _greedy(b, prompts) == before  # back to the original weights
-    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == [".srpo-graph-weights.json", "v8", "v9", "venv"]
+    names = sorted(p.name for p in (tmp_path / "w").iterdir())
+    assert names == [".srpo-graph-lease.json", ".srpo-graph-weights.json", "v8", "v9", "venv"]  # the lease: held
     b.close()
 
 

@@ -113,14 +113,54 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [row for _, row in iter_lines(p, ConfigError, what="metrics file")]
 
 
-def truncate_after(path: str | Path, step: int, *, warn: Any = None) -> list[str]:
+# Note [No step missing from metrics.jsonl]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# On resume, metrics.jsonl is cut back to the checkpoint's step; a line that does not read is
+# moved, as it was, to metrics.jsonl.damaged (the log is a record, the checkpoint holds the run's
+# state, so the resume goes on). Its step must not then be silently missing:
+#
+# * a step after the checkpoint is run again, and the rerun writes its line (as for every step
+#   after the checkpoint, damaged or not);
+# * a step up to the checkpoint cannot be recomputed from weights, but the checkpoint's state keeps
+#   the mean reward of every step and ``eval/reward`` of every evaluation (LoopState.rewards,
+#   .evals): the step's line is written again from those, marked ``"metrics_lost"`` (what was lost),
+#   so a reader or a plot sees the step and knows the rest of its numbers are gone. The same holds
+#   for any step up to the checkpoint absent from the file (a line deleted by hand, the file gone).
+#
+# The user is told in one line (:func:`truncate_after`'s message). The alternative, a copy of every
+# step's whole record in each checkpoint, was not taken: it grows each checkpoint by the whole log,
+# and ``keep_last`` would delete the copies of older steps anyway.
+LOST = "metrics_lost"
+
+
+def checkpoint_records(step: int, rewards: Sequence[float], evals: Iterable[tuple[int, float]]) -> dict[int, dict]:
+    """What a checkpoint at ``step`` keeps of the metrics of steps ``1..step`` (Note [No step missing
+    from metrics.jsonl]): each step's ``reward`` (when the state holds one per step) and ``eval/reward``.
+
+    >>> checkpoint_records(2, [0.5, 0.25], [(2, 0.75)])
+    {1: {'step': 1, 'reward': 0.5}, 2: {'step': 2, 'reward': 0.25, 'eval/reward': 0.75}}
+    """
+    out: dict[int, dict] = {s: {"step": s} for s in range(1, step + 1)}
+    if len(rewards) == step:
+        for s, r in enumerate(rewards, start=1):
+            out[s]["reward"] = _clean(r)
+    for s, r in evals:
+        if s in out:
+            out[s]["eval/reward"] = _clean(r)
+    return out
+
+
+def truncate_after(path: str | Path, step: int, *, warn: Any = None,
+                   restore: Mapping[int, Mapping[str, Any]] | None = None) -> list[str]:
     """Keep only the records with ``step <= step`` (used when resuming from a checkpoint).
 
     A cut-off last line (the process was killed while writing it) is dropped. Any other line that
     does not read (damaged on disk, edited by hand) does not stop the resume: it is moved, as it
-    was, to ``metrics.jsonl.damaged`` and named (``file:line: why``) through ``warn`` (default:
-    stderr); the metrics log is a record, the checkpoint holds the run's state. Returns those
-    messages.
+    was, to ``metrics.jsonl.damaged``; the metrics log is a record, the checkpoint holds the run's
+    state. A step up to ``step`` with no line left is written again from ``restore`` (what the
+    checkpoint kept of it, :func:`checkpoint_records`) marked ``"metrics_lost"`` (Note [No step
+    missing from metrics.jsonl]). One line through ``warn`` (default: stderr) says what was moved
+    and restored. Returns the damaged lines' messages (``file:line: why``).
     """
     import sys
 
@@ -128,9 +168,9 @@ def truncate_after(path: str | Path, step: int, *, warn: Any = None) -> list[str
     from srpo_graph.runtime.jsonl import parse_line
 
     p = Path(path)
-    if not p.exists():
+    if not p.exists() and not (restore and step > 0):
         return []
-    lines = p.read_bytes().splitlines()
+    lines = p.read_bytes().splitlines() if p.exists() else []
     rows, damaged, notes = [], [], []
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     for i, line in enumerate(lines):
@@ -147,17 +187,43 @@ def truncate_after(path: str | Path, step: int, *, warn: Any = None) -> list[str
             notes.append(str(exc).splitlines()[0])
             continue
         rows.append(row)
+    aside = p.with_name(p.name + ".damaged")
     if damaged:
-        aside = p.with_name(p.name + ".damaged")
         with aside.open("ab") as fh:
             fh.write(b"".join(line + b"\n" for line in damaged))
-        for note in notes:
-            print(f"srpo-graph train: {note}; line moved to {aside}, resuming", file=warn or sys.stderr)
     kept = [r for r in rows if r["step"] <= step]
+    have = {r["step"] for r in kept}
+    lost = [s for s in range(1, step + 1) if s not in have and restore is not None and s in restore]
+    why = f"its line was damaged or missing (damaged lines: {aside.name})"
+    for s in lost:
+        assert restore is not None
+        kept.append({**restore[s], "step": s, LOST: f"{why}; reward and eval/reward restored from the checkpoint"})
+    kept.sort(key=lambda r: r["step"])
     tmp = p.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     tmp.replace(p)
+    if damaged or lost:
+        said = [f"{len(damaged)} damaged line(s) moved to {aside} ({'; '.join(notes)})"] if damaged else []
+        if lost:
+            said.append(f"step(s) {_ranges(lost)} written again from the checkpoint with reward and eval/reward "
+                        f"only, marked \"{LOST}\"")
+        print(f"srpo-graph train: {p.name}: {'; '.join(said)}; steps after {step} are run again, resuming",
+              file=warn or sys.stderr)
     return notes
+
+
+def _ranges(steps: Sequence[int]) -> str:
+    """
+    >>> _ranges([1, 2, 3, 5, 7, 8])
+    '1-3, 5, 7-8'
+    """
+    out: list[str] = []
+    for s in steps:
+        if out and int(out[-1].split("-")[-1]) == s - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out)
 
 
 def deterministic_fields(record: Mapping[str, Any]) -> dict[str, Any]:

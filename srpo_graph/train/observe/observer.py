@@ -48,12 +48,14 @@ class Observer:
         self.report = FailureReport(enabled=is_main)
         self.writer: MetricsWriter | None = None
 
-    def open(self, *, resumed_at: int | None) -> None:
+    def open(self, *, resumed_at: int | None, restore: Any = None) -> None:
         """Start writing (rank 0): ``metrics.jsonl`` cut back to the resumed step (``resumed_at``; None:
-        a fresh run), TensorBoard from there, W&B if asked."""
+        a fresh run), a step lost up to it written again from ``restore`` (what the checkpoint kept:
+        ``metrics.checkpoint_records``, Note [No step missing from metrics.jsonl]), TensorBoard from
+        there, W&B if asked."""
         if not self.is_main:
             return
-        truncate_after(self.run_dir / "metrics.jsonl", resumed_at or 0)
+        truncate_after(self.run_dir / "metrics.jsonl", resumed_at or 0, restore=restore)
         sinks = []
         lg = self.config.logging
         if lg.wandb:  # optional extra: Weights & Biases (wandb_sink.py)

@@ -68,11 +68,16 @@ def attach_backends(wf: Any, config: Any, slots: Sequence[Any], frozen_local: Se
 
 @contextlib.contextmanager
 def server_scope() -> Iterator[None]:
-    """Stop every SGLang server started inside the block when it exits (normally or not)."""
-    before = {id(s) for s in sglang_server.live_servers()}
+    """Stop every SGLang server started inside the block when it exits (normally or not), and release
+    the weight-folder leases this process holds (Note [A weight folder's lease]: the next run, or an
+    in-process resume, need not wait for their expiry)."""
+    from srpo_graph.backends.weight_lease import held, release_all
+
+    before, leases = {id(s) for s in sglang_server.live_servers()}, held()
     try:
         yield
     finally:
+        release_all(keep=leases)
         for s in sglang_server.live_servers():
             if id(s) not in before:
                 s.stop()
