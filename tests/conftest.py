@@ -68,3 +68,13 @@ def _lane_marks(request):
         return
     with guard_processes(request.node.nodeid):
         yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each test: release the session resources no later test uses (tests/support/last_use.py)."""
+    yield
+    from tests.support.last_use import release_unused
+
+    release_unused(item)
+

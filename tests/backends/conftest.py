@@ -42,3 +42,27 @@ def sglang_url(tiny_dir, tmp_path_factory):
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def local_sglang(request, tmp_path_factory):
+    """``local_sglang(name)``: ``(folder, server)`` of a real SGLang server on the local model
+    ``name`` (``"qwen3-test"``, ``"llama3-test"``), shared by the test modules of the session
+    (tests/support/sglang_servers.py::SharedServers) and stopped right after the last test that
+    uses it (tests/support/last_use.py)."""
+    from tests.support.last_use import release_after_last_use
+    from tests.support.sglang_servers import SharedServers, require_sglang
+
+    require_sglang()
+    wanted = dict.fromkeys(
+        name
+        for item in request.session.items
+        if "local_sglang" in getattr(item, "fixturenames", ())
+        for name in getattr(getattr(item, "module", None), "SGLANG_MODELS", ())
+    )
+    servers = SharedServers(tmp_path_factory.mktemp("local-sglang"), wanted)
+    release_after_last_use("local_sglang", servers.stop)
+    try:
+        yield servers
+    finally:
+        servers.stop()

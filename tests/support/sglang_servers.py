@@ -108,6 +108,43 @@ def stop_servers(servers) -> None:
         t.join()
 
 
+class SharedServers:
+    """The session's real SGLang servers of the locally built models (``ensure_local_model``: the
+    Qwen3- and Llama 3-shaped ``*-test`` models), one per model, shared by every test module that
+    only reads them (tests/backends/conftest.py's ``local_sglang``): a server start is 20-30 s of a
+    2-core CI run, and the modules used to start one each. The first request starts every model
+    that a collected test module names in its ``SGLANG_MODELS`` together (their start-ups overlap).
+
+    A module that changes a shared server's weights puts them back before it ends (as
+    test_sglang_chat.py does); a test that kills, stalls or restarts its server starts its own.
+    """
+
+    def __init__(self, root, wanted=()) -> None:
+        self.root = root
+        self.wanted = tuple(wanted)
+        self.served: dict = {}
+
+    def __call__(self, name: str):
+        """``(model folder, its running server)`` of the local model ``name``."""
+        from srpo_graph.models.architectures import ensure_local_model
+
+        if name not in self.served:
+            names = [name, *(n for n in self.wanted if n != name and n not in self.served)]
+            paths = [ensure_local_model(n, self.root / n) for n in names]
+            servers = start_real_servers(paths, self.root)
+            self.served.update(zip(names, zip(paths, servers)))
+        path, server = self.served[name]
+        assert server.alive(), f"the shared SGLang server of {name} is gone (its log: {self.root})"
+        return path, server
+
+    def stop(self) -> None:
+        """Stop every server (idempotent)."""
+        servers = [server for _, server in self.served.values()]
+        stop_servers(servers)
+        self.served.clear()
+        assert not any(server.alive() for server in servers)
+
+
 def require_sglang() -> None:
     """Skip (or, under SRPO_GRAPH_REQUIRE_SGLANG, fail) a test that starts its own servers."""
     import os
