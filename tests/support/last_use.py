@@ -5,7 +5,8 @@ A session fixture that holds something costly while idle (a real SGLang server: 
 the machine's 2 cores it competes for) registers a release with :func:`release_after_last_use`;
 tests/conftest.py's ``pytest_runtest_teardown`` calls :func:`release_unused` after each test, which
 releases what no later test of the run uses (by fixture name, in ``item.fixturenames``, which
-holds every fixture a test needs, directly or through other fixtures). The fixture's own
+holds every fixture a test needs, directly or through other fixtures' arguments -- not one
+fetched with ``request.getfixturevalue``, which the release would miss). The fixture's own
 finalizer should release it too (idempotently): a test selected with ``-k`` or a failure that
 stops the run early still ends with nothing left running.
 """

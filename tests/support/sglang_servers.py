@@ -5,6 +5,8 @@ Real servers only (shared/sglang-cpu's CPU recipe through srpo_graph.backends.sg
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -68,12 +70,19 @@ def start_real_server(model_dir, log_dir, port: int | None = None):
     return start_server(str(model_dir), port, recipe="cpu", log_path=log_dir / f"sglang-{port}.log")
 
 
-def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0) -> list:
+ROOT = Path(__file__).resolve().parents[2]
+# what workflows/tinymath_external_verifier.wf's comment adds to the cpu preset for an OpenAI chat
+# endpoint: a raw chat template (the tiny tokenizer has none) and OpenAI sampling defaults (the
+# tiny model's generation_config has top_k 0, which SGLang's OpenAI route refuses)
+CHAT_FLAGS = f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"
+
+
+def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0, chat: bool = False) -> list:
     """Real SGLang servers (CPU recipe), one per entry of ``model_dirs``, started together and then
     each waited for, as training's ``serve_policies`` does: their ~30 s start-ups overlap instead
-    of adding up. The caller stops them (:func:`stop_servers`); on a failure to start, none is
-    left running."""
-    from srpo_graph.backends.sglang_server import SGLangServer, launch_command, recipe_env
+    of adding up. ``chat``: with :data:`CHAT_FLAGS`. The caller stops them (:func:`stop_servers`);
+    on a failure to start, none is left running."""
+    from srpo_graph.backends.sglang_server import CPU_TEMPLATE, SGLangServer, launch_command, recipe_env
 
     servers: list = []
     taken: set[int] = set()
@@ -83,7 +92,7 @@ def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0) -> li
             taken.update((port, port + 1))
             servers.append(
                 SGLangServer(
-                    launch_command("cpu", str(model_dir), port),
+                    launch_command(CPU_TEMPLATE + CHAT_FLAGS if chat else "cpu", str(model_dir), port),
                     port,
                     log_path=log_dir / f"sglang-{port}.log",
                     env=recipe_env("cpu"),
