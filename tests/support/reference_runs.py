@@ -49,7 +49,8 @@ def train_env() -> dict[str, str]:
 
 class ReferenceRuns:
     """``refs(args)``: the run folder of ``srpo-graph train *args`` in one process, trained on
-    the first request of the session and reused after (read it, never write into it)."""
+    the first request of the session and reused after (read it, never write into it);
+    ``refs.worker()``: the same for tests/train/ddp_worker.py's single-process update."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -65,6 +66,18 @@ class ReferenceRuns:
             assert proc.returncode == 0, proc.stderr[-3000:]
             self.runs[args] = run
         return self.runs[args]
+
+    def worker(self) -> Path:
+        """The output folder of tests/train/ddp_worker.py run as a plain process (world size 1: no
+        sharding, no collectives, whichever strategy it is given), the reference of both
+        test_train_ddp.py and test_train_fsdp.py; run once per session."""
+        out = self.root / "ddp-worker"
+        if not (out / "result.json").is_file():
+            worker = ROOT / "tests" / "train" / "ddp_worker.py"
+            proc = subprocess.run([sys.executable, str(worker), str(out)], cwd=ROOT, env=train_env(),
+                                  capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        return out
 
     def copy(self, target: Path, args: tuple[str, ...] = COORD_MIXED) -> Path:
         """A copy of the reference run at ``target``, to resume."""

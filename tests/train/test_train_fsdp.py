@@ -30,9 +30,9 @@ def _run(cmd):
 
 
 @pytest.mark.slow
-def test_fsdp_two_gloo_processes_equal_one_process(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    _run([sys.executable, str(WORKER), str(one), "fsdp"])
+def test_fsdp_two_gloo_processes_equal_one_process(tmp_path, one_process):
+    # the plain process (no sharding, no collectives) is the session's, shared with test_train_ddp.py
+    one, two = one_process.worker(), tmp_path / "two"
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
           str(WORKER), str(two), "fsdp"])
     r1 = json.loads((one / "result.json").read_text())
