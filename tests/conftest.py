@@ -68,3 +68,23 @@ def _lane_marks(request):
         return
     with guard_processes(request.node.nodeid):
         yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each test: release the session resources no later test uses (tests/support/last_use.py)."""
+    yield
+    from tests.support.last_use import release_unused
+
+    release_unused(item)
+
+
+@pytest.fixture(scope="session")
+def one_process(tmp_path_factory):
+    """``one_process(args)``: the folder of a single-process ``srpo-graph train *args`` run, trained
+    once per session and shared by the tests that compare N processes with one
+    (tests/support/reference_runs.py; default args: its ``COORD_MIXED``). Read-only: resume a
+    ``one_process.copy(target)``."""
+    from tests.support.reference_runs import ReferenceRuns
+
+    return ReferenceRuns(tmp_path_factory.mktemp("one-process"))

@@ -146,39 +146,15 @@ def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def chat_server(tmp_path_factory):
+def chat_server(sglang_url):
     """The real CPU SGLang server on the plain tiny model, launched as the external example's
-    comment says: a raw chat template (the tiny tokenizer has none) and OpenAI sampling defaults
-    (the model's generation_config has top_k 0, which SGLang's OpenAI route refuses)."""
-    import os
-
-    from srpo_graph.backends.sglang_server import CPU_TEMPLATE, start_server
-    from srpo_graph.models.tiny import ensure_tiny_model
-    from tests.support.sglang_servers import _free_port, require_sglang
+    comment says: the session's ``sglang_url`` server (conftest.py), which is launched with those
+    flags (tests/support/sglang_servers.py::CHAT_FLAGS). Not a server SRPO_GRAPH_SGLANG_URL names:
+    its flags are unknown."""
+    from tests.support.sglang_servers import require_sglang
 
     require_sglang()
-    recipe = (
-        CPU_TEMPLATE
-        + f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"
-    )
-    old = os.environ.get("SGLANG_USE_CPU_ENGINE")
-    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # what the "cpu" preset sets; a custom recipe inherits it
-    try:
-        server = start_server(
-            str(ensure_tiny_model()),
-            _free_port(),
-            recipe=recipe,
-            log_path=tmp_path_factory.mktemp("sglang-chat-logs") / "sglang.log",
-        )
-    finally:
-        if old is None:
-            os.environ.pop("SGLANG_USE_CPU_ENGINE")
-        else:
-            os.environ["SGLANG_USE_CPU_ENGINE"] = old
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    return sglang_url
 
 
 @pytest.mark.slow

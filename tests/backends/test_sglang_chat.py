@@ -4,7 +4,8 @@ server sampled (under ``think: strip`` without the think block) -- and the train
 log-probs of every turn match the server's per agent (``train/observe/mismatch.agent_mismatch``;
 bf16 server, ATOL as in test_sglang_local_models.py).
 
-Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one module-scoped server.
+Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); the qwen3-test server is the
+session's, shared with test_sglang_local_models.py (conftest.py::local_sglang).
 """
 
 from __future__ import annotations
@@ -15,22 +16,17 @@ import pytest
 import torch
 
 from tests.runtime.test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
-from tests.support.sglang_servers import require_sglang, start_real_server  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
 
 
-@pytest.fixture(scope="module")
-def qwen3_server(tmp_path_factory):
-    from srpo_graph.models.architectures import ensure_local_model
+SGLANG_MODELS = ("qwen3-test",)  # served by the session's shared server (conftest.py::local_sglang)
 
-    require_sglang()
-    tmp = tmp_path_factory.mktemp("sglang-chat")
-    path = ensure_local_model("qwen3-test", tmp / "qwen3-test")
-    server = start_real_server(path, tmp)
-    yield path, server
-    server.stop()
+
+@pytest.fixture(scope="module")
+def qwen3_server(local_sglang):
+    return local_sglang("qwen3-test")
 
 
 def test_a_chat_agent_runs_token_in_token_out_on_sglang(qwen3_server):
@@ -81,7 +77,7 @@ def test_a_chat_agent_runs_token_in_token_out_on_sglang(qwen3_server):
 
 def test_the_chat_workflow_trains_with_one_command_on_sglang(qwen3_server, tmp_path, monkeypatch):
     """workflows/chat_search_qwen3.wf trains on the real server (the module's, connected to: its
-    weights are this run's and are put back after), one command, two steps, overlapped (k = 1):
+    weights are this run's and are put back after: the server is shared), one command, two steps, overlapped (k = 1):
     both steps update, the second on weights synced to the server, and the per-agent sampler/trainer
     gap is logged within the bf16 tolerance."""
     import json

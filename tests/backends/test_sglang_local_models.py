@@ -5,7 +5,7 @@ the log-probs match the trainer's fp32 forward (bf16 server, ATOL as in test_sgl
 turn ends at the template's end-of-turn token.
 
 Opt-in outside CI like every real-SGLang test (SRPO_GRAPH_SGLANG=1); one server per family, both
-started together for the module (their start-ups overlap).
+started together (their start-ups overlap) and shared with test_sglang_chat.py (conftest.py::local_sglang).
 """
 
 from __future__ import annotations
@@ -15,27 +15,17 @@ import torch
 
 from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.backends.sampling import scaled_logprobs
-from tests.support.sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
-NAMES = ("qwen3-test", "llama3-test")
+NAMES = SGLANG_MODELS = ("qwen3-test", "llama3-test")
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """{name: (model folder, its real server)} for each family, the servers started together."""
-    from srpo_graph.models.architectures import ensure_local_model
-
-    require_sglang()
-    root = tmp_path_factory.mktemp("local-models")
-    paths = [ensure_local_model(name, root / name) for name in NAMES]
-    servers = start_real_servers(paths, root)
-    try:
-        yield {name: (path, server) for name, path, server in zip(NAMES, paths, servers)}
-    finally:
-        stop_servers(servers)
-        assert not any(server.alive() for server in servers)
+def served(local_sglang):
+    """{name: (model folder, its real server)} for each family (the session's shared servers,
+    started together: conftest.py::local_sglang)."""
+    return {name: local_sglang(name) for name in NAMES}
 
 
 def _reference(model, prompt, completion, temperature, allowed=None):

@@ -18,7 +18,14 @@ def _cli(*args, timeout=300):
 
 
 @pytest.mark.slow
-def test_cli_trains_then_resumes(tmp_path):
+def test_cli_trains_then_resumes(tmp_path, monkeypatch):
+    """A run and its resume as processes (the console script, and the module entry point torchrun
+    uses); the refusals that follow are about an exit code and a message, so they run in this
+    process (click's CliRunner: the same ``app``, no 5-10 s of imports each)."""
+    from click.testing import CliRunner
+
+    from srpo_graph.cli import app
+
     run = tmp_path / "run"
     small = ["rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2", "logging.tensorboard=false"]
     proc = _cli("workflows/coord_seq.wf", "--steps", "2", "--run-dir", str(run), *small)
@@ -34,18 +41,26 @@ def test_cli_trains_then_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+    monkeypatch.chdir(ROOT)
+
+    def cli(*args: str):
+        res = CliRunner().invoke(app, ["train", *args])
+        assert not isinstance(res.exception, Exception), res.output  # no traceback: a SystemExit or none
+        return res
+
     # another .wf (other task fields too): the run's own workflow is named first, nothing else
-    proc = _cli("workflows/math_pipeline.wf", "--resume", str(run), "--steps", "4")
-    assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "this run trained workflow 'coord_seq' (file " in proc.stderr and "coord_seq.wf" in proc.stderr
-    assert "task" not in proc.stderr.split("this run trained")[0]
+    res = cli("workflows/math_pipeline.wf", "--resume", str(run), "--steps", "4")
+    assert res.exit_code == 7 and "Traceback" not in res.stderr, res.output[-2000:]
+    assert "this run trained workflow 'coord_seq' (file " in res.stderr and "coord_seq.wf" in res.stderr
+    assert "task" not in res.stderr.split("this run trained")[0]
     # a fresh run in the used folder is refused and loses nothing; --overwrite replaces it
     before = {p: p.read_bytes() for p in (run / "metrics.jsonl", run / "config.toml")}
-    proc = _cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), *small)
-    assert proc.returncode == 7 and "--resume" in proc.stderr and "Traceback" not in proc.stderr
+    res = cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), *small)
+    assert res.exit_code == 7 and "--resume" in res.stderr and "Traceback" not in res.stderr
     assert {p: p.read_bytes() for p in before} == before
-    proc = _cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), "--overwrite", *small)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = cli("workflows/coord_seq.wf", "--steps", "1", "--run-dir", str(run), "--overwrite", *small)
+    assert res.exit_code == 0, res.output[-2000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] and not (run / "checkpoints" / "step_3").exists()
 
@@ -63,17 +78,19 @@ def test_cli_config_errors_exit_7_and_name_the_field(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_nproc_2_matches_one_process(tmp_path):
+def test_cli_nproc_2_matches_one_process(tmp_path, one_process):
     """`--nproc 2` re-launches under torchrun (gloo): every rank samples its share of each step's tasks
     (3 tasks: an uneven split) and of the eval tasks, both ranks update; the traces, metrics and eval
-    equal one process's."""
-    small = ["--steps", "2", "rollout.tasks_per_step=3", "rollout.samples=4", "eval.every=2",
-             "logging.tensorboard=false", "logging.plots=false", "logging.traces_every=1"]
-    rows = {}
-    for n in (1, 2):
-        proc = _cli("workflows/coord_mixed.wf", "--nproc", str(n), "--run-dir", str(tmp_path / f"n{n}"), *small)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        rows[n] = [json.loads(line) for line in (tmp_path / f"n{n}" / "metrics.jsonl").read_text().splitlines()]
+    equal one process's (the session's single-process run of the same arguments:
+    tests/support/reference_runs.py)."""
+    from tests.support.reference_runs import COORD_MIXED
+
+    runs = {1: one_process(COORD_MIXED), 2: tmp_path / "n2"}
+    assert "rollout.tasks_per_step=3" in COORD_MIXED and "logging.traces_every=1" in COORD_MIXED
+    proc = _cli(*COORD_MIXED, "--nproc", "2", "--run-dir", str(runs[2]))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {n: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for n, run in runs.items()}
     assert [r["step"] for r in rows[2]] == [1, 2]
     for a, b in zip(rows[1], rows[2]):
         assert a["reward"] == b["reward"] and a["events"] == b["events"] and a["tokens"] == b["tokens"]
@@ -82,7 +99,7 @@ def test_cli_nproc_2_matches_one_process(tmp_path):
         assert a["grad_norm/tiny"] == pytest.approx(b["grad_norm/tiny"], rel=1e-5)
     assert rows[1][1]["eval/reward"] == rows[2][1]["eval/reward"]
     for step in (1, 2):  # the same episodes (step 2 samples with the updated weights)
-        one, two = ([json.loads(line) for line in (tmp_path / f"n{n}" / "traces" / f"step_{step}.jsonl").open()]
+        one, two = ([json.loads(line) for line in (runs[n] / "traces" / f"step_{step}.jsonl").open()]
                     for n in (1, 2))
         assert len(one) == len(two) == 12
         lp1, lp2 = ([lp for ep in eps for o in ep["outputs"] for lp in o.pop("logprobs")] for eps in (one, two))

@@ -19,28 +19,15 @@ from srpo_graph.srpo.lm_head import head_logprobs, output_head
 from srpo_graph.srpo.logprobs import packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
+from tests.support.models import tiny_and_small
 
 LAYOUTS = ["packed", "padded", "prefix"]
 
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from srpo_graph.models.tiny import ensure_tiny_model
-
-    tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
-    assert tiny.config.tie_word_embeddings and tiny.lm_head.weight is tiny.get_input_embeddings().weight
-    torch.manual_seed(0)
-    small = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=tiny.config.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
-        use_sliding_window=False)).eval()
-    with torch.no_grad():
-        for name, p in small.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.5)
-    return [tiny, small]
+    """The tiny model (a tied head) and a small Qwen2 (an untied head, biased projections)."""
+    return tiny_and_small("qwen2")
 
 
 @pytest.fixture(scope="module")

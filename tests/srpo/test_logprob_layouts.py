@@ -21,7 +21,7 @@ from srpo_graph.srpo.forwards import length_buckets
 from srpo_graph.srpo.logprobs import choose_layout, packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
-from tests.support.models import NoCache, NoKeep
+from tests.support.models import NoCache, NoKeep, tiny_and_small
 
 # the layouts under test: (layout, bucket_overhead); overhead 0 = a bucket per distinct
 # length, a huge overhead = one padded bucket per policy
@@ -54,21 +54,7 @@ def _real_sharing(monkeypatch):
 @pytest.fixture(scope="module")
 def models():
     """The built-in tiny model (Llama) and a small Qwen2 (biased q/k/v projections, grouped kv heads)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from srpo_graph.models.tiny import ensure_tiny_model
-
-    tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
-    torch.manual_seed(0)
-    small = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=tiny.config.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
-        use_sliding_window=False)).eval()
-    with torch.no_grad():  # transformers zero-initializes biases: make them count
-        for name, p in small.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.5)
-    return [tiny, small]
+    return tiny_and_small("qwen2")
 
 
 def _share_prompts(eps):

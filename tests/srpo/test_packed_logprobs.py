@@ -18,23 +18,15 @@ from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo.logprobs import packed_logprobs
 from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
-from tests.support.models import NoKeep
+from tests.support.models import NoKeep, tiny_and_small
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def models():
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-    from srpo_graph.models.tiny import ensure_tiny_model
-
-    tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
-    torch.manual_seed(0)
-    small = LlamaForCausalLM(LlamaConfig(
-        vocab_size=tiny.config.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=True)).eval()
-    return [tiny, small]
+    """The built tiny model (Llama) and a small Llama with a tied head (tests/support/models.py)."""
+    return tiny_and_small("llama")
 
 
 def unpacked_logprobs(models, b) -> tuple[dict[int, float], dict[int, float]]:

@@ -1,4 +1,5 @@
-"""The tiny model as the tests use it, and wrappers that take optional forward arguments away.
+"""The tiny model as the tests use it, a second small model beside it, and wrappers that take
+optional forward arguments away.
 
 ``NoKeep`` and ``NoCache`` are real causal LMs (they call the wrapped model) whose ``forward``
 lacks an argument some callers use: ``logits_to_keep`` (the log-prob code must then take the full
@@ -44,3 +45,30 @@ def tiny_backend_at(path: str | Path):
 
     torch.set_num_threads(1)
     return TransformersBackend.from_pretrained(str(path))
+
+
+def tiny_and_small(family: str = "qwen2") -> list:
+    """``[tiny, small]``: the built tiny model (Llama, tied head) and a freshly initialised small
+    model of ``family`` on its vocabulary (seed 0): ``"qwen2"`` (biased q/k/v projections, their
+    biases drawn so they count -- transformers zero-initializes them -- grouped kv heads, an
+    untied head) or ``"llama"`` (a tied head). Both in eval mode: the log-prob tests' two policies."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from srpo_graph.models.tiny import ensure_tiny_model
+
+    tiny = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model())).eval()
+    assert tiny.config.tie_word_embeddings and tiny.lm_head.weight is tiny.get_input_embeddings().weight
+    torch.manual_seed(0)
+    shape = dict(vocab_size=tiny.config.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=256)
+    if family == "llama":
+        return [tiny, LlamaForCausalLM(LlamaConfig(**shape, num_key_value_heads=4, tie_word_embeddings=True)).eval()]
+    if family != "qwen2":
+        raise ValueError(f"unknown family {family!r}: qwen2 or llama")
+    small = Qwen2ForCausalLM(Qwen2Config(**shape, num_key_value_heads=2, tie_word_embeddings=False,
+                                         use_sliding_window=False)).eval()
+    with torch.no_grad():
+        for name, p in small.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return [tiny, small]

@@ -5,6 +5,8 @@ Real servers only (shared/sglang-cpu's CPU recipe through srpo_graph.backends.sg
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -68,12 +70,19 @@ def start_real_server(model_dir, log_dir, port: int | None = None):
     return start_server(str(model_dir), port, recipe="cpu", log_path=log_dir / f"sglang-{port}.log")
 
 
-def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0) -> list:
+ROOT = Path(__file__).resolve().parents[2]
+# what workflows/tinymath_external_verifier.wf's comment adds to the cpu preset for an OpenAI chat
+# endpoint: a raw chat template (the tiny tokenizer has none) and OpenAI sampling defaults (the
+# tiny model's generation_config has top_k 0, which SGLang's OpenAI route refuses)
+CHAT_FLAGS = f" --chat-template {ROOT / 'workflows' / 'chat_templates' / 'raw.jinja'} --sampling-defaults openai"
+
+
+def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0, chat: bool = False) -> list:
     """Real SGLang servers (CPU recipe), one per entry of ``model_dirs``, started together and then
     each waited for, as training's ``serve_policies`` does: their ~30 s start-ups overlap instead
-    of adding up. The caller stops them (:func:`stop_servers`); on a failure to start, none is
-    left running."""
-    from srpo_graph.backends.sglang_server import SGLangServer, launch_command, recipe_env
+    of adding up. ``chat``: with :data:`CHAT_FLAGS`. The caller stops them (:func:`stop_servers`);
+    on a failure to start, none is left running."""
+    from srpo_graph.backends.sglang_server import CPU_TEMPLATE, SGLangServer, launch_command, recipe_env
 
     servers: list = []
     taken: set[int] = set()
@@ -83,7 +92,7 @@ def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0) -> li
             taken.update((port, port + 1))
             servers.append(
                 SGLangServer(
-                    launch_command("cpu", str(model_dir), port),
+                    launch_command(CPU_TEMPLATE + CHAT_FLAGS if chat else "cpu", str(model_dir), port),
                     port,
                     log_path=log_dir / f"sglang-{port}.log",
                     env=recipe_env("cpu"),
@@ -106,6 +115,43 @@ def stop_servers(servers) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+class SharedServers:
+    """The session's real SGLang servers of the locally built models (``ensure_local_model``: the
+    Qwen3- and Llama 3-shaped ``*-test`` models), one per model, shared by every test module that
+    only reads them (tests/backends/conftest.py's ``local_sglang``): a server start is 20-30 s of a
+    2-core CI run, and the modules used to start one each. The first request starts every model
+    that a collected test module names in its ``SGLANG_MODELS`` together (their start-ups overlap).
+
+    A module that changes a shared server's weights puts them back before it ends (as
+    test_sglang_chat.py does); a test that kills, stalls or restarts its server starts its own.
+    """
+
+    def __init__(self, root, wanted=()) -> None:
+        self.root = root
+        self.wanted = tuple(wanted)
+        self.served: dict = {}
+
+    def __call__(self, name: str):
+        """``(model folder, its running server)`` of the local model ``name``."""
+        from srpo_graph.models.architectures import ensure_local_model
+
+        if name not in self.served:
+            names = [name, *(n for n in self.wanted if n != name and n not in self.served)]
+            paths = [ensure_local_model(n, self.root / n) for n in names]
+            servers = start_real_servers(paths, self.root)
+            self.served.update(zip(names, zip(paths, servers)))
+        path, server = self.served[name]
+        assert server.alive(), f"the shared SGLang server of {name} is gone (its log: {self.root})"
+        return path, server
+
+    def stop(self) -> None:
+        """Stop every server (idempotent)."""
+        servers = [server for _, server in self.served.values()]
+        stop_servers(servers)
+        self.served.clear()
+        assert not any(server.alive() for server in servers)
 
 
 def require_sglang() -> None:

@@ -61,16 +61,18 @@ def _rows(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_nodes_equal_one_process_and_resume_without_a_shared_run_folder(tmp_path):
+def test_two_nodes_equal_one_process_and_resume_without_a_shared_run_folder(tmp_path, one_process):
+    """Against the session's single-process run of the same arguments (tests/support/reference_runs.py),
+    resumed here (a copy) to step 3."""
+    from tests.support.reference_runs import COORD_MIXED
+
     home = tmp_path / "home"
     (home).mkdir()
     os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", home / "tiny")  # the built model, not the run
-    one = tmp_path / "one"
-    proc = subprocess.run(["srpo-graph", "train", WF, "--steps", "2", "--run-dir", str(one), *SMALL],
-                          cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    one = one_process.copy(tmp_path / "one", COORD_MIXED)
+    args = [*COORD_MIXED[1:], "dist_timeout=120"]  # WF is COORD_MIXED[0]
 
-    n0, n1 = _nodes(tmp_path, "--steps", "2", "--run-dir", "runs/job", *SMALL)
+    n0, n1 = _nodes(tmp_path, "--run-dir", "runs/job", *args)
     assert n0.returncode == 0 and n1.returncode == 0, (n0.stderr[-2000:], n1.stderr[-2000:])
     run = tmp_path / "node0" / "runs" / "job"
     assert not (tmp_path / "node1" / "runs").exists()  # only node 0 writes the run folder

@@ -25,9 +25,8 @@ def _run(cmd, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_equal_one_process(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    _run([sys.executable, str(WORKER), str(one)], tmp_path)
+def test_two_gloo_processes_equal_one_process(tmp_path, one_process):
+    one, two = one_process.worker(), tmp_path / "two"  # the plain process: the session's (reference_runs.py)
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
           str(WORKER), str(two)], tmp_path)
     r1 = json.loads((one / "result.json").read_text())

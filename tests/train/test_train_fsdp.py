@@ -30,9 +30,9 @@ def _run(cmd):
 
 
 @pytest.mark.slow
-def test_fsdp_two_gloo_processes_equal_one_process(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    _run([sys.executable, str(WORKER), str(one), "fsdp"])
+def test_fsdp_two_gloo_processes_equal_one_process(tmp_path, one_process):
+    # the plain process (no sharding, no collectives) is the session's, shared with test_train_ddp.py
+    one, two = one_process.worker(), tmp_path / "two"
     _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
           str(WORKER), str(two), "fsdp"])
     r1 = json.loads((one / "result.json").read_text())
@@ -55,24 +55,23 @@ def test_fsdp_two_gloo_processes_equal_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
+def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path, one_process):
     """The trainer with strategy=fsdp (rank 0 samples from a replica refreshed from the gathered
     weights; checkpoints written sharded with DCP, no gather): stopped after step 1 and resumed
-    with 2 processes, it gives the metrics of an uninterrupted single-process run, and
-    ``srpo-graph consolidate`` turns its sharded checkpoint into that run's model (and its DCP
-    shards hold that run's Adam moments)."""
-    small = ["--steps", "2", "rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=2", "checkpoint.every=1",
-             "logging.tensorboard=false", "logging.plots=false"]
-    cli = [sys.executable, "-m", "srpo_graph.cli", "train", str(ROOT / "workflows/coord_mixed.wf")]
-    _run([*cli, "--nproc", "1", "--run-dir", str(tmp_path / "one"), *small])
-    _run(
-        [*cli, "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), *small, "strategy=fsdp", "debug.stop_after_step=1"]
-    )
+    with 2 processes, it gives the metrics of an uninterrupted single-process run (the session's
+    shared one: tests/support/reference_runs.py), and ``srpo-graph consolidate`` turns its sharded
+    checkpoint into that run's model (and its DCP shards hold that run's Adam moments)."""
+    from tests.support.reference_runs import COORD_MIXED
+
+    one = one_process(COORD_MIXED)
+    cli = [sys.executable, "-m", "srpo_graph.cli", "train"]
+    _run([*cli, *COORD_MIXED, "--nproc", "2", "--run-dir", str(tmp_path / "fsdp"), "strategy=fsdp",
+          "debug.stop_after_step=1"])
     assert [json.loads(x)["step"] for x in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()] == [1]
-    _run([*cli, "--resume", str(tmp_path / "fsdp")])  # strategy and nproc come from the run's config.toml
-    rows = {
-        n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("one", "fsdp")
-    }
+    # strategy and nproc come from the run's config.toml
+    _run([*cli, str(ROOT / "workflows/coord_mixed.wf"), "--resume", str(tmp_path / "fsdp")])
+    rows = {n: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            for n, d in (("one", one), ("fsdp", tmp_path / "fsdp"))}
     assert [r["step"] for r in rows["fsdp"]] == [1, 2]
     for a, b in zip(rows["one"], rows["fsdp"]):
         assert a["reward"] == b["reward"] and a["events"] == b["events"]  # step 2 sampled the updated replica
@@ -90,12 +89,12 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path):
     assert not list((ck / "policies" / "tiny").glob("*.safetensors")) and verify_checkpoint(ck) is None
     out = tmp_path / "consolidated"
     _run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(tmp_path / "fsdp"), "--out", str(out)])
-    a = load_file(tmp_path / "one" / "checkpoints" / "step_2" / "policies/tiny/model.safetensors")
+    a = load_file(one / "checkpoints" / "step_2" / "policies/tiny/model.safetensors")
     b = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=2e-5, rtol=1e-4)
     names = [n for n, _ in AutoModelForCausalLM.from_pretrained(str(out)).named_parameters()]
-    adam = load_file(tmp_path / "one" / "checkpoints" / "step_2" / "optim/tiny.safetensors")
+    adam = load_file(one / "checkpoints" / "step_2" / "optim/tiny.safetensors")
     import torch.distributed.checkpoint as dcp
 
     moments = {
