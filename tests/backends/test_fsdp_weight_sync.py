@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_weight_sync import ATOL, _perturbed, _served_gap  # noqa: E402
-
-from srpo_graph.backends.weight_sync import free_port  # noqa: E402
+from srpo_graph.backends.weight_sync import free_port
+from tests.support.sglang_checks import ATOL, client, perturbed, served_gap
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "train" / "fsdp_sync_worker.py"
@@ -49,7 +47,7 @@ def test_fsdp_save_pretrained_writes_shard_by_shard(tiny_dir, tmp_path):
     assert "model.safetensors.index.json" in r0["files"] and sum(f.endswith(".safetensors") for f in r0["files"]) > 2
     for r in (r0, r1):
         assert r["sharded_bytes"] < 0.6 * r["full_bytes"]  # FSDP: each rank ~1/2 of every parameter
-    want = _perturbed(tiny_dir)
+    want = perturbed(tiny_dir)
     got = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"), dtype=torch.float32)
     largest = max(p.numel() * 4 for p in want.parameters())
     assert r0["peak_bucket_bytes"] <= max(64 << 10, largest)  # one shard held at a time
@@ -80,7 +78,6 @@ def test_fsdp_streaming_sync_serves_the_trainers_weights(sglang_url, tiny_dir, t
     trainer's weights' (bf16 tolerance) at version 31, over the process group in many buckets
     (``distributed``) or through a folder written shard by shard (``disk``). The session server
     gets its original weights back at the end."""
-    from test_sglang_real import client
 
     from srpo_graph.models.tiny import load_tokenizer
 
@@ -97,9 +94,9 @@ def test_fsdp_streaming_sync_serves_the_trainers_weights(sglang_url, tiny_dir, t
     prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(4)]
     b = client(sglang_url, tiny_dir, weight_dir=tmp_path / "restore", sync="distributed")
     try:
-        gap, versions = _served_gap(b, _perturbed(tiny_dir), prompts)
+        gap, versions = served_gap(b, perturbed(tiny_dir), prompts)
         assert versions == {31} and gap < ATOL
-        assert _served_gap(b, _perturbed(tiny_dir, scale=0.0), prompts)[0] > 3 * ATOL
+        assert served_gap(b, perturbed(tiny_dir, scale=0.0), prompts)[0] > 3 * ATOL
     finally:
-        b.sync_weights(_perturbed(tiny_dir, scale=0.0), 0)  # leave the session server as it was
+        b.sync_weights(perturbed(tiny_dir, scale=0.0), 0)  # leave the session server as it was
         b.close()

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from tests.runtime.test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
+from tests.support.sglang_checks import ATOL
 
 pytestmark = pytest.mark.sglang
-ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
 
 
 SGLANG_MODELS = ("qwen3-test",)  # served by the session's shared server (conftest.py::local_sglang)

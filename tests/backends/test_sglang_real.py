@@ -22,12 +22,11 @@ import pytest
 import torch
 
 from srpo_graph.backends.base import GenerationRequest
-from srpo_graph.backends.sampling import scaled_logprobs
 from srpo_graph.errors import BackendError
+from tests.support.sglang_checks import ATOL, client, reference_logprobs
 from tests.support.sglang_servers import require_sglang, start_real_server, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
-ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (measured max 0.007)
 
 
 @pytest.fixture(scope="module")
@@ -43,27 +42,6 @@ def model(tiny_dir):
 
     torch.set_num_threads(1)
     return AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
-
-
-def client(url, tiny_dir, **kw):
-    from srpo_graph.backends import load_backend
-
-    kw.setdefault("backoff", 0.05)
-    return load_backend("sglang", str(tiny_dir), url=url, **kw)
-
-
-def reference_logprobs(model, prompt, completion, temperature, allowed=None):
-    """The trainer's log-probs of ``completion`` after ``prompt`` (fp32, one forward)."""
-    ids = torch.tensor([list(prompt) + list(completion)])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1: -1]  # [C, V]: the logits that produced each token
-    mask = None
-    if allowed is not None:
-        mask = torch.zeros_like(logits, dtype=torch.bool)
-        mask[:, list(allowed)] = True
-    t = torch.full((logits.shape[0],), float(temperature))
-    lp = scaled_logprobs(logits, t, mask)
-    return lp.gather(1, torch.tensor(list(completion))[:, None]).squeeze(1)
 
 
 def test_generate_ids_and_logprobs_match_a_transformers_forward(sglang_url, tiny_dir, tok, model):
@@ -159,7 +137,7 @@ def test_samples_follow_the_policy_distribution_at_each_temperature(sglang_url, 
     b.close()
 
 
-def _perturbed(model_dir, out_dir, scale: float = 3.0, seed: int = 0):
+def perturbed(model_dir, out_dir, scale: float = 3.0, seed: int = 0):
     """A copy of the model with every weight perturbed: other outputs, same architecture."""
     from transformers import AutoModelForCausalLM
 
@@ -181,7 +159,7 @@ def test_weight_sync_changes_outputs_and_tags_versions(sglang_url, tiny_dir, tok
     (tmp_path / "w" / "venv").mkdir(parents=True)  # not ours: must survive every sync
     prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(6)]
     before = _greedy(b, prompts)
-    other = _perturbed(tiny_dir, tmp_path)
+    other = perturbed(tiny_dir, tmp_path)
     b.sync_weights(other, 7)
     after = _greedy(b, prompts)
     assert after != before
@@ -383,7 +361,7 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
         )  # a group per worker
         prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(16)]
         _until_the_router_uses_both(b, prompts[0], (w1, w2))
-        other = _perturbed(tiny_dir, tmp_path, scale=0.05)
+        other = perturbed(tiny_dir, tmp_path, scale=0.05)
         b.sync_weights(other, 5)
         served = [w.log_path.read_text().count("POST /generate") for w in (w1, w2)]
         comps = b.generate([GenerationRequest(p, 3, temperature=1.0) for p in prompts])

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tests.runtime.test_chat_agents import SYSTEM, TASKS, WF, Recorder  # noqa: E402
+from tests.support.sglang_checks import ATOL
 from tests.support.sglang_servers import require_sglang, start_real_servers, stop_servers  # noqa: E402
 
 pytestmark = pytest.mark.sglang
-ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import time
 import pytest
 import torch
 
-from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.backends.weight_sync import (
     DistributedSync,
     buckets,
@@ -23,8 +22,7 @@ from srpo_graph.backends.weight_sync import (
     named_weights,
 )
 from srpo_graph.errors import BackendError
-
-ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer (as test_sglang_real.py)
+from tests.support.sglang_checks import ATOL, client, perturbed, served_gap
 
 
 def test_flattened_bucket_is_what_sglang_reconstructs():
@@ -83,54 +81,32 @@ def test_a_server_that_cannot_join_is_named_within_the_deadline():
 # --------------------------------------------------------------------------- real SGLang servers
 
 
-def _served_gap(backend, model, prompts, n=4):
-    """Largest |server log-prob − trainer log-prob| over sampled completions of ``prompts``."""
-    from test_sglang_real import reference_logprobs
-
-    comps = backend.generate([GenerationRequest(p, n, temperature=1.0) for p in prompts])
-    gap = max(float((torch.tensor(c.logprobs) - reference_logprobs(model, p, c.completion_ids, 1.0)).abs().max())
-              for p, c in zip(prompts, comps))
-    return gap, {c.weight_version for c in comps}
-
-
-def _perturbed(tiny_dir, scale=0.05, seed=1):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    m = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * scale)
-    return m
-
-
 @pytest.mark.sglang
 def test_distributed_sync_serves_the_new_weights_in_one_bucket_or_many(sglang_url, tiny_dir, tmp_path):
     """After a process-group sync the real server's log-probs are the new weights' (bf16
     tolerance), and its weight version is the sync's; 1 bucket or ~40 give the same; nothing is
     written to disk. The session server gets its original weights back at the end."""
-    from test_sglang_real import client
 
     from srpo_graph.models.tiny import load_tokenizer
 
     tok = load_tokenizer(str(tiny_dir))
     prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(4)]
-    original = _perturbed(tiny_dir, scale=0.0)
-    other = _perturbed(tiny_dir)
+    original = perturbed(tiny_dir, scale=0.0)
+    other = perturbed(tiny_dir)
     b = client(sglang_url, tiny_dir, weight_dir=tmp_path / "w", sync="distributed")
     try:
         b.sync_weights(other, 21)
-        gap, versions = _served_gap(b, other, prompts)
+        gap, versions = served_gap(b, other, prompts)
         assert versions == {21} and gap < ATOL
-        assert _served_gap(b, original, prompts)[0] > 3 * ATOL  # it serves the new weights, not the old
+        assert served_gap(b, original, prompts)[0] > 3 * ATOL  # it serves the new weights, not the old
         assert b._streamer.stats["buckets"] == 1
         many = client(sglang_url, tiny_dir, weight_dir=tmp_path / "w2", sync="distributed",
                       sync_options={"bucket_bytes": 4096})
         try:
-            other2 = _perturbed(tiny_dir, seed=2)
+            other2 = perturbed(tiny_dir, seed=2)
             many.sync_weights(other2, 22)
             assert many._streamer.stats["buckets"] > 10
-            gap, versions = _served_gap(many, other2, prompts)
+            gap, versions = served_gap(many, other2, prompts)
             assert versions == {22} and gap < ATOL
         finally:
             many.sync_weights(original, 23)  # leave the session server as it was
@@ -164,7 +140,7 @@ def test_a_server_that_stalls_or_dies_mid_sync_ends_it_with_its_url(tmp_path, ti
     try:
         b = load_backend("sglang", str(tiny_dir), url=server.url, weight_dir=tmp_path / "w", sync="distributed",
                          sync_options={"bucket_bytes": 4096, "timeout": 8.0, "post": post})
-        model = _perturbed(tiny_dir)
+        model = perturbed(tiny_dir)
         t0 = time.monotonic()
         with pytest.raises(BackendError, match=server.url.replace(".", r"\.")):
             b.sync_weights(model, 1)
