@@ -14,11 +14,27 @@ import os
 import signal
 import sys
 
+from srpo_graph import supervisor
+
 
 def _interrupted_while_starting(signum, frame):  # noqa: ARG001 - a signal handler's signature
     """Ctrl-C / SIGTERM while the command's modules are still importing: one line, no traceback."""
     os.write(2, b"srpo-graph: interrupted while starting; nothing was done\n")
+    supervisor.finished(128 + signum)
     os._exit(128 + signum)
+
+
+# the commands that run a workflow's Python (rewards, tools, extractors, its modules' imports)
+SUPERVISED = ("run", "train", "eval", "check")
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The subcommand of a command line (the group's only options are flags: --help, --version).
+
+    >>> _subcommand(["--version"]), _subcommand(["train", "a.wf"])
+    (None, 'train')
+    """
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 # the console script (or `python -m srpo_graph.cli`): a signal in the first fraction of a second,
@@ -26,6 +42,9 @@ def _interrupted_while_starting(signum, frame):  # noqa: ARG001 - a signal handl
 # `main` puts Python's handlers back before the command runs. Importing this module from Python
 # (tests, notebooks) changes no handler.
 _AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "srpo-graph"
+if _AS_COMMAND and _subcommand(sys.argv[1:]) in SUPERVISED:
+    # Note [User code that ends the process] (supervisor.py): the parent waits here and never returns
+    supervisor.supervise(str(_subcommand(sys.argv[1:])))
 if _AS_COMMAND:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
     signal.signal(signal.SIGTERM, _interrupted_while_starting)
@@ -89,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
         exiting.as_entry_point()
     try:
         app.main(args=argv, prog_name="srpo-graph")
+    except SystemExit as exc:  # (click's standalone mode always ends so)
+        supervisor.finished(supervisor.exit_status(exc.code))
+        raise
+    except BaseException:  # a bug's traceback: Python's exit status 1
+        supervisor.finished(1)
+        raise
     finally:  # the outcome is decided: a signal must not raise into the exit (exiting.py)
         exiting.decided()
 
