@@ -42,12 +42,12 @@ def _subcommand(argv: list[str]) -> str | None:
 # `main` puts Python's handlers back before the command runs. Importing this module from Python
 # (tests, notebooks) changes no handler.
 _AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv else "") == "srpo-graph"
-if _AS_COMMAND and _subcommand(sys.argv[1:]) in SUPERVISED:
-    # Note [User code that ends the process] (supervisor.py): the parent waits here and never returns
-    supervisor.supervise(str(_subcommand(sys.argv[1:])))
 if _AS_COMMAND:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
     signal.signal(signal.SIGTERM, _interrupted_while_starting)
+if _AS_COMMAND and _subcommand(sys.argv[1:]) in SUPERVISED:
+    # Note [User code that ends the process] (supervisor.py): the parent waits here and never returns
+    supervisor.supervise(str(_subcommand(sys.argv[1:])))
 
 import click  # noqa: E402 - after the start-up handlers
 
