@@ -25,7 +25,7 @@ def _interrupted_while_starting(signum, frame):  # noqa: ARG001 - a signal handl
 
 
 # the commands that run a workflow's Python (rewards, tools, extractors, its modules' imports)
-SUPERVISED = ("run", "train", "eval", "check")
+SUPERVISED = ("run", "train", "eval", "check", "viz", "show")
 
 
 def _subcommand(argv: list[str]) -> str | None:

@@ -9,9 +9,10 @@ runs where its death is observed and reported -- a child process, as the rollout
 (``train/rollout/worker``: its trainer names the worker's exit code) and the language server's
 imports (``lsp/imports.py``) already do -- and the command's own process is that child:
 
-* :func:`supervise` forks at the very start of ``srpo-graph run|train|eval|check`` (``cli.py``)
-  and of each ``torchrun`` rank (``train/__main__.py``), before click, pydantic and torch are
-  imported: one ``fork()`` of a small process (a few ms) per command, nothing per user call. The
+* :func:`supervise` forks at the very start of the commands that run user code (``cli.SUPERVISED``:
+  ``run``, ``train``, ``eval``; ``check``, ``viz``, ``show`` import a ``.wf``'s modules) and of each
+  ``torchrun`` rank (``train/__main__.py``), before click, pydantic and torch are imported: one
+  ``fork()`` of a small process (a few ms) per command, nothing per user call. The
   child does the work; the parent waits and passes on the signals sent to it (SIGINT, SIGTERM,
   SIGHUP), except one the terminal sent to the whole process group, which the child, in that
   group, got as well: Ctrl-C, Ctrl-Z and a debugger in user code work as before. Out of a
