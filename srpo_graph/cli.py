@@ -5,7 +5,8 @@ pipeline order (no registry filled at import time). A :class:`~srpo_graph.errors
 is printed as its rendered message, without a traceback, and the process exits with the
 error class's code (2 for workflow errors, see ``srpo_graph.errors``); Ctrl-C in any command is
 one line (the command's own, :class:`~srpo_graph.exiting.Interrupted`, else ``srpo-graph CMD:
-interrupted``) and exit 130, as ``train`` does.
+interrupted``) and exit 130, as ``train`` does. The commands that run user code (:data:`SUPERVISED`)
+work in a forked child whose death outside srpo-graph is named (``supervisor.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``python -m srpo_graph.train FILE.wf ...`` (what ``torchrun -m srpo_graph.train`` runs).
 
 The same arguments as ``srpo-graph train``; errors are printed without a traceback and exit
-with the error class's code.
+with the error class's code. A rank works in a child of its process, which names user code that
+ends it (``srpo_graph/supervisor.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ def _supervise() -> None:
     torchrun sees (supervisor.py, Note [User code that ends the process]); the parent watches torchrun."""
     import os
 
-    from srpo_graph import supervisor
     from srpo_graph.train.parallel.launch import PARENT_ENV
 
     watched = os.environ.pop(PARENT_ENV, "")
