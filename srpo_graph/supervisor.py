@@ -36,10 +36,10 @@ imports (``lsp/imports.py``) already do -- and the command's own process is that
 Why not only the user calls in a persistent child: each call would cross a process boundary with
 its arguments and the episode's state (pickled; a user function may keep module state between
 calls), a round trip per call on top of today's thread start (~0.2 ms), and ``check``'s imports
-would still run here. The fork costs once per command -- measured on the shared 2-core machine
-under a load of ~17: +7 ms at the start (the fork, the shared page, prctl), +30 ms at the end (the
-parent waking to exit), within the noise of ``srpo-graph run``'s seconds -- and :class:`running`
-~15 us per user call.
+would still run here. The fork costs once per command -- measured on the shared 2-core machine:
++2 ms at the start (the fork, the shared page, prctl) and +8 ms at the end (the parent waking to
+exit) under a load of ~3, +7 / +30 ms under ~17; ``srpo-graph run`` on coord_seq, 5 interleaved
+pairs: 8.99 s supervised, 9.02 s not (medians) -- and :class:`running` ~15 us per user call.
 
 In-process callers (a test's ``CliRunner``, a notebook) are not supervised: :func:`running` and
 :func:`finished` do nothing there. ``SRPO_GRAPH_SUPERVISE=0`` turns the fork off (a profiler, a
