@@ -5,7 +5,8 @@ pipeline order (no registry filled at import time). A :class:`~srpo_graph.errors
 is printed as its rendered message, without a traceback, and the process exits with the
 error class's code (2 for workflow errors, see ``srpo_graph.errors``); Ctrl-C in any command is
 one line (the command's own, :class:`~srpo_graph.exiting.Interrupted`, else ``srpo-graph CMD:
-interrupted``) and exit 130, as ``train`` does.
+interrupted``) and exit 130, as ``train`` does. The commands that run user code (:data:`SUPERVISED`)
+work in a forked child whose death outside srpo-graph is named (``supervisor.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,27 @@ import os
 import signal
 import sys
 
+from srpo_graph import supervisor
+
 
 def _interrupted_while_starting(signum, frame):  # noqa: ARG001 - a signal handler's signature
     """Ctrl-C / SIGTERM while the command's modules are still importing: one line, no traceback."""
     os.write(2, b"srpo-graph: interrupted while starting; nothing was done\n")
+    supervisor.finished(128 + signum)
     os._exit(128 + signum)
+
+
+# the commands that run a workflow's Python (rewards, tools, extractors, its modules' imports)
+SUPERVISED = ("run", "train", "eval", "check", "viz", "show")
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The subcommand of a command line (the group's only options are flags: --help, --version).
+
+    >>> _subcommand(["--version"]), _subcommand(["train", "a.wf"])
+    (None, 'train')
+    """
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 # the console script (or `python -m srpo_graph.cli`): a signal in the first fraction of a second,
@@ -29,6 +46,9 @@ _AS_COMMAND = __name__ == "__main__" or os.path.basename(sys.argv[0] if sys.argv
 if _AS_COMMAND:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
     signal.signal(signal.SIGTERM, _interrupted_while_starting)
+if _AS_COMMAND and _subcommand(sys.argv[1:]) in SUPERVISED:
+    # Note [User code that ends the process] (supervisor.py): the parent waits here and never returns
+    supervisor.supervise(str(_subcommand(sys.argv[1:])))
 
 import click  # noqa: E402 - after the start-up handlers
 
@@ -89,6 +109,12 @@ def main(argv: list[str] | None = None) -> None:
         exiting.as_entry_point()
     try:
         app.main(args=argv, prog_name="srpo-graph")
+    except SystemExit as exc:  # (click's standalone mode always ends so)
+        supervisor.finished(supervisor.exit_status(exc.code))
+        raise
+    except BaseException:  # a bug's traceback: Python's exit status 1
+        supervisor.finished(1)
+        raise
     finally:  # the outcome is decided: a signal must not raise into the exit (exiting.py)
         exiting.decided()
 

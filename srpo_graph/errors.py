@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from srpo_graph.supervisor import USER_EXIT
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -262,7 +264,14 @@ EXIT_CODES: dict[int, str] = {  # the process exit status of `srpo-graph` (docs/
     RuntimeFailure.exit_code: "the executor could not run the workflow",
     CompileError.exit_code: "traces cannot be compiled into a SetBatch",
     ConfigError.exit_code: "a configuration, override, task file or run folder is invalid",
+    USER_EXIT: "the process ended outside srpo-graph: user code (a reward, tool, extractor, a module's import) "
+    "called `os._exit` (with any status, 0 too); one line names the call that was running (`train`: and the "
+    "resume command)",
     130: "interrupted (Ctrl-C); a training run prints the `--resume` command that continues it",
+    137: "killed (SIGKILL) while the command ran; like any 128 + N (signal N) it comes with one line naming the "
+    "user call that was running (`train`: and the resume command)",
+    139: "a crash in native code (SIGSEGV, e.g. in a C extension of user code); one line names the user call that "
+    "was running (`train`: and the resume command)",
     143: "terminated (SIGTERM); a training run stops like Ctrl-C and resumes the same way",
 }
 

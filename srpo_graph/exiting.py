@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any
 
+from srpo_graph import supervisor
+
 _STOPS: list[int] = []  # the SIGTERMs stop_on_sigterm's handler received
 _BEFORE: list[Any] = []  # the SIGTERM handler stop_on_sigterm replaced
 _ENTRY: list[bool] = []  # set by as_entry_point: this process is a command's
@@ -81,6 +83,7 @@ def _during_exit(signum, frame):  # noqa: ARG001 - a signal handler's signature
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
                 pass
+        supervisor.finished(128 + signum)
         os._exit(128 + signum)
     _SEEN.append(signum)
 

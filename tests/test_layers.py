@@ -20,6 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "srpo_graph"
 RANK = {
     "errors": 0,
     "exiting": 0,
+    "supervisor": 0,  # the supervising parent of the commands that run user code
     "workflow": 0,
     "std": 0,
     "hfcache": 0,  # the local Hugging Face cache read from its files (hub names offline)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Union
 
+from srpo_graph.supervisor import running
 from srpo_graph.workflow import (
     BoolType,
     ChoiceType,
@@ -56,7 +57,8 @@ def import_module(dotted: str, base_dir: Path | None) -> types.ModuleType:
     if added:
         sys.path.insert(0, str(base_dir))
     try:
-        return importlib.import_module(name)
+        with running(f"the import of module {name!r}" + (f" (from {base_dir})" if base_dir is not None else "")):
+            return importlib.import_module(name)  # (named if it ends the process: supervisor.py)
     except ImportError:
         raise
     except BaseException as exc:  # noqa: BLE001 - a user module that fails (or exits) while importing

@@ -27,8 +27,9 @@ from srpo_graph.lang import firing
 from srpo_graph.lang.callables import import_module
 from srpo_graph.runtime.render import State, call_args, choice_problem
 from srpo_graph.runtime.trace import MAX_ABS_REWARD, ChatMessage, Episode, Output, TransitionRecord, WorkflowRef
-from srpo_graph.runtime.usercode import Deadlines, Overdue, UserTimeout
+from srpo_graph.runtime.usercode import Deadlines, Overdue, UserTimeout, described
 from srpo_graph.runtime.usercode import call as call_user
+from srpo_graph.supervisor import running
 from srpo_graph.workflow import END, ActivateRoute, Call, Transition, Workflow
 
 _OUTPUT_ORDER = tuple(Output.model_fields)  # the order model_construct (and so model_dump) keeps
@@ -199,6 +200,7 @@ class EpisodeRun:
                     what=what,
                     kind="extractor",
                     deadlines=self.callables.deadlines,
+                    span=ex.span,
                 )
             except ValueError:
                 value = None  # the output holds no such value: documented, not a failure
@@ -377,6 +379,7 @@ class EpisodeRun:
             what=f"reward {call.qualname}",
             kind="reward",
             deadlines=self.callables.deadlines,
+            span=call.span,
         )
         value = reward_value(call.qualname, got)
         if value != value or value in (float("inf"), float("-inf")) or abs(value) > MAX_ABS_REWARD:
@@ -434,9 +437,12 @@ class ToolJob:
         results: dict[str, Any] = {}
         for tc, fn in zip(self.transition.tools, self.fns):
             self.overdue.begin(tc)
+            what = described(f"tool {tc.name!r} {tc.call.qualname} of transition {self.transition.name!r}",
+                             tc.call.module, tc.call.span)
             try:
                 args, kwargs = call_args(tc.call, self.state)
-                results[tc.name] = self.state.vars[tc.name] = fn(*args, **kwargs)
+                with running(what):  # named if it ends the process (supervisor.py)
+                    results[tc.name] = self.state.vars[tc.name] = fn(*args, **kwargs)
                 if (problem := choice_problem(tc.type, results[tc.name])) is not None:
                     raise ValueError(problem)  # a `-> Literal[...]` tool outside its labels
             except BaseException as exc:  # noqa: BLE001 - user code (SystemExit too): the episode fails, naming this tool

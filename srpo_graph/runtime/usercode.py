@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from srpo_graph.supervisor import running
+
 STD_MODULE = "srpo_graph.std"
 
 # why an episode failed: the backend's request, a tool, an extractor, a reward (raised, returned
@@ -93,6 +95,17 @@ def start(fn: Callable[..., Any], *args: Any, name: str = "srpo-user", **kwargs:
     return fut
 
 
+def _named(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """``fn``, recorded as running while it runs: if it ends the process, the command's supervising
+    parent names it (srpo_graph/supervisor.py, Note [User code that ends the process])."""
+
+    def named(*args: Any, **kwargs: Any) -> Any:
+        with running(what):
+            return fn(*args, **kwargs)
+
+    return named
+
+
 def outcome(fut: Future) -> Any:
     """The value of a finished future, or its exception as an ``Exception`` (see :class:`UserExit`)."""
     exc = fut.exception()
@@ -103,9 +116,22 @@ def outcome(fut: Future) -> Any:
     raise UserExit(exc) from exc
 
 
+def described(what: str, module: str, span: Any = None) -> str:
+    """How the supervising parent names a user call that ended the process: what it is, its Python
+    module and its ``.wf`` position.
+
+    >>> described("reward mine.f", "my_rewards")
+    'reward mine.f (module my_rewards)'
+    """
+    where = span.where() if span is not None else None
+    return f"{what} (module {module}{f', {where}' if where else ''})"
+
+
 def call(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], *, module: str, what: str, kind: str,
-         deadlines: Deadlines) -> Any:
-    """``fn(*args, **kwargs)`` under the deadline of ``kind`` (``tool``, ``reward``, ``extractor``).
+         deadlines: Deadlines, span: Any = None) -> Any:
+    """``fn(*args, **kwargs)`` under the deadline of ``kind`` (``tool``, ``reward``, ``extractor``);
+    ``span``: the call's ``.wf`` position, for the supervising parent's line if the call ends the
+    process (:func:`described`).
 
     Raises:
         UserTimeout: past the deadline.
@@ -116,7 +142,7 @@ def call(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], *, mod
     if module == STD_MODULE:
         return fn(*args, **kwargs)
     seconds = float(getattr(deadlines, kind))
-    fut = start(fn, *args, name=f"srpo-{kind}", **kwargs)
+    fut = start(_named(fn, described(what, module, span)), *args, name=f"srpo-{kind}", **kwargs)
     done, _ = wait([fut], timeout=seconds)  # interruptible: a signal's KeyboardInterrupt goes through
     if not done:
         raise UserTimeout(what, kind, seconds)
@@ -141,4 +167,5 @@ class Overdue:
         return max(0.0, seconds - ((now if now is not None else time.monotonic()) - self.since))
 
 
-__all__ = ["Deadlines", "FAILURE_KINDS", "Overdue", "UserExit", "UserTimeout", "call", "outcome", "start"]
+__all__ = ["Deadlines", "FAILURE_KINDS", "Overdue", "UserExit", "UserTimeout", "call", "described", "outcome",
+           "start"]

@@ -1,14 +1,15 @@
 """``python -m srpo_graph.train FILE.wf ...`` (what ``torchrun -m srpo_graph.train`` runs).
 
 The same arguments as ``srpo-graph train``; errors are printed without a traceback and exit
-with the error class's code.
+with the error class's code. A rank works in a child of its process, which names user code that
+ends it (``srpo_graph/supervisor.py``).
 """
 
 from __future__ import annotations
 
 import sys
 
-from srpo_graph import exiting
+from srpo_graph import exiting, supervisor
 from srpo_graph.errors import SrpoGraphError
 
 
@@ -20,6 +21,14 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         _run(train_command, argv)
+    except SystemExit as exc:
+        supervisor.finished(supervisor.exit_status(exc.code))
+        raise
+    except BaseException:
+        supervisor.finished(1)
+        raise
+    else:
+        supervisor.finished(0)
     finally:  # the outcome is decided: a signal must not raise into the exit (srpo_graph/exiting.py)
         exiting.decided()
 
@@ -42,6 +51,20 @@ def _run(train_command, argv: list[str] | None) -> None:
         raise
 
 
+def _supervise() -> None:
+    """A rank runs in a child of its own process, so that user code ending it is named and is a failure
+    torchrun sees (supervisor.py, Note [User code that ends the process]); the parent watches torchrun."""
+    import os
+
+    from srpo_graph.train.parallel.launch import PARENT_ENV
+
+    watched = os.environ.pop(PARENT_ENV, "")
+    rank = os.environ.get("RANK")
+    supervisor.supervise(f"train (rank {rank})" if rank else "train",
+                         watch_parent=int(watched) if watched.isdigit() else None)
+
+
 if __name__ == "__main__":
+    _supervise()
     exiting.as_entry_point()
     main()

@@ -20,6 +20,7 @@ import click
 
 from srpo_graph import exiting
 from srpo_graph.fmt import fixed
+from srpo_graph.supervisor import USER_EXIT
 from srpo_graph.train.eval_command import eval_command
 
 
@@ -294,7 +295,8 @@ def _launch(
                 endpoint=endpoint,
                 timeout=cfg.dist_timeout,
             )
-            if code > 128 and node_rank == 0:  # a rank was killed: the survivors may not have said how to go on
+            if (code > 128 or code == USER_EXIT) and node_rank == 0:
+                # a rank was killed or user code ended it: the survivors may not have said how to go on
                 _after_a_lost_rank(workflow, Path(cfg.run_dir))
             return code
         finally:

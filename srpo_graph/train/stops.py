@@ -60,6 +60,16 @@ def _where(checkpoint: Path | None) -> str:
     return f"newest complete checkpoint: {checkpoint}"
 
 
+def resume_note(workflow: str | Path, run_dir: str | Path, checkpoint: Path | None) -> str:
+    """The lines after a stop's first: where the run stands and the command that continues it.
+
+    >>> print(resume_note("a.wf", "runs/x", None))
+      no checkpoint yet (resuming starts again from step 0 with the run's configuration)
+      resume: srpo-graph train a.wf --resume runs/x
+    """
+    return f"  {_where(checkpoint)}\n  resume: {continue_command(workflow, run_dir)}"
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during the loop. Complete checkpoints are untouched (a checkpoint being
     written is a ``.tmp-`` folder that is never loaded), so ``--resume`` continues from the newest.

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from srpo_graph import exiting
+from srpo_graph import exiting, supervisor
 from srpo_graph.errors import ConfigError
 from srpo_graph.lang import load_workflow
 from srpo_graph.models import cpu_threads
@@ -58,7 +58,13 @@ from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make
 from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
 from srpo_graph.train.rollout.worker.client import close_worker
 from srpo_graph.train.run_folder import check_resumed_workflow, clear_previous_run, lock_run_dir, record_workflow
-from srpo_graph.train.stops import RunStopped, TrainingInterrupted, as_stop, stopped_at_start
+from srpo_graph.train.stops import (
+    RunStopped,
+    TrainingInterrupted,
+    as_stop,
+    resume_note,
+    stopped_at_start,
+)
 from srpo_graph.train.sync import Syncer
 from srpo_graph.workflow import Workflow
 
@@ -210,6 +216,7 @@ class Trainer:
         if dist.is_main:  # config.toml before anything that can stop the run can start: every stop can be
             # resumed (Note [Every stop prints its resume line], stops.py)
             self._prepare_run_dir(fresh=resume_from is None, restart=restart)
+        self._note_stop()  # what the supervising parent prints if user code ends the process from here on
         # (a rollout worker loads its own)
         frozen_local, external = load_frozen(self.workflow, config, self.device, dist)
         self.policies = build_policies(self.workflow, config, self.device, resume_from, dist)
@@ -248,6 +255,12 @@ class Trainer:
         except BaseException:
             close_worker(self.policies)
             raise
+
+    def _note_stop(self) -> None:
+        """What this process's supervising parent prints if user code ends the process: where the run
+        stands and the command that resumes it (supervisor.py; under torchrun the launcher says it)."""
+        if self.dist.is_main and not self.dist.enabled:
+            supervisor.note_stop(resume_note(self.workflow_path, self.run_dir, self.checkpointer.newest()))
 
     def _prepare_run_dir(self, *, fresh: bool, restart: bool) -> None:
         """Rank 0, before the first step: a fresh run clears (or refuses) an earlier run's outputs first,
@@ -292,6 +305,7 @@ class Trainer:
                         # 5. checkpoint
                         if self.checkpointer.due(step):
                             self.checkpointer.save(self.state, self.policies)
+                            self._note_stop()
                         self.observer.advance(record)
                         if self.config.debug.stop_after_step is not None and step >= self.config.debug.stop_after_step:
                             break

@@ -46,9 +46,53 @@ def quick(a: int) -> str:
 def exit_tool(a: int) -> str:
     raise SystemExit(3)
 
+def _end(how: str) -> float:
+    """The ways user code ends its process without raising (srpo_graph/supervisor.py); while the
+    path $USER_CODE_END_ONCE does not exist it returns 0.0 instead (e.g. a run's first checkpoint)."""
+    import ctypes
+    import os
+    import signal
+
+    once = os.environ.get("USER_CODE_END_ONCE")
+    if once and not os.path.exists(once):
+        return 0.0
+    if how == "exit0":
+        os._exit(0)
+    if how == "exit3":
+        os._exit(3)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # (a signal is delivered at once; never reached)
+    if how == "segfault":
+        ctypes.string_at(0)
+    raise AssertionError(how)
+
+def exit0_reward(target: int, a: int, b: int) -> float:
+    return _end("exit0")
+
+def exit3_reward(target: int, a: int, b: int) -> float:
+    return _end("exit3")
+
+def sigkill_reward(target: int, a: int, b: int) -> float:
+    return _end("sigkill")
+
+def sigterm_reward(target: int, a: int, b: int) -> float:
+    return _end("sigterm")
+
+def segfault_reward(target: int, a: int, b: int) -> float:
+    return _end("segfault")
+
+def exit0_tool(a: int) -> str:
+    return str(_end("exit0"))
+
 def sleepy_digit(text: str) -> int:
     time.sleep(60)
     return 1
+
+if __import__("os").environ.get("USER_CODE_END_AT_IMPORT"):  # ends the process while imported
+    _end(__import__("os").environ["USER_CODE_END_AT_IMPORT"])
 '''
 
 

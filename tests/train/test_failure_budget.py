@@ -23,6 +23,7 @@ import pytest
 
 from srpo_graph.train.config.loading import validate
 from srpo_graph.train.observe.metrics import read_metrics
+from srpo_graph.train.parallel.launch import _descendants
 from srpo_graph.train.stops import RunStopped
 from srpo_graph.train.trainer import train
 from tests.support.user_code import make
@@ -136,8 +137,8 @@ def _maps(pid: int) -> str:
 # memory map) reports, not by a number of seconds: on a loaded 2-core machine 3 s is still Python's
 # start-up, on an idle one it is the middle of training. (A signal sent at once lands before Python
 # installs its own handler: the process dies of SIGINT without a word, which is the OS's to report.)
-START_STATES = {
-    "importing-torch": lambda pid, run: "libtorch" in _maps(pid),  # torch's libraries are mapped
+START_STATES = {  # (pid: the command's; its child does the work: srpo_graph/supervisor.py)
+    "importing-torch": lambda pid, run: any("libtorch" in _maps(p) for p in (pid, *_descendants(pid))),
     "run-folder-claimed": lambda pid, run: (run / ".lock").exists(),  # the config is read
     "trainer-started": lambda pid, run: (run / "metrics.jsonl").exists(),  # the model is loaded
 }

@@ -24,6 +24,7 @@ from srpo_graph.train.checkpoint import layout
 from srpo_graph.train.config.build import build_config
 from srpo_graph.train.config.loading import load_toml, validate
 from srpo_graph.train.observe.metrics import read_metrics
+from srpo_graph.train.parallel.launch import _descendants
 from srpo_graph.train.run_folder import lock_run_dir
 from srpo_graph.train.trainer import train
 from tests.support.waiting import wait_for
@@ -281,9 +282,9 @@ def test_sigterm_during_the_loop_leaves_a_resumable_run(run):
 def test_ctrl_c_during_start_up_says_how_to_resume(run):
     proc = _cli(run, "--steps", "40")
 
-    def locked() -> bool:  # the trainer has started: it holds the run folder's lock
+    def locked() -> bool:  # the trainer has started: it (the command's child, supervisor.py) holds the lock
         try:
-            return json.loads((run / ".lock").read_text() or "{}").get("pid") == proc.pid
+            return json.loads((run / ".lock").read_text() or "{}").get("pid") in (proc.pid, *_descendants(proc.pid))
         except (OSError, json.JSONDecodeError):
             return False
 
