@@ -32,6 +32,10 @@ BASE = ["rollout.tasks_per_step=2", "rollout.samples=4", "eval.every=0", "eval.n
 PER_PROCESS = ("time/", "throughput/", "async/")  # wall clock, tokens per second of it, when the overlap began
 NPROC = {"ddp", "fsdp", "every_rank"}
 UNTRAINED = {"past", "judge"}  # the composed workflow's frozen and external policies
+SERVED = {"sglang", "partial"}  # features whose runs sample on a real SGLang server
+# |trainer - sampler| log-prob per fresh completion token that a server holding the trainer's weights
+# stays under (its own numerics: ~1e-3 measured); one update's stale gap is ~1e-1 (docs/training.md)
+FRESH_GAP = 0.01
 
 
 class _Echo:
@@ -80,8 +84,9 @@ class Runs:
     def train(self, keys: tuple[str, ...], run: Path, wf: Path, tasks: Path, *extra: str, steps: int = 2) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        served = ["rollout.samples=8"] if SERVED & set(keys) else []  # step 1 updates (see below)
         cmd = [sys.executable, "-m", "srpo_graph.cli", "train", str(wf), "--steps", str(steps), "--tasks", str(tasks),
-               "--run-dir", str(run), *extra, *BASE, *C.overrides(keys)]
+               "--run-dir", str(run), *extra, *BASE, *served, *C.overrides(keys)]
         if C.nproc(keys) > 1:
             cmd += ["--nproc", str(C.nproc(keys))]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -145,8 +150,30 @@ def _check_generic(run: Path) -> None:
             f"step {r['step']}: {kept} completion tokens trained, {sampled} sampled")
 
 
+def _serves_the_trainers_weights(run: Path, what: str, steps: tuple[int, ...] = (1, 2)) -> None:
+    """What ``--nproc`` and ``--resume`` must get right on a real SGLang server. Runs there are not
+    compared id for id with a reference run: the CPU server does not honour per-request seeds (not in
+    deterministic mode: ``send_seed``, backends/sglang.py), so two runs sample different ids from
+    step 1. What they must get right is the server's weights: on ``steps`` every output was sampled
+    by the version the trainer held (policy_version = step - 1), and the sampler/trainer gap per
+    token is the server's numerical gap, under FRESH_GAP. A server left on older weights -- a resume
+    that did not push the checkpoint's, ranks whose update did not reach it -- shows a whole
+    update's gap there."""
+    rows = {r["step"]: r for r in _metrics(run)}
+    for s in steps:
+        if s > 1:  # weights that did not change would pass unsynced: the check needs an update before s
+            norms = [v for k, v in rows[s - 1].items() if k.startswith("grad_norm/")]
+            assert any(v > 0 for v in norms), f"{what}: no update in step {s - 1}, nothing to check at step {s}"
+        outs = [o for o in _outputs(run, s) if o["policy"] not in UNTRAINED]
+        assert outs and all(o["policy_version"] == s - 1 for o in outs), (
+            f"{what}: step {s} sampled by versions {sorted({o['policy_version'] for o in outs})}")
+        gap = rows[s]["mismatch/mean_abs"]
+        assert gap < FRESH_GAP, f"{what}: step {s}: sampler/trainer gap {gap} nats/token (>= {FRESH_GAP})"
+
+
 def _check(key: str, run: Path, keys: tuple[str, ...], runs: Runs) -> None:
     partner = tuple(k for k in keys if k != key)
+    served = bool(SERVED & set(keys))
     if key == "frozen":
         held = {p.name for p in (run / "checkpoints" / "step_2" / "policies").iterdir()}
         assert "past" not in held and held
@@ -160,6 +187,8 @@ def _check(key: str, run: Path, keys: tuple[str, ...], runs: Runs) -> None:
         saved = run / "checkpoints" / "step_2" / "policies"
         assert (saved / "role_a" / "adapter_model.safetensors").exists()
         assert not list((saved / "base").glob("model*.safetensors"))  # the base: a pointer (frozen_base.json)
+    elif key in NPROC and served:
+        _serves_the_trainers_weights(run, f"{keys} on {C.nproc(keys)} processes")
     elif key in NPROC:
         ref = runs.get(tuple(k for k in partner if k not in NPROC))
         # fsdp reduces the gradients in another order (sharded): weights agree to ~1e-6, and Adam's
@@ -170,6 +199,8 @@ def _check(key: str, run: Path, keys: tuple[str, ...], runs: Runs) -> None:
             assert r["staleness/max"] <= 1
             assert all(r["step"] - 1 - o["policy_version"] <= 1 for o in _outputs(run, r["step"])
                        if o["policy"] not in UNTRAINED)
+    elif key == "resume" and served:
+        _serves_the_trainers_weights(run, f"{keys}: resumed", steps=(2,))  # the first step after the resume
     elif key == "resume":
         ref = runs.get(partner)
         # an overlapped run restarts its pipeline on resume: the first step after it is sampled by the
