@@ -19,16 +19,22 @@ Note [Training the rows the data uses]
 The 151,669-row embedding (tied with the head) is ~95% of the parameters and, trained in full,
 ~all of the SFT's time: every position's softmax runs over 151k logits. The synthetic chat uses a
 few hundred ids (digits, ``+-=;#``, the names and words of the problems, the template's markup).
-So SFT trains a model whose vocabulary is those ``U`` ids only, with one more logit standing for
-the ``V - U`` others: their head rows are zero in the built model, so each has logit exactly 0 and
-together they hold mass ``(V-U)·e^0`` against ``Σ e^(logit)`` of the used ids. The pooled column,
-fixed at ``log(V - U)``, is therefore the full model's softmax, exactly: the SFT loss is the
-loss of the 151,669-way model whose unused rows are zero, and it teaches the model to put no
-mass on them (the built model records that mass on held-out turns: ``unused_mass``). After SFT
-the trained rows go to their ids and the other rows stay zero (tied: their embeddings are
-zero too; RL's gradient only pushes their logits further down). The model's vocabulary is the
-tokenizer's size, so it has no id the tokenizer cannot decode.
+So SFT trains a model whose vocabulary is those ``U`` ids plus one row ``u`` standing for each of
+the ``V - U`` others: in the built model every other row *is* ``u``, so each has the logit
+``h·u`` and together they hold mass ``(V-U)·e^(h·u)``. The SFT's last logit, ``h·u + log(V-U)``,
+is therefore the full model's softmax, exactly: the SFT loss is the loss of the 151,669-way model
+whose unused rows are ``u``, and it teaches the model to put no mass on them (the built model
+records that mass on held-out turns: ``unused_mass``). After SFT the trained rows go to their ids
+and ``u`` to every other id. The model's vocabulary is the tokenizer's size, so it has no id the
+tokenizer cannot decode.
 
+Why not zero rows (version 1 did that, with the pooled logit fixed at ``log(V-U)``): the rows are
+tied, so a zero head row is also a zero *input* embedding, and RMSNorm divides its input by
+``sqrt(mean(x²) + eps)``: at ``x = 0`` that is ``sqrt(eps) = 1e-3``, so the gradient reaching a
+zero row is ~1,000 times a trained row's. An unused id sampled once (0.05% of the mass per
+position: about one step in five at 8 x 4 episodes) then fed back as the next position's input
+made RL's gradient norm 160-4,250 on that row alone (3-6 otherwise), and the global clip shrank
+the whole update by as much. ``u`` is a trained, non-zero row: its norm is the trained rows'.
 Deterministic for the recipe's seed (one thread, fixed data order); ``recipes.ensure_recipe_model``
 makes the build atomic and caches it like the other recipes.
 """
@@ -107,15 +113,16 @@ def used_ids(tok: Any, seqs: list[tuple[list[int], int]]) -> list[int]:
 
 
 def pooled_loss(num_unused: int) -> Callable:
-    """The loss of Note [Training the rows the data uses]: next-token cross-entropy over the used ids'
-    logits and one more, ``log(num_unused)``: the mass of ``num_unused`` zero rows."""
+    """The loss of Note [Training the rows the data uses]: next-token cross-entropy over the SFT model's
+    ``U + 1`` logits, the last (row ``u``) raised by ``log(num_unused)``: the mass of ``num_unused``
+    rows equal to ``u``."""
     pool = math.log(num_unused)
 
     def loss_of(model, ids, attn, labels):
         import torch
 
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, U)
-        logits = torch.cat([logits, torch.full_like(logits[..., :1], pool)], dim=-1)  # (B, T-1, U+1)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, U+1)
+        logits = logits + torch.cat([torch.zeros_like(logits[0, 0, :-1]), logits.new_full((1,), pool)])
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                                  ignore_index=-100)
 
@@ -139,13 +146,14 @@ def _model(cfg: dict[str, Any]):
 
 
 def widen(model, used: list[int], cfg: dict[str, Any]):
-    """The full-vocabulary model (config ``cfg``) of an SFT model over the ids ``used``: row
-    ``used[i]`` is the trained row ``i``, every other row zero (Note [Training the rows the data uses])."""
-    import torch
-
+    """The full-vocabulary model (config ``cfg``) of an SFT model over the ids ``used`` and one more row
+    ``u``: row ``used[i]`` is the trained row ``i``, every other row ``u`` (the SFT model's last row;
+    Note [Training the rows the data uses])."""
     state = dict(model.state_dict())
-    emb = torch.zeros(cfg["vocab_size"], state["model.embed_tokens.weight"].shape[1])
-    emb[used] = state["model.embed_tokens.weight"]
+    small = state["model.embed_tokens.weight"]  # (U + 1, H)
+    assert small.shape[0] == len(used) + 1, (small.shape, len(used))
+    emb = small[-1].expand(cfg["vocab_size"], -1).clone()
+    emb[used] = small[:-1]
     state["model.embed_tokens.weight"] = emb
     state.pop("lm_head.weight", None)  # tied: the embedding is the head
     full = _model(cfg)
@@ -192,7 +200,7 @@ def pretrain_chat(r: Any, log: Callable[[str], None] | None = None, steps: int |
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(r.seed)
             # (the small model's vocabulary is local ids: the released bos/eos ids are not in it)
-            model = _model({**config_dict(r.family, len(used)), "bos_token_id": None, "eos_token_id": None})
+            model = _model({**config_dict(r.family, len(used) + 1), "bos_token_id": None, "eos_token_id": None})
             model.config.use_cache = False
             losses = sft_steps(model, small, local[tok.pad_token_id], num_steps, r.lr, r.batch_size, rng, log,
                                loss_of=pooled_loss(len(tok) - len(used)))

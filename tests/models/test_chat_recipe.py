@@ -74,7 +74,7 @@ def test_the_sft_prompt_is_what_the_workflows_chat_agent_sends(tok):
 
 def test_the_pooled_loss_is_the_full_vocabulary_models_loss(tok):
     """Note [Training the rows the data uses]: the SFT loss over the used ids plus one pooled logit is,
-    exactly, the loss of the widened 151,669-way model whose other rows are zero."""
+    exactly, the loss of the widened 151,669-way model whose other rows are all the SFT model's last row."""
     import torch
 
     seqs = C.encode_pairs(tok, C.chat_math_examples(random.Random(0), 6))
@@ -82,7 +82,7 @@ def test_the_pooled_loss_is_the_full_vocabulary_models_loss(tok):
     local = {g: i for i, g in enumerate(used)}
     torch.manual_seed(0)
     cfg = {**C.config_dict("qwen3", len(used)), **NARROW, "bos_token_id": None, "eos_token_id": None}
-    model = C._model({**cfg, "vocab_size": len(used)}).eval()
+    model = C._model({**cfg, "vocab_size": len(used) + 1}).eval()
     full = C.widen(model, used, {**C.config_dict("qwen3", len(tok)), **NARROW})
     assert full.config.vocab_size == len(tok) == 151_669  # no id the tokenizer cannot decode
     width = max(len(s) for s, _ in seqs)
@@ -100,7 +100,30 @@ def test_the_pooled_loss_is_the_full_vocabulary_models_loss(tok):
     assert torch.allclose(pooled, exact, atol=1e-5), (pooled, exact)
     unused = torch.ones(len(tok), dtype=torch.bool)
     unused[used] = False
-    assert not full.get_input_embeddings().weight[unused].any()
+    emb = full.get_input_embeddings().weight
+    shared = model.get_input_embeddings().weight[-1]
+    assert shared.any() and torch.equal(emb[unused], shared.expand(int(unused.sum()), -1))
+
+
+def test_an_unused_id_fed_back_as_input_gets_a_gradient_like_a_trained_ids(tok):
+    """The rule behind Note [Training the rows the data uses]: no row of the tied embedding is zero, so
+    an unused id that RL samples and feeds back as the next input gets a gradient of a trained row's
+    size. (Zero rows made RMSNorm's 1/sqrt(eps) reach it: ~10^5 times larger, which the global clip
+    then spread over the whole update.)"""
+    import torch
+
+    seqs = C.encode_pairs(tok, C.chat_math_examples(random.Random(1), 4))
+    used = C.used_ids(tok, seqs)
+    torch.manual_seed(0)
+    cfg = {**C.config_dict("qwen3", len(used) + 1), **NARROW, "bos_token_id": None, "eos_token_id": None}
+    full = C.widen(C._model(cfg), used, {**C.config_dict("qwen3", len(tok)), **NARROW})
+    s, n_prompt = seqs[0]
+    stray = next(i for i in range(1000, len(tok)) if i not in set(used))
+    ids = torch.tensor([s[: n_prompt + 1] + [stray] + s[n_prompt + 1 :]])  # sampled mid-completion
+    logp = full(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])
+    (-logp[n_prompt - 1 :].mean()).backward()
+    rows = full.get_input_embeddings().weight.grad.norm(dim=1)
+    assert rows[stray] < 10 * rows[used].max(), (float(rows[stray]), float(rows[used].max()))
 
 
 def test_the_build_is_deterministic_exact_and_loads_like_any_model(small, tmp_path):
