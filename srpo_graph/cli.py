@@ -91,10 +91,11 @@ def _register() -> None:
     from srpo_graph.lang import commands as lang_cmds
     from srpo_graph.lsp import commands as lsp_cmds
     from srpo_graph.runtime import commands as runtime_cmds
+    from srpo_graph.runtime import show_commands as show_cmds
     from srpo_graph.train import commands as train_cmds
     from srpo_graph.viz import commands as viz_cmds
 
-    for module in (lang_cmds, viz_cmds, runtime_cmds, compiler_cmds, train_cmds, lsp_cmds):
+    for module in (lang_cmds, viz_cmds, runtime_cmds, show_cmds, compiler_cmds, train_cmds, lsp_cmds):
         for cmd in module.COMMANDS:
             app.add_command(cmd)
 

@@ -16,11 +16,11 @@ whether it stopped in the loop or while it was being set up (Note [Every stop pr
 from __future__ import annotations
 
 import errno
-import os
 import shlex
 from pathlib import Path
 
 from srpo_graph.errors import BackendError, SrpoGraphError
+from srpo_graph.train.checkpoint.layout import disk_full_reason
 from srpo_graph.train.parallel.collectives import collective_failed
 from srpo_graph.train.rollout.failures import FailureBudgetExceeded
 
@@ -130,30 +130,6 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _DISK_FULL
 
 
-def disk_full_reason(exc: OSError, folder: Path) -> str:
-    """What a failed write says, naming the disk: the file (or, when the error does not name one, the
-    folder written into) and what its file system has left.
-
-    >>> disk_full_reason(OSError(errno.ENOSPC, "No space left on device", "/x/y"), Path(".")).split(";")[0]
-    'No space left on device (/x/y'
-    """
-    import shutil
-
-    said = getattr(exc, "reason", None)  # a full disk another rank met, in its words (checkpoint/agree.py)
-    if isinstance(said, str):
-        return said
-    what = os.strerror(exc.errno) if exc.errno else str(exc)
-    where = str(exc.filename) if exc.filename else f"writing in {folder}"
-    near = Path(exc.filename).parent if exc.filename else Path(folder)
-    while not near.exists() and near != near.parent:  # a folder removed since (an unused new run folder)
-        near = near.parent
-    try:
-        free = shutil.disk_usage(near).free
-    except OSError:  # unreadable: say what is known
-        return f"{what} ({where})"
-    return f"{what} ({where}; {free:,} bytes free on that file system)"
-
-
 def stopped_at_start(exc: BaseException, run_dir: Path, checkpoint: Path | None, *,
                      distributed: bool = False) -> RunStopped | None:
     """The :class:`RunStopped` of a stop met while a run was being set up (Note [Every stop prints its
@@ -222,5 +198,5 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
     return None
 
 
-__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "backend_remedy", "continue_command", "disk_full_reason",
+__all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "backend_remedy", "continue_command",
            "is_disk_full", "stopped_at_start"]

@@ -16,7 +16,7 @@ So each part of a save ends in :func:`agree`, one collective under the group's d
 
 * each rank says what it met: nothing, a full disk (``layout.disk_full``: ENOSPC anywhere in the
   chain, a library's own words for it, or under 1 MiB left -- judged *before* anything is removed,
-  and what ``stops.disk_full_reason`` says about it there: the file, the bytes left on that file
+  and what ``layout.disk_full_reason`` says about it there: the file, the bytes left on that file
   system), or another error;
 * if any rank failed, every rank removes its copy of the half-written ``.tmp-`` folder, then a
   barrier, so no rank exits (and torchrun stops the others) while the folder is still there;
@@ -41,13 +41,13 @@ from pathlib import Path
 from typing import Sequence
 
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.checkpoint.layout import disk_full
+from srpo_graph.train.checkpoint.layout import disk_full, disk_full_reason
 from srpo_graph.train.parallel.collectives import all_gather_bytes, all_reduce, current
 
 
 class DiskFull(OSError):
     """The disk filled up during a save on some rank of the job, as every rank raises it: an
-    ``OSError`` ENOSPC whose ``reason`` is what the rank that met it said (``stops.disk_full_reason``).
+    ``OSError`` ENOSPC whose ``reason`` is what the rank that met it said (``layout.disk_full_reason``).
 
     >>> e = DiskFull("No space left on device (/x; 0 bytes free on that file system)", "/x")
     >>> e.errno == errno.ENOSPC, e.reason.split(" (")[0]
@@ -106,8 +106,6 @@ def agree(error: BaseException | None, run_dir: str | Path, final: Path, *, remo
         if _failure(error) and not isinstance(error, OSError) and disk_full(error, root):
             raise as_disk_full(error, final) from error  # a library's own words for it, as layout.failed
         raise error
-    from srpo_graph.train.stops import disk_full_reason
-
     said = b""
     if error is not None and _failure(error) and disk_full(error, root):  # judged before anything is removed
         said = json.dumps({"full": disk_full_reason(as_disk_full(error, final), root),

@@ -236,6 +236,30 @@ def finish_checkpoint(run_dir: str | Path, tmp: Path, state: LoopState, policies
     return final
 
 
+def disk_full_reason(exc: OSError, folder: Path) -> str:
+    """What a failed write says, naming the disk: the file (or, when the error does not name one, the
+    folder written into) and what its file system has left.
+
+    >>> disk_full_reason(OSError(errno.ENOSPC, "No space left on device", "/x/y"), Path(".")).split(";")[0]
+    'No space left on device (/x/y'
+    """
+    import shutil
+
+    said = getattr(exc, "reason", None)  # a full disk another rank met, in its words (checkpoint/agree.py)
+    if isinstance(said, str):
+        return said
+    what = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = str(exc.filename) if exc.filename else f"writing in {folder}"
+    near = Path(exc.filename).parent if exc.filename else Path(folder)
+    while not near.exists() and near != near.parent:  # a folder removed since (an unused new run folder)
+        near = near.parent
+    try:
+        free = shutil.disk_usage(near).free
+    except OSError:  # unreadable: say what is known
+        return f"{what} ({where})"
+    return f"{what} ({where}; {free:,} bytes free on that file system)"
+
+
 def disk_full(exc: BaseException, folder: Path) -> bool:
     """Whether ``exc`` (raised while writing into ``folder``) means the disk is full: an ``OSError``
     ENOSPC/EDQUOT anywhere in its chain, a library's own error that says so (safetensors:
