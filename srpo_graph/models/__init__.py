@@ -113,8 +113,10 @@ def resolve_model(name: str) -> str:
         the hub is offline (``HF_HUB_OFFLINE=1``), a hub name -> its snapshot folder in the
         Hugging Face cache (``srpo_graph/hfcache.py``), so nothing downstream (transformers, SGLang) looks it up.
     Raises:
-        BackendError: offline, and the hub name is not in the cache (the message names the cache
+        ConfigError: offline, and the hub name is not in the cache (the message names the cache
             and the fix); a local folder that is no model directory (:func:`check_model_folder`).
+            (What names the model is configuration: a training run refuses it as such, before it
+            starts, not as a backend that stopped.)
 
     >>> resolve_model("Qwen/Qwen2.5-0.5B-Instruct")
     'Qwen/Qwen2.5-0.5B-Instruct'
@@ -127,9 +129,9 @@ def resolve_model(name: str) -> str:
     if is_offline() and is_hub_name(name):
         snapshot = cached_snapshot(name)
         if snapshot is None:
-            from srpo_graph.errors import BackendError
+            from srpo_graph.errors import ConfigError
 
-            raise BackendError(missing_message(name))
+            raise ConfigError(missing_message(name))
         return str(snapshot)
     check_model_folder(name)
     return name
@@ -141,11 +143,11 @@ def check_model_folder(path: str) -> None:
     "Unrecognized model" error. Anything else (a hub name, a model directory) passes.
 
     Raises:
-        BackendError: ``path`` is a folder without ``config.json``.
+        ConfigError: ``path`` is a folder without ``config.json``.
 
     >>> check_model_folder("Qwen/Qwen2.5-0.5B-Instruct")
     """
-    from srpo_graph.errors import BackendError
+    from srpo_graph.errors import ConfigError
 
     folder = Path(path)
     if not folder.is_dir() or (folder / "config.json").is_file():
@@ -154,9 +156,9 @@ def check_model_folder(path: str) -> None:
                    key=lambda p: int(p.parent.name[5:]) if p.parent.name[5:].isdigit() else -1)
     if steps:
         names = sorted(p.name for p in steps[-1].iterdir() if p.is_dir())
-        raise BackendError.at(str(folder), f"a training run folder, not a model directory (its newest checkpoint "
+        raise ConfigError.at(str(folder), f"a training run folder, not a model directory (its newest checkpoint "
                               f"holds policies {names})", fix=f"give one policy's model directory, e.g. {steps[-1]}/"
                               f"{names[0] if names else '<policy>'} (or `srpo-graph consolidate {folder}` for "
                               "a sharded run; `srpo-graph eval` takes run folders as they are)")
-    raise BackendError.at(str(folder), "not a model directory (no config.json)",
+    raise ConfigError.at(str(folder), "not a model directory (no config.json)",
                           fix="give a folder written by save_pretrained, a Hugging Face name, or `tiny`")

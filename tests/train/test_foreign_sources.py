@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from srpo_graph.cli import app
+from srpo_graph.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = {name: ROOT / "workflows" / f"{name}.wf" for name in ("coord_par2", "selfplay_frozen")}
@@ -93,7 +94,8 @@ def test_a_folder_that_is_no_run_where_the_workflow_belongs(tmp_path, command):
 @pytest.mark.slow
 def test_run_with_a_run_folder_as_its_model_names_the_policies_inside(runs, tmp_path):
     text = _fails(["run", WF["coord_par2"], "--tasks", ROOT / "workflows" / "tasks" / "coord.jsonl", "--model",
-                   runs["selfplay_frozen"], "--out", tmp_path / "t.jsonl", "--samples", "1", "--limit", "1"], 3)
+                   runs["selfplay_frozen"], "--out", tmp_path / "t.jsonl", "--samples", "1", "--limit", "1"],
+                  ConfigError.exit_code)
     assert "a training run folder, not a model directory" in text and "['me']" in text
     assert str(runs["selfplay_frozen"] / "checkpoints" / "step_1" / "policies" / "me") in text
 
@@ -107,8 +109,9 @@ def test_a_run_folder_given_as_a_policys_model_names_the_policies_inside(runs, t
     args = (["train", WF["coord_par2"], "--steps", "1", "--run-dir", tmp_path / "r", override] if command == "train"
             else ["eval", WF["coord_par2"], "-o", override, "--samples", "1", "--num-tasks", "1", "--out",
                   tmp_path / "ev", "--no-progress"])
-    text = _fails(args, 3)
+    text = _fails(args, ConfigError.exit_code)  # a refused configuration, not a backend that stopped
     assert "a training run folder, not a model directory" in text and "['me']" in text
+    assert "check the server" not in text and "resume" not in text
 
 
 @pytest.mark.slow
