@@ -5,6 +5,11 @@ machine: on a loaded 2-core machine a torch import alone can take a minute. :fun
 instead polls a state the program reports (a file appearing, a metrics row, a line) and fails
 only when the process has died, or when nothing has moved for ``stall`` seconds; every change of
 ``progress()`` restarts that clock. So the deadline bounds a hang, not a slow machine.
+
+Both callables read a program's files while it writes them: a checkpoint's ``.tmp-`` folder can be
+renamed between a listing and a read of it, a file replaced between ``exists()`` and ``stat()``.
+An ``OSError`` from either therefore never fails a wait: from ``done()`` it means "not yet", from
+``progress()`` it means the files moved, which is progress (a CI run failed on exactly that).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import subprocess
 import time
 from typing import Any, Callable
+
+_MOVED = object()  # progress() met a file that vanished or changed under it
 
 STALL_S = 600.0  # no sign of progress for this long: the program hangs (a slow machine still moves)
 
@@ -40,15 +47,23 @@ def wait_for(
     >>> ticks = iter(range(5))
     >>> wait_for(lambda: next(ticks) == 3, what="the third tick", interval=0)
     """
-    last, since = progress(), time.monotonic()
-    while not done():
+    last, since = _probe(progress, _MOVED), time.monotonic()
+    while not _probe(done, False):
         if proc is not None and proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"the process exited ({proc.returncode}) before {what}:\n{(out or '')[-2000:]}"
                                  f"\n{(err or '')[-3000:]}")
-        now, seen = time.monotonic(), progress()
-        if seen != last:
+        now, seen = time.monotonic(), _probe(progress, _MOVED)
+        if seen is _MOVED or seen != last:
             last, since = seen, now
         elif now - since > stall:
             raise AssertionError(f"no progress towards {what} for {stall:.0f} s (last: {last!r})")
         time.sleep(interval)
+
+
+def _probe(read: Callable[[], Any], moved: Any) -> Any:
+    """``read()``, or ``moved`` when a file it reads vanished or changed type under it."""
+    try:
+        return read()
+    except OSError:
+        return moved
