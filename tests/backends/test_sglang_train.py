@@ -97,7 +97,7 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     """One command: servers launched, the reward rises well above chance (~0.1), servers stopped.
 
     SGLang's CPU path does not honour seeds, so every run is a different draw. The last 10 steps' mean
-    reward over 8 runs of these 60 steps: 0.48-0.96, and once 0.28 (a CI run whose coordination broke
+    reward over 9 runs of these 60 steps: 0.48-0.96, and once 0.28 (a CI run whose coordination broke
     its symmetry late); 10 seeded runs on the embedded backend: 0.89-0.96; the first 5 steps: 0.10-0.12.
     A run whose server never gets the new weights, or samples off the policy, stays at chance: 0.10
     per step with a spread of ~0.04, so ~0.013 over 10 steps. The bar, +0.12 over the first steps, is
