@@ -24,6 +24,7 @@ from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.trace import Episode
 from tests.backends.test_openai_backend import _Server  # its real local HTTP server
+from tests.support.cli import invoke
 
 WF = """workflow ext
 import std
@@ -102,43 +103,20 @@ def test_external_text_outputs_are_the_same_under_both_schedulers(tiny_backend):
         assert v.text == f"echo:<b>{s.text}" and v.policy_version == 0
 
 
-@pytest.mark.proc
 def test_run_cli_fails_episodes_of_a_stalled_endpoint_and_goes_on(tmp_path):
     """`srpo-graph run` on the same workflow: every episode is written to the traces, failed with the
     URL, and -- since every one failed -- the run exits 5 saying so (a run that produced nothing
     usable never "succeeds"; docs/training.md, User code: deadlines and failures)."""
-    import subprocess
-    import sys
-
     server = _Server("stall")
     try:
         wf = tmp_path / "ext.wf"
         wf.write_text(WF.format(url=server.url, timeout=0.5, retries=0))
         tasks = tmp_path / "tasks.jsonl"
         tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
-        res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "srpo_graph.cli",
-                "run",
-                str(wf),
-                "--tasks",
-                str(tasks),
-                "--samples",
-                "1",
-                "--out",
-                str(tmp_path / "t.jsonl"),
-                "--quiet",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
+        res = invoke("run", wf, "--tasks", tasks, "--samples", "1", "--out", tmp_path / "t.jsonl", "--quiet")
     finally:
         server.stop()
-    assert res.returncode == 5, res.stderr[-2000:]
+    assert res.exit_code == 5, res.stderr[-2000:]
     assert "every one of the 4 episodes failed" in res.stderr and server.url in res.stderr
     assert "4 failed (backend)" in res.stderr and "Traceback" not in res.stderr
     eps = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
@@ -238,13 +216,9 @@ def test_the_external_example_trains_with_one_command(chat_server, tmp_path):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step_2" / "policies").iterdir()) == ["m"]
 
 
-@pytest.mark.proc
 def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_path):
     """`srpo-graph run --backend openai` on a workflow of plain policies (a real local echo server):
     the answers are recorded as text only; an agent with `allow:` is refused, located, before any request."""
-    import subprocess
-    import sys
-
     server = _Server("echo")
     try:
         wf = tmp_path / "plain.wf"
@@ -255,43 +229,18 @@ def test_run_with_the_openai_backend_records_text_and_refuses_token_options(tmp_
         )
         tasks = tmp_path / "tasks.jsonl"
         tasks.write_text("".join(json.dumps(t) + "\n" for t in TASK_ROWS))
-        base = [
-            sys.executable,
-            "-m",
-            "srpo_graph.cli",
-            "run",
-            "--tasks",
-            str(tasks),
-            "--samples",
-            "1",
-            "--quiet",
-            "--backend",
-            "openai",
-            "--openai-url",
-            server.url,
-        ]
-        res = subprocess.run(
-            base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t.jsonl")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        assert res.returncode == 0, res.stderr[-2000:]
+        base = ["run", wf, "--tasks", tasks, "--samples", "1", "--quiet", "--backend", "openai",
+                "--openai-url", server.url]
+        res = invoke(*base, "--out", tmp_path / "t.jsonl")
+        assert res.exit_code == 0, res.stderr[-2000:]
         eps = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
         outs = [e["outputs"][0] for e in eps]
         assert [o["text"] for o in outs] == [f"echo:say {t['target']}" for t in TASK_ROWS]
         assert all(o["source"] == "text" and o["prompt_ids"] == [] for o in outs)
         assert server.calls[0][0]["model"] == "m1"
         wf.write_text(wf.read_text().replace("max_tokens: 4", 'max_tokens: 1, allow: ["1"]'))
-        res = subprocess.run(
-            base[:4] + [str(wf)] + base[4:] + ["--out", str(tmp_path / "t2.jsonl")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        assert res.returncode != 0 and "plain.wf:5:" in res.stderr and "cannot honour" in res.stderr
+        res = invoke(*base, "--out", tmp_path / "t2.jsonl")
+        assert res.exit_code != 0 and "plain.wf:5:" in res.stderr and "cannot honour" in res.stderr
         assert "Traceback" not in res.stderr
     finally:
         server.stop()

@@ -65,15 +65,16 @@ def test_cli_trains_then_resumes(tmp_path, monkeypatch):
     assert [r["step"] for r in rows] == [1] and not (run / "checkpoints" / "step_3").exists()
 
 
-@pytest.mark.proc
 def test_cli_config_errors_exit_7_and_name_the_field(tmp_path):
-    proc = _cli("workflows/coord_seq.wf", "optim.lr=-1", "--run-dir", str(tmp_path / "x"), timeout=120)
-    assert proc.returncode == 7
-    assert "`optim.lr`" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    from tests.support.cli import invoke
+
+    res = invoke("train", "workflows/coord_seq.wf", "optim.lr=-1", "--run-dir", tmp_path / "x", cwd=ROOT)
+    assert res.exit_code == 7
+    assert "`optim.lr`" in res.stderr and "fix:" in res.stderr and "Traceback" not in res.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text("[optim]\nlr = \n")
-    proc = _cli("workflows/coord_seq.wf", "--config", str(bad), timeout=120)
-    assert proc.returncode == 7 and str(bad) in proc.stderr and "Traceback" not in proc.stderr
+    res = invoke("train", "workflows/coord_seq.wf", "--config", bad, cwd=ROOT)
+    assert res.exit_code == 7 and str(bad) in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "x").exists()  # nothing is written for an invalid config
 
 

@@ -27,6 +27,7 @@ from srpo_graph.train.observe.metrics import read_metrics
 from srpo_graph.train.parallel.launch import _descendants
 from srpo_graph.train.run_folder import lock_run_dir
 from srpo_graph.train.trainer import train
+from tests.support.cli import invoke
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,6 @@ def test_a_damaged_newest_checkpoint_is_named_and_skipped(run, kind):
     assert [p for p, _ in skipped] == [newest]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(STATE_DAMAGE))
 def test_every_reader_of_state_json_names_a_field_of_the_wrong_kind(run, kind):
     """The readers besides the verification: `consolidate` on that folder names the checkpoint and
@@ -146,10 +146,9 @@ def test_every_reader_of_state_json_names_a_field_of_the_wrong_kind(run, kind):
     path, value, why = STATE_DAMAGE[kind]
     newest = run / "checkpoints" / "step_2"
     _state_with_a_consistent_manifest(path, value)(newest)
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(newest), "--out",
-                           str(run.parent / "out")], capture_output=True, text=True, env=ENV, timeout=300)
-    assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert str(newest) in proc.stderr and why in proc.stderr, proc.stderr[-2000:]
+    res = invoke("consolidate", newest, "--out", run.parent / "out")
+    assert res.exit_code == 7 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert str(newest) in res.stderr and why in res.stderr, res.stderr[-2000:]
     assert saved_pointers(newest) is None
     (run / "workflow.json").unlink()  # the recorded workflow now comes from the checkpoints' state.json
     assert recorded_workflow(run) == {"name": "coord_seq"}  # it needs the name only, which is intact
@@ -321,10 +320,9 @@ def test_resume_works_from_any_working_directory(run, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert Path(load_toml(run / "config.toml")["rollout"]["tasks"]).is_absolute()
-    proc = subprocess.run(["srpo-graph", "train", str(WF), "--resume", str(run), "--steps", "3"], cwd=elsewhere,
-                          env=ENV, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "trained coord_seq for 1 steps" in proc.stdout and "now at step 3" in proc.stdout
+    res = invoke("train", WF, "--resume", run, "--steps", "3", cwd=elsewhere)
+    assert res.exit_code == 0, res.stderr[-2000:]
+    assert "trained coord_seq for 1 steps" in res.stdout and "now at step 3" in res.stdout
 
 
 def test_the_lock_is_released_and_an_unused_new_folder_removed(tmp_path):
