@@ -211,23 +211,12 @@ def test_export_refuses_the_frozen_base_and_full_policies(tmp_path):
 
 @pytest.mark.slow
 def test_one_command_checks_draws_trains_resumes_and_exports(tmp_path):
-    """The issue's "done when", as a user types it (subprocesses of the CLI)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+    """The issue's "done when", as a user types it (the CLI in process: tests/support/cli.py)."""
+    from tests.support.cli import invoke
 
     def cli(*args):
-        out = subprocess.run(
-            [sys.executable, "-m", "srpo_graph.cli", *map(str, args)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
+        out = invoke(*args, cwd=ROOT)
+        assert out.exit_code == 0, out.stderr[-3000:]
         return out.stdout
 
     assert "adapters:    base" in cli("check", WF)
