@@ -11,8 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -287,34 +285,13 @@ def test_lora_run_folder(tmp_path):
     assert rep.overall.episodes == 6 and {o.policy for e in eps for o in e.outputs} == {"role_a", "role_b"}
 
 
-@pytest.mark.proc
 def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
+    from tests.support.cli import invoke
+
     out = tmp_path / "ev"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "srpo_graph.cli",
-            "eval",
-            str(ROOT / "workflows" / "coord_par2.wf"),
-            "--samples",
-            "2",
-            "--num-tasks",
-            "4",
-            "--compare",
-            "base",
-            str(run_dir),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--pass-k",
-            "1,2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = invoke("eval", ROOT / "workflows" / "coord_par2.wf", "--samples", "2", "--num-tasks", "4", "--compare",
+                  "base", run_dir, "--out", out, "--no-progress", "--pass-k", "1,2")
+    assert proc.exit_code == 0, proc.stderr
     data = json.loads((out / "eval.json").read_text())
     assert [r["label"] for r in data["reports"]] == ["base", str(run_dir)]
     (c,) = data["comparisons"]
@@ -323,22 +300,8 @@ def test_cli_compare_writes_json_markdown_and_plot(run_dir, tmp_path):
     assert c["diffs"]["avg"]["value"] == pytest.approx(sum(per) / len(per))
     assert "Paired difference" in (out / "eval.md").read_text() and "| Avg@2 |" in proc.stdout
     assert (out / "eval.png").stat().st_size > 1000 and len((out / "traces" / "1.jsonl").read_text().splitlines()) == 8
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "srpo_graph.cli",
-            "eval",
-            str(ROOT / "workflows" / "coord_par2.wf"),
-            str(tmp_path / "nothing-here"),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 7 and "not a source to evaluate" in bad.stderr and "Traceback" not in bad.stderr
+    bad = invoke("eval", ROOT / "workflows" / "coord_par2.wf", tmp_path / "nothing-here", "--out", out)
+    assert bad.exit_code == 7 and "not a source to evaluate" in bad.stderr and "Traceback" not in bad.stderr
 
 
 @pytest.mark.proc  # the rollout worker is a process
