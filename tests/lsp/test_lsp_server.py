@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +25,7 @@ from srpo_graph.lang.fmt import format_source  # noqa: E402
 from srpo_graph.lang.parser import parse  # noqa: E402
 from srpo_graph.runtime.tokens import check_local_tokens  # noqa: E402
 
-from .conftest import ENV, ROOT, Docs, config, record_publishes, start  # noqa: E402
+from .conftest import ROOT, Docs, config, record_publishes, start  # noqa: E402
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.proc]  # proc: the language server runs as a process
 
@@ -124,11 +122,12 @@ async def test_diagnostics_equal_checks(client, docs, path):
 
 
 async def test_diagnostics_match_the_check_command(client, docs):
-    """The same files through `srpo-graph check --no-import` as a process: every
+    """The same files through `srpo-graph check --no-import` (in process: tests/support/cli.py): every
     `path:line:col: severity: message` it prints is a diagnostic the server published."""
+    from tests.support.cli import invoke
+
     files = [p for p in BROKEN if not p.name.startswith(("bom", "not_utf8"))]
-    run = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "check", "--no-import", *map(str, files)],
-                         capture_output=True, text=True, env=ENV, timeout=300)
+    run = invoke("check", "--no-import", *files)
     headlines = re.findall(r"^(\S+\.wf):(\d+):(\d+): (error|warning): (.*)$", run.stderr, re.M)
     assert len(headlines) >= len(files) - 3  # nearly every file has at least one located error
     by_file: dict[str, list] = {}

@@ -102,16 +102,9 @@ def test_the_verifier_names_a_damaged_shard_and_a_nan_weight(tiny, tmp_path):
         _save(tmp_path / "c", m, opt, sched, tiny)
 
 
-@pytest.mark.proc
 def test_consolidate_names_a_folder_that_is_no_run(tmp_path):
     """A user error: the command names the folder and what it expected, exit code 7, no traceback."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.support.cli import invoke
 
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(tmp_path), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 7 and "not a run folder" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    proc = invoke("consolidate", tmp_path, "--out", tmp_path / "out")
+    assert proc.exit_code == 7 and "not a run folder" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
