@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import invoke
+
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = [str(ROOT / "workflows" / "coord_mixed.wf"), "--steps", "1", "rollout.tasks_per_step=4", "rollout.samples=4",
         "eval.every=0", "logging.tensorboard=false", "logging.plots=false", "checkpoint.every=0",
@@ -27,11 +29,16 @@ PER_PROCESS = ("time/", "throughput/")  # wall clock (rank 0's), and tokens per 
 
 
 def _train(run: Path, *extra: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", *ARGS, "--run-dir", str(run), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """The one-process run in this process (tests/support/cli.py); ``--nproc 2`` starts torchrun."""
+    if "--nproc" in extra:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", *ARGS, "--run-dir", str(run), *extra],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        res = invoke("train", *ARGS, "--run-dir", run, *extra, cwd=ROOT)
+        assert res.exit_code == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1
     return rows[0]
