@@ -158,29 +158,36 @@ def test_a_checkpoint_removed_while_it_is_opened_is_named_or_the_newest_good_one
 @pytest.mark.slow
 def test_consolidate_beside_a_real_run_that_rotates_its_checkpoints(tmp_path):
     """A real training process (keep_last=1, a checkpoint every step) and consolidate called over and
-    over beside it: every call writes a model or names why, none ends in a traceback."""
+    over beside it from its first checkpoint on: every call writes a model or names why, none ends in
+    a traceback, and none finds the run without a good checkpoint (the newest is in place before the
+    one before it goes). How many calls a rotation catches mid-read is the machine's timing, not a
+    property (a CI run under load had 61% of its calls before the first checkpoint): it is not counted.
+    After the run the call takes its last step."""
     import subprocess
     import sys
-    import time
 
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--steps", "12",
-                             "--run-dir", str(run_dir), "checkpoint.every=1", "checkpoint.keep_last=1",
-                             "rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0",
-                             "logging.progress=false", "logging.tensorboard=false", "logging.plots=false"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from tests.support.waiting import wait_for
+
+    run_dir, err = tmp_path / "run", tmp_path / "train.err"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "--steps", "12",
+                                 "--run-dir", str(run_dir), "checkpoint.every=1", "checkpoint.keep_last=1",
+                                 "rollout.tasks_per_step=2", "rollout.samples=2", "eval.every=0",
+                                 "logging.progress=false", "logging.tensorboard=false", "logging.plots=false"],
+                                stdout=subprocess.DEVNULL, stderr=sink)
     outcomes = []
     try:
+        wait_for(lambda: any((run_dir / "checkpoints").glob("step_*")), proc=proc, what="the first checkpoint")
         while proc.poll() is None:
-            if not (run_dir / "checkpoints").is_dir():
-                time.sleep(0.2)
-                continue
             out = tmp_path / f"out{len(outcomes)}"
             res = CliRunner().invoke(app, ["consolidate", str(run_dir), "--out", str(out)])
             outcomes.append((res.exit_code, res.output))
     finally:
         proc.wait(300)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, err.read_text()[-2000:]
     assert outcomes and all(code in (0, 7) for code, _ in outcomes), outcomes
     assert all("Traceback" not in text for _, text in outcomes)
-    assert sum(code == 0 for code, _ in outcomes) >= len(outcomes) // 2, outcomes
+    assert not [text for _, text in outcomes if "(no checkpoint)" in text], "a moment without a good checkpoint"
+    assert any(code == 0 for code, _ in outcomes), outcomes
+    last = CliRunner().invoke(app, ["consolidate", str(run_dir), "--out", str(tmp_path / "last")])
+    assert last.exit_code == 0 and "step_12" in last.output, last.output
