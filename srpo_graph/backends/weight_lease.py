@@ -17,8 +17,14 @@ a daemon thread renews every ``interval`` seconds (and every write renews too).
   pid and the heartbeat's age -- another process, another host, and another object in this
   process alike.
 * Past its expiry (the holder stopped without closing: killed, its host gone) it is taken over
-  with a one-line warning: the stale lease is renamed to a name of the taker's own (one taker
-  wins: the others' rename finds nothing), then the new lease is linked in.
+  with a one-line warning: the stale lease is renamed to a name of the taker's own, then the new
+  lease is linked in. Takers racing for one stale lease are serialised by a marker named after
+  that lease file's identity (inode and content), created exclusively: only its creator may move
+  that file, and it first checks that the lease's name still holds that very file. (Before: a
+  taker that judged the old lease stale could rename away the lease another taker had just
+  linked in, and with a third creating one in between, two held the folder -- seen once in eight
+  threads racing under load.) A marker left by a taker that died in those few instructions is
+  removed once older than ``MARKER_STALE_S``.
 * The same run in another process on the same host is not a second owner: the run folder's lock
   admits one process per run, so it is the run resumed after its previous process died; it takes
   over at once. (From another host it waits for the expiry: two hosts may have run folders of the
@@ -34,6 +40,7 @@ expiry of several intervals absorbs that and a slow file system.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -50,6 +57,8 @@ from srpo_graph.errors import BackendError
 LEASE = ".srpo-graph-lease.json"
 HEARTBEAT_S = 10.0  # how often the holder renews its lease
 EXPIRY_S = 60.0  # a heartbeat older than this: the holder is gone (6 intervals)
+MARKER_STALE_S = 30.0  # a take-over marker this old was left by a taker that died while taking over
+LOOK_S = 10.0  # how long acquire looks again while the lease keeps changing under it
 
 _LIVE: "weakref.WeakSet[Lease]" = weakref.WeakSet()  # leases held by this process (release_all)
 
@@ -91,20 +100,22 @@ class Lease:
         return {"run": self.run, "owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
                 "token": self.token, "heartbeat": time.time(), "interval": self.interval, "expiry": self.expiry}
 
-    def _read(self) -> tuple[dict[str, Any] | None, float | None]:
-        """The lease on disk and the age of its heartbeat (None, the file's age: unreadable; None, None: no
-        lease). An age below 0 is a holder whose clock runs ahead: fresh."""
+    def _read(self) -> tuple[dict[str, Any] | None, float | None, str | None]:
+        """The lease on disk, the age of its heartbeat and the identity of the file read
+        (:func:`_identity`); (None, the file's age, identity): unreadable; (None, None, None): no lease.
+        An age below 0 is a holder whose clock runs ahead: fresh."""
         try:
-            text = self.path.read_text()
-            mtime = self.path.stat().st_mtime
+            st, text, ident = _identity(self.path)
         except FileNotFoundError:
-            return None, None
+            return None, None, None
         try:
             data = json.loads(text)
             beat = float(data["heartbeat"])
-            return (data, time.time() - beat) if isinstance(data, dict) else (None, time.time() - mtime)
+            if isinstance(data, dict):
+                return data, time.time() - beat, ident
+            return None, time.time() - st.st_mtime, ident
         except (ValueError, KeyError, TypeError):
-            return None, time.time() - mtime
+            return None, time.time() - st.st_mtime, ident
 
     def _tmp(self) -> Path:
         tmp = self.root / f"{LEASE}.{self.token}.tmp"
@@ -133,11 +144,12 @@ class Lease:
         if self.held:
             self.renew()
             return
-        for _ in range(5):  # a lease that vanishes or is taken over between two looks: look again
+        deadline = time.monotonic() + LOOK_S  # a lease that vanishes or is taken over between two looks: look again
+        while time.monotonic() < deadline:
             if self._create():
                 self._hold()
                 return
-            data, age = self._read()
+            data, age, ident = self._read()
             if age is None:
                 continue  # released in between
             if data is not None and data.get("token") == self.token:
@@ -148,28 +160,43 @@ class Lease:
                        and data.get("host") == socket.gethostname())  # this run's previous process, here
             if age < expiry and not resumed:
                 raise self._refusal(data, age)
-            moved = self.root / f"{LEASE}.{self.token}.stale"
-            try:
-                os.rename(self.path, moved)  # one taker wins; the others find nothing to rename
-            except FileNotFoundError:
+            marker = self.root / f"{LEASE}.{ident}.takeover"
+            try:  # only the taker that makes this marker may move this very file
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                _clear_if_stale(marker)
+                time.sleep(0.01)  # another taker is replacing it: look again when it is done
                 continue
             try:
-                took = json.loads(moved.read_text()).get("token")
-            except (OSError, ValueError, AttributeError):
-                took = None
-            if data is not None and took != data.get("token"):  # a lease made in between: put it back
+                if self._take_over(ident):
+                    if not resumed:
+                        print(f"srpo-graph: weight folder {self.root}: taking over the lease of {_holder(data)}: "
+                              f"last heartbeat {age:.0f}s ago (expiry {expiry:g}s)", file=sys.stderr)
+            finally:
+                marker.unlink(missing_ok=True)
+        raise WeightFolderError.at(str(self.path), "could not take the weight folder's lease (it kept changing)",
+                                   fix="make sure one run at a time uses this rollout.sglang.weight_dir")
+
+    def _take_over(self, ident: str | None) -> bool:
+        """Move the stale lease file ``ident`` out of the lease's name (the caller holds its marker);
+        False: the name holds another file by now (left as it is, or put back)."""
+        if self._read()[2] != ident:  # renewed, released or replaced since it was judged stale
+            return False
+        moved = self.root / f"{LEASE}.{self.token}.stale"
+        try:
+            os.rename(self.path, moved)
+        except FileNotFoundError:
+            return False
+        try:
+            if _identity(moved)[2] != ident:  # its holder renewed it in that instant: put it back
                 try:
                     os.link(moved, self.path)
                 except FileExistsError:
-                    pass
-                moved.unlink(missing_ok=True)
-                continue
-            if not resumed:
-                print(f"srpo-graph: weight folder {self.root}: taking over the lease of {_holder(data)}: "
-                      f"last heartbeat {age:.0f}s ago (expiry {expiry:g}s)", file=sys.stderr)
+                    pass  # (its holder finds out at its next renewal, before any write)
+                return False
+            return True
+        finally:
             moved.unlink(missing_ok=True)
-        raise WeightFolderError.at(str(self.path), "could not take the weight folder's lease (it kept changing)",
-                                   fix="make sure one run at a time uses this rollout.sglang.weight_dir")
 
     def _refusal(self, data: dict[str, Any] | None, age: float) -> WeightFolderError:
         expiry = _num(data.get("expiry"), EXPIRY_S) if data else EXPIRY_S
@@ -205,7 +232,7 @@ class Lease:
             self._renew()
 
     def _renew(self) -> None:
-        data, _ = self._read()
+        data, _, _ = self._read()
         if data is None or data.get("token") != self.token:
             self.held = False
             self._stop.set()
@@ -223,7 +250,7 @@ class Lease:
             self._thread.join(timeout=5)
         if self.held:
             self.held = False
-            data, _ = self._read()
+            data, _, _ = self._read()
             if data is not None and data.get("token") == self.token:
                 self.path.unlink(missing_ok=True)
         _LIVE.discard(self)
@@ -240,6 +267,26 @@ def release_all(keep: set[int] | frozenset[int] = frozenset()) -> None:
     for lease in list(_LIVE):
         if id(lease) not in keep:
             lease.release()
+
+
+def _identity(path: Path) -> tuple[os.stat_result, str, str]:
+    """A lease file's stat, text and identity: its inode and a digest of its content, read from one open
+    file. Not the mtime: a new lease can reuse a removed one's inode within one coarse mtime tick; every
+    lease's content differs (its own token and heartbeat)."""
+    fd = os.open(path, os.O_RDONLY)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        raw = f.read()
+    return st, raw.decode("utf-8", errors="replace"), f"{st.st_ino}-{hashlib.sha256(raw).hexdigest()[:16]}"
+
+
+def _clear_if_stale(marker: Path) -> None:
+    """Remove a take-over marker left by a taker that died while taking over."""
+    try:
+        if time.time() - marker.stat().st_mtime > MARKER_STALE_S:
+            marker.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
 
 
 def _num(value: Any, default: float) -> float:
