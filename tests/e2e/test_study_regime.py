@@ -154,3 +154,34 @@ def test_the_report_from_a_few_records(rg, tmp_path):
     assert (tmp_path / "docs" / "img" / "study_regime_scan.png").is_file()
     report.write(data, tmp_path / "records", page, "python benchmarks/study.py --plan regime")  # replaced, not added
     assert page.read_text(encoding="utf-8").count("<!-- study:regime -->") == 1
+
+
+def test_the_report_states_only_replicated_contrasts(rg, tmp_path):
+    report = _load("study_regime_report")
+    s = rg.Setting("coord_par2", 8, 1e-3)
+    gap = {"srpo": 0.3, "srpo_sum": 0.2, "srpo_mean": 0.1, "grpo": 0.2}  # the paper's order, by wide margins
+    recs = [
+        _rec(o, seed, {2: (0.1, 0.05)}, {2: 0.2}, [gap[o] + 0.01 * (seed % 3) + 0.002 * (seed % 2) * (o == "srpo")] * 3)
+        for o in s.cells()
+        for seed in [*range(rg.COMPARE_SEEDS), *range(rg.REPLICATION_OFFSET, rg.REPLICATION_OFFSET + rg.COMPARE_SEEDS)]
+    ]
+    first = rg.contrast_rows(s, recs, list(range(rg.COMPARE_SEEDS)))
+    rep = list(range(rg.REPLICATION_OFFSET, rg.REPLICATION_OFFSET + rg.COMPARE_SEEDS))
+    again = {(c["a"], c["b"]): c for c in rg.contrast_rows(s, recs, rep)}
+    data = {
+        "scan": [rg.summarize(x, recs if x == s else []) for x in rg.SCAN],
+        "chosen": [s],
+        "compare": [
+            {**c, "again": again[(c["a"], c["b"])] if (c["a"], c["b"]) != ("srpo", "grpo") else None} for c in first
+        ],
+        "todo": [],
+        "records": {(x.workflow, x.name): (recs if x == s else []) for x in rg.SCAN},
+    }
+    page = tmp_path / "results.md"
+    report.write(data, tmp_path / "records", page, "python benchmarks/study.py --plan regime")
+    text = page.read_text(encoding="utf-8")
+    assert "PARTIAL" not in text
+    assert "Replicated: sqrt K (alpha 1/2) learns faster than sum (alpha 0)" in text
+    assert "Replicated: sum (alpha 0) learns faster than mean (alpha 1)" in text
+    assert "GRPO per member on" not in text  # significant once, never replicated: not stated
+    assert "Both of its steps replicated as contrasts in coord_par2 e8-lr0.001-s0" in text
