@@ -433,6 +433,8 @@ def write(data: dict, runs_dir: Path, out: Path, command: str) -> None:
             "",
         ]
     lines += [
+        f"{n_runs} runs saved, {sum(r['seconds'] for v in data['records'].values() for r in v) / 60:.0f} min of "
+        "run time in all (one torch thread each, two at a time, under a concurrent CI run). "
         "Issue 38. The k5 study found nothing between sum, √K and mean because, with one set size per "
         "workflow, Adam cancels alpha's uniform scale of the gradient and the clip touched <= 3% of sets. "
         "This plan looks for the regime where the clip binds and compares the objectives there. Every run: "
