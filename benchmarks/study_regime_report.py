@@ -86,8 +86,9 @@ def plot(data: dict, img_dir: Path) -> list[Path]:
             ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"% of size-K items clipped\n(dotted: the {100 * rg.CLIP_BAR:.0f}% bar)", fontsize=8)
     axes[1][0].set_ylabel("held-out accuracy, area\n(mean of steps 20/40/60; dotted: chance)", fontsize=8)
-    if axes[0][0].get_legend_handles_labels()[0]:
-        axes[0][0].legend(fontsize=7)
+    for ax in (axes[0][0], axes[0][-1]):  # the mixed workflow's panel has its own `independent` line
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle(
         f"regime scan: mean over seeds 0..{rg.SCAN_SEEDS - 1}; solid lr 1e-3, dashed lr 3e-3"
         + (" (PARTIAL)" if data["todo"] else ""),
@@ -190,6 +191,14 @@ def _staleness(data: dict) -> list[str]:
     return lines
 
 
+def _same_runs(recs: list[dict], a: str, b: str) -> int:
+    """The number of seeds on which ``a`` and ``b`` ran, when every one of them gave both the same evaluations
+    (0 when one differs or none ran both)."""
+    by = {(r["objective"], r["seed"]): r["eval"] for r in recs}
+    both = [s for o, s in by if o == a and (b, s) in by]
+    return len(both) if both and all(by[(a, s)] == by[(b, s)] for s in both) else 0
+
+
 def _compare(data: dict) -> tuple[list[str], list[dict]]:
     seeds = list(range(rg.COMPARE_SEEDS))
     lines: list[str] = []
@@ -213,6 +222,14 @@ def _compare(data: dict) -> tuple[list[str], list[dict]]:
                 f"{statistics.mean(r['grad_norm_cv'] or 0 for r in rs):.2f} | "
                 f"{_ci([study.mean_accuracy(r) for r in rs])} | {_ci([study.final_accuracy(r) for r in rs])} |"
             )
+        same = _same_runs(recs, "independent", "grpo")
+        if same:
+            lines += [
+                "",
+                f"(`independent` gave `grpo`'s numbers on all {same} seeds both ran: with one-token members and "
+                "the one reward at the episode's end, a member's ratio is its token's and its set's advantage is "
+                "the episode's, so the two are one run here, as `dr_mas` is `grpo`'s by `study.same_as`.)",
+            ]
         lines.append("")
     rows = data["compare"]
     if rows:
@@ -341,15 +358,42 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
         )
     else:
         lines.append(f"- **No scanned setting reached the {_pct(rg.CLIP_BAR)} bar under √K.**")
-    if held:
-        for c in held:
-            better, worse = (c["a"], c["b"]) if c["area"][0] > 0 else (c["b"], c["a"])
+    chosen = {(x.workflow, x.name): x for x in data["chosen"]}
+
+    def clip_area(c: dict, o: str, seeds: list[int]) -> str:
+        x = chosen[(c["workflow"], c["setting"])]
+        rs = [r for r in data["records"][(x.workflow, x.name)] if r["objective"] == o and r["seed"] in seeds]
+        clip = statistics.mean(rg.clip_share(r["diagnostics"]).get(x.k, 0.0) for r in rs)
+        area = _ci([study.mean_accuracy(r) for r in rs])
+        return f"{rg.LABEL[o].split(' (')[0]} clips {_pct(clip)} of its size-{x.k} sets, area {area}"
+
+    first_seeds = list(range(rg.COMPARE_SEEDS))
+    for c in held:
+        better, worse = (c["a"], c["b"]) if c["area"][0] > 0 else (c["b"], c["a"])
+        lines.append(
+            f"- **Replicated: {rg.LABEL[better]} learns faster than {rg.LABEL[worse]} on {c['workflow']} "
+            f"{c['setting']}**: area {_diff(c['area'])} on seeds 0..{rg.COMPARE_SEEDS - 1}, "
+            f"{_diff(c['again']['area'])} on the fresh seeds. There {clip_area(c, worse, first_seeds)}; "
+            f"{clip_area(c, better, first_seeds)} (seeds 0..{rg.COMPARE_SEEDS - 1}). So with many epochs per batch "
+            f"and large sets, {rg.LABEL[worse].split(' (')[0]} is the objective to avoid; the one large difference "
+            "the diagnostics show between the two is how much of the later epochs' update the clip removes."
+        )
+
+    def here(x: rg.Setting) -> list[dict]:
+        return [c for c in rows if (c["workflow"], c["setting"]) == (x.workflow, x.name)]
+
+    quiet = [x for x in data["chosen"] if not any(c["area"][3] < 0.05 for c in here(x))]
+    for x in quiet:
+        cs = here(x)
+        if cs:
             lines.append(
-                f"- **Replicated: {rg.LABEL[better]} learns faster than {rg.LABEL[worse]} on {c['workflow']} "
-                f"{c['setting']}**: area {_diff(c['area'])} on seeds 0..{rg.COMPARE_SEEDS - 1}, "
-                f"{_diff(c['again']['area'])} on the fresh seeds."
+                f"- **{x.workflow} {x.name}: nothing separates** although √K clips "
+                f"{_pct(next(r for r in scan if r['setting'] == x)['objectives']['srpo']['clip'])} of its size-{x.k} "
+                f"sets in the scan: every contrast has area p >= 0.05 on seeds 0..{rg.COMPARE_SEEDS - 1}, and the "
+                f"observed gaps would take {min(c['area_needed'] for c in cs)} or more seeds to resolve at their "
+                "spread: the objectives differ here by less than this task's seed-to-seed spread."
             )
-    elif rows:
+    if not held and rows:
         lines.append(
             "- **No contrast replicated** in the compared settings"
             + (f" ({len(failed)} significant on the first seeds did not hold on fresh ones)" if failed else "")
@@ -380,6 +424,13 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
             f"0..{rg.COMPARE_SEEDS - 1}: "
             + "; ".join(f"{s.workflow} {s.name}: {o}" + (" (its order)" if ok else "") for s, o, ok in paper)
             + ". "
+            + "".join(
+                f"The one replicated step between these three runs against it: {rg.LABEL[c['b']].split(' (')[0]} "
+                f"beat {rg.LABEL[c['a']].split(' (')[0]} on {c['workflow']} {c['setting']}. "
+                for c in held
+                if (c["a"], c["b"]) in (("srpo", "srpo_sum"), ("srpo_sum", "srpo_mean"), ("srpo", "srpo_mean"))
+                and c["area"][0] < 0
+            )
             + (
                 f"Both of its steps replicated as contrasts in {', '.join(f'{s.workflow} {s.name}' for s in shown)}."
                 if shown

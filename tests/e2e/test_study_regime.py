@@ -47,6 +47,7 @@ def _rec(obj, seed, clip_k, rms_k, evals, cv=0.5):
     return {
         "objective": obj,
         "seed": seed,
+        "seconds": 10.0,
         "diagnostics": diag,
         "eval": [[20 * (i + 1), v] for i, v in enumerate(evals)],
         "grad_norm_cv": cv,
