@@ -42,6 +42,7 @@ LEARN_BAR = 0.05  # "learns": the best objective's held-out area at least this f
 SCAN_SEEDS = 2
 COMPARE_SEEDS = 8
 REPLICATION_OFFSET = 100
+GRAD_CLIP = 1.0  # the trainer's default optim.grad_clip (the global grad-norm clip), which every run here uses
 MAX_SETTINGS = 2  # settings compared (one per workflow at most): what ~2 h of CPU allows
 ALPHA = {"srpo_sum": 0.0, "srpo": 0.5, "srpo_mean": 1.0}  # the set-ratio objectives
 OBJECTIVES = ("srpo_sum", "srpo", "srpo_mean", "grpo", "independent", "dr_mas")
@@ -158,6 +159,15 @@ def spread_slope(points: dict[int, float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
+def grad_clipped_share(grad_norms: list[float], clip: float = GRAD_CLIP) -> float:
+    """The share of logged step gradient norms (taken before the clip) above the global grad-norm clip.
+
+    >>> grad_clipped_share([0.5, 1.5, 2.0, 0.9])
+    0.5
+    """
+    return sum(g > clip for g in grad_norms) / len(grad_norms) if grad_norms else 0.0
+
+
 def summarize(setting: Setting, records: list[dict]) -> dict:
     """One setting's runs, per objective (means over seeds): clipped share and spread at the largest set
     size, grad-norm CV, held-out area and final accuracy."""
@@ -178,6 +188,9 @@ def summarize(setting: Setting, records: list[dict]) -> dict:
             "grad_cv": statistics.mean(r["grad_norm_cv"] for r in rs if r["grad_norm_cv"] is not None)
             if any(r["grad_norm_cv"] is not None for r in rs)
             else float("nan"),
+            # the share of steps whose gradient norm (before the clip) exceeds the global grad-norm clip:
+            # there the clip rescales the step's gradient before Adam, a channel alpha acts through at any epochs
+            "grad_clipped": statistics.mean(grad_clipped_share(r["grad_norm"]) for r in rs),
             "area": statistics.mean(study.mean_accuracy(r) for r in rs),
             "final": statistics.mean(study.final_accuracy(r) for r in rs),
             "is_std": statistics.mean(r["diagnostics"].get(f"loss/is_weight_std/k{k}", 0.0) for r in rs),

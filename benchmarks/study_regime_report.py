@@ -129,8 +129,8 @@ def _scan_table(data: dict) -> list[str]:
     lines = [
         "| workflow (K) | epochs | lr | stale | clipped at K: sum / √K / mean / GRPO "
         "| spread at K: sum / √K / mean / GRPO "
-        "| grad-norm CV (√K) | area: sum / √K / mean / GRPO |",
-        "|---|---|---|---|---|---|---|---|",
+        "| steps over the grad-norm clip: sum / √K / mean / GRPO | grad-norm CV (√K) | area: sum / √K / mean / GRPO |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in data["scan"]:
         s, per = row["setting"], row["objectives"]
@@ -139,11 +139,12 @@ def _scan_table(data: dict) -> list[str]:
             return " / ".join(fmt(per[o][field]) if o in per else "-" for o in objs)
 
         if not per:
-            lines.append(f"| {s.workflow} ({row['k']}) | {s.epochs} | {s.lr:g} | {s.staleness} | not run yet | | | |")
+            lines.append(f"| {s.workflow} ({row['k']}) | {s.epochs} | {s.lr:g} | {s.staleness} | not run yet | | | | |")
             continue
         lines.append(
             f"| {s.workflow} ({row['k']}) | {s.epochs} | {s.lr:g} | {s.staleness} | {cols('clip', _pct)} | "
-            f"{cols('spread', lambda v: f'{v:.3f}')} | {study._fmt(per.get('srpo', {}).get('grad_cv'), 2)} | "
+            f"{cols('spread', lambda v: f'{v:.3f}')} | {cols('grad_clipped', _pct)} | "
+            f"{study._fmt(per.get('srpo', {}).get('grad_cv'), 2)} | "
             f"{cols('area', lambda v: f'{v:.3f}')} |"
         )
     return lines
@@ -189,6 +190,13 @@ def _staleness(data: dict) -> list[str]:
                 f"{cols('area', lambda v: f'{v:.3f}')} |"
             )
     return lines
+
+
+def report_same(recs: list[dict], a: str, b: str) -> int:
+    """:func:`_same_runs` over the records of several settings (a seed counts once per setting)."""
+    return sum(
+        _same_runs([r for r in recs if r.get("workflow") == wf], a, b) for wf in {r.get("workflow") for r in recs}
+    )
 
 
 def _same_runs(recs: list[dict], a: str, b: str) -> int:
@@ -295,6 +303,27 @@ def _reading(data: dict) -> list[str]:
             )
             + f" (K = {', '.join(map(str, ks))})."
         )
+    one = [r for r in full if r["setting"].epochs == 1 and r["setting"].workflow.startswith("coord_par")]
+    if one:
+        share = {o: statistics.mean(r["objectives"][o]["grad_clipped"] for r in one) for o in rg.ALPHA}
+        recs = [x for r in one for x in data["records"][(r["setting"].workflow, r["setting"].name)]]
+        same = report_same(recs, "srpo_mean", "grpo")
+        lines.append(
+            "- **A second channel: the global grad-norm clip** (`optim.grad_clip` = "
+            f"{rg.GRAD_CLIP:g}, the trainer's default). On a one-size workflow the set gradient is K^(1-alpha) "
+            "times the mean member's, so the steps whose norm the clip rescales (before Adam) depend on alpha: at "
+            f"1 epoch, where the set clip never binds, {_pct(share['srpo_sum'])} of the steps under sum, "
+            f"{_pct(share['srpo'])} under √K and {_pct(share['srpo_mean'])} under mean are over it (mean over "
+            "the coord_par workflows). A clipped step reaches Adam at another scale than its neighbours, so "
+            "Adam's cancellation of the K^-alpha factor holds only while no step is over the clip"
+            + (
+                f"; mean's 1-epoch runs gave GRPO's evaluations in all {same} (workflow, seed) pairs: at ratio 1 "
+                "the mean of one-token member log-ratios has GRPO's gradient, so the grad-norm clip treats both alike"
+                if same
+                else ""
+            )
+            + "."
+        )
     slopes = {o: rg.spread_slope(_spread_points(scan, o, 8, 1e-3)) for o in ("srpo_sum", "srpo", "srpo_mean", "grpo")}
     slopes2 = {o: rg.spread_slope(_spread_points(scan, o, 2, 1e-3)) for o in ("srpo_sum", "srpo", "srpo_mean", "grpo")}
     if all(math.isfinite(v) for v in slopes.values()):
@@ -342,10 +371,11 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
     failed = [c for c in rows if rg.replicated(c, c.get("again")) is False]
     lines = ["### Which objective when", ""]
     lines.append(
-        f"- **At 1-2 epochs per batch and lr 1e-3 the choice of alpha is moot**: √K's runs clip at most "
-        f"{_pct(max2)} of the largest sets in any workflow, and with one set size per workflow Adam cancels "
-        "the K^-alpha scale of the gradient, so sum, √K and mean are nearly the same update. A user at the "
-        "usual budget (1-2 epochs, on-policy) can pick any of them; √K is the paper's default and costs nothing."
+        f"- **At 1-2 epochs per batch and lr 1e-3 the set clip barely binds**: √K's runs clip at most "
+        f"{_pct(max2)} of the largest sets in any workflow. There alpha acts on a one-size workflow only through "
+        "the global grad-norm clip (above), the k5 study's 20 seeds found no difference between sum, √K and "
+        "mean in that regime, and this scan's two seeds per cell are a map, not a comparison. At the usual "
+        "budget (1-2 epochs, on-policy) any of them will do; √K is the paper's default and costs nothing."
     )
     if over:
         names = ", ".join(
@@ -447,9 +477,9 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
         )
     lines.append(
         "- **Caveat of scale**: a 134k-parameter random-init model on one-token members, 60 steps; with one "
-        "set size per workflow, alpha acts only through the clip and the behaviour weight. Large models with "
-        "long members move their log-ratios differently; these results say where to look, not what an 8B "
-        "model will do."
+        "set size per workflow, alpha acts only through the set clip, the grad-norm clip and the behaviour "
+        "weight. Large models with long members move their log-ratios differently; these results say where "
+        "to look, not what an 8B model will do."
     )
     return lines
 

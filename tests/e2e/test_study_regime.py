@@ -51,6 +51,7 @@ def _rec(obj, seed, clip_k, rms_k, evals, cv=0.5):
         "diagnostics": diag,
         "eval": [[20 * (i + 1), v] for i, v in enumerate(evals)],
         "grad_norm_cv": cv,
+        "grad_norm": [0.5, 1.5, 2.0, 0.9],
     }
 
 
@@ -74,6 +75,7 @@ def test_record_by_size_and_the_setting_summary(rg):
     assert o["seeds"] == [0, 1] and o["clip"] == pytest.approx(0.15)
     assert o["spread"] == pytest.approx(0.2 * math.sqrt(2))
     assert o["area"] == pytest.approx((0.4 + 0.2) / 2) and o["final"] == pytest.approx((0.5 + 0.2) / 2)
+    assert o["grad_clipped"] == pytest.approx(0.5)  # two of the four steps over optim.grad_clip = 1
     # the slope of the spread against K: 0.5 for a sum of K independent log-ratios
     assert rg.spread_slope({k: 0.3 * k**0.5 for k in (2, 3, 5, 8)}) == pytest.approx(0.5)
     assert math.isnan(rg.spread_slope({2: 0.1}))
