@@ -77,10 +77,12 @@ class Setting:
     epochs: int
     lr: float
     staleness: int = 0
+    grad_clip: float | None = None  # None: the trainer's default optim.grad_clip (GRAD_CLIP); 0 turns it off
 
     @property
     def name(self) -> str:
-        return f"e{self.epochs}-lr{self.lr:g}-s{self.staleness}"
+        gc = "" if self.grad_clip is None else f"-gc{self.grad_clip:g}"
+        return f"e{self.epochs}-lr{self.lr:g}-s{self.staleness}{gc}"
 
     @property
     def k(self) -> int:
@@ -89,7 +91,11 @@ class Setting:
 
     def plan(self) -> Plan:
         """The setting as a :class:`study.Plan` (its key tells its records from other settings')."""
-        over = (f"rollout.max_staleness={self.staleness}", "rollout.worker=true") if self.staleness else ()
+        over: tuple[str, ...] = (
+            (f"rollout.max_staleness={self.staleness}", "rollout.worker=true") if self.staleness else ()
+        )
+        if self.grad_clip is not None:
+            over += (f"optim.grad_clip={self.grad_clip:g}",)
         return replace(BASE, workflows=(self.workflow,), epochs=self.epochs, coord_lr=self.lr, overrides=over)
 
     def cells(self) -> tuple[str, ...]:
@@ -344,10 +350,33 @@ def stages(runs_dir: Path, *, jobs: int = 1, fresh: bool = False, run: bool = Tr
     for s in chosen:
         for c in contrast_rows(s, load(runs_dir, s, rep_seeds), rep_seeds):
             again[(c["workflow"], c["setting"], c["a"], c["b"])] = c
+    # 4. each replicated contrast again on the first seeds without the global grad-norm clip: is the set clip
+    # the channel, or the grad-norm clip (which alpha also decides, Note in the report's reading)?
+    held = [c for c in first if replicated(c, again.get((c["workflow"], c["setting"], c["a"], c["b"])))]
+    off = {(c["workflow"], c["setting"]): replace(by_name[c["setting"] + c["workflow"]], grad_clip=0.0) for c in held}
+    abl_cells = sorted(
+        {
+            (off[(c["workflow"], c["setting"])], o, seed)
+            for c in held
+            for o in (c["a"], c["b"])
+            for seed in compare_seeds
+        },
+        key=lambda c: (c[2], c[0].workflow, c[1]),
+    )
+    if run and abl_cells:
+        _run(runs_dir, abl_cells, jobs, fresh, "without the grad-norm clip")
+    todo += _missing(runs_dir, abl_cells)
+    ablation = []
+    for c in held:
+        s_off = off[(c["workflow"], c["setting"])]
+        recs = load(runs_dir, s_off, compare_seeds)
+        rows = [r for r in contrast_rows(s_off, recs, compare_seeds) if (r["a"], r["b"]) == (c["a"], c["b"])]
+        ablation += [{**r, "of": c["setting"], "records": recs} for r in rows]
     return {
         "scan": scan,
         "chosen": chosen,
         "compare": [{**c, "again": again.get((c["workflow"], c["setting"], c["a"], c["b"]))} for c in first],
+        "ablation": ablation,
         "todo": [(s.workflow, s.name, o, seed) for s, o, seed in todo],
         "records": {
             (s.workflow, s.name): load(runs_dir, s, sorted(set(scan_seeds + compare_seeds + rep_seeds))) for s in SCAN

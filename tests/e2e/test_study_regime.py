@@ -130,6 +130,9 @@ def test_keys_tell_settings_apart_and_keep_old_records(rg):
     assert len(keys) == len([s for s in rg.SCAN if s.workflow == "coord_par3"])
     stale = rg.Setting("coord_par3", 2, 1e-3, 1).plan()
     assert "rollout.max_staleness=1" in stale.overrides and "rollout.worker=true" in stale.overrides
+    off = rg.Setting("coord_par8", 8, 1e-3, grad_clip=0.0)
+    assert off.name == "e8-lr0.001-s0-gc0" and off.plan().overrides == ("optim.grad_clip=0",)
+    assert off.plan().key("coord_par8") != rg.Setting("coord_par8", 8, 1e-3).plan().key("coord_par8")
     # the per-member objectives run once where they coincide
     assert rg.Setting("coord_par5", 2, 1e-3).cells() == ("srpo_sum", "srpo", "srpo_mean", "grpo")
     assert rg.Setting("coord_mixed", 2, 1e-3).cells() == ("srpo_sum", "srpo", "srpo_mean", "grpo", "independent")
@@ -180,6 +183,12 @@ def test_the_report_states_only_replicated_contrasts(rg, tmp_path):
         "todo": [],
         "records": {(x.workflow, x.name): (recs if x == s else []) for x in rg.SCAN},
     }
+    off = rg.Setting(s.workflow, s.epochs, s.lr, grad_clip=0.0)
+    data["ablation"] = [
+        {**r, "of": s.name, "records": recs}
+        for r in rg.contrast_rows(off, recs, list(range(rg.COMPARE_SEEDS)))
+        if (r["a"], r["b"]) == ("srpo", "srpo_sum")
+    ]
     page = tmp_path / "results.md"
     report.write(data, tmp_path / "records", page, "python benchmarks/study.py --plan regime")
     text = page.read_text(encoding="utf-8")
@@ -188,3 +197,5 @@ def test_the_report_states_only_replicated_contrasts(rg, tmp_path):
     assert "Replicated: sum (alpha 0) learns faster than mean (alpha 1)" in text
     assert "GRPO per member on" not in text  # significant once, never replicated: not stated
     assert "Both of its steps replicated as contrasts in coord_par2 e8-lr0.001-s0" in text
+    assert "Without the grad-norm clip (`optim.grad_clip=0`, the same seeds) the gap is +0.101" in text
+    assert "Its run without the grad-norm clip is not saved yet." in text  # sum - mean: no ablation record
