@@ -5,7 +5,7 @@ Run: ``python benchmarks/study.py --plan regime [--jobs 2] [--report]`` (``study
 Adam cancels a uniform scale of the gradient, so on a workflow whose sets all have one size alpha acts
 only through the clip (and, with overlapped rollouts, through the behaviour weight); at the k5 study's
 budget the clip touched <= 3% of sets and nothing separated. This plan looks for the regime where the
-clip is substantial, then compares the objectives there, in four stages, each resumable seed by seed
+clip is substantial, then compares the objectives there, in five stages, each resumable seed by seed
 (one JSON record per run under ``benchmarks/results/study-regime/<workflow>/<setting>/<objective>/``):
 
 1. **scan** (``SCAN``): every setting (workflow = set size K, epochs per batch, learning rate,
@@ -16,7 +16,10 @@ clip is substantial, then compares the objectives there, in four stages, each re
    ``srpo`` and learning above chance), on seeds ``0 .. COMPARE_SEEDS - 1`` (the scan's seeds reused).
 3. **replicate**: every contrast with p < 0.05 there, on the disjoint seeds ``REPLICATION_OFFSET ..``:
    only a contrast that holds there (same sign, p < 0.05) is stated as a finding.
-4. **report**: the ``regime`` section of docs/results.md and its plots, from the records alone.
+4. **without the grad-norm clip**: each replicated contrast again on the first seeds with
+   ``optim.grad_clip=0``: alpha also decides how often the global grad-norm clip rescales a step (the
+   set gradient is K^(1-alpha) times the mean member's), so this tells that channel from the set clip.
+5. **report**: the ``regime`` section of docs/results.md and its plots, from the records alone.
 
 Statistics, one run and its record are :mod:`study`'s (``run_one`` through ``_run_cell``: a
 setting is a :class:`study.Plan` with its epochs, lr and trainer overrides, so its key keeps the
@@ -316,7 +319,7 @@ def _run(runs_dir: Path, cells: list[tuple[Setting, str, int]], jobs: int, fresh
 
 
 def stages(runs_dir: Path, *, jobs: int = 1, fresh: bool = False, run: bool = True) -> dict:
-    """Run (``run``) or read the four stages; returns what the report needs, with the runs still missing."""
+    """Run (``run``) or read the stages; returns what the report needs, with the runs still missing."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     scan_seeds = list(range(SCAN_SEEDS))
     scan_cells = [(s, o, seed) for seed in scan_seeds for s in SCAN for o in s.cells()]

@@ -401,6 +401,9 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
             f"steps over the grad-norm clip, area {area}"
         )
 
+    def abl_area(abl: dict, o: str) -> list[float]:
+        return [study.mean_accuracy(r) for r in abl["records"] if r["objective"] == o and r["seed"] in abl["seeds"]]
+
     def without(c: dict) -> str:
         abl = next(
             (
@@ -419,7 +422,9 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
                 "it holds, so the set clip (or the set ratio itself), not the grad-norm clip, carries it."
                 if kept
                 else "it does not hold as significant, so the grad-norm clip, which alpha also decides, is part "
-                "of the effect."
+                "of the effect (the areas without it: "
+                + ", ".join(f"{rg.LABEL[o].split(' (')[0]} {_ci(abl_area(abl, o))}" for o in (c["a"], c["b"]))
+                + ")."
             )
         )
 
@@ -432,8 +437,8 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
             f"{_diff(c['again']['area'])} on the fresh seeds. There {clip_area(c, worse, first_seeds)}; "
             f"{clip_area(c, better, first_seeds)} (seeds 0..{rg.COMPARE_SEEDS - 1})."
             + without(c)
-            + f" So with many epochs per batch and large sets, {rg.LABEL[worse].split(' (')[0]} is the objective "
-            "to avoid."
+            + f" So with many epochs per batch and large sets, under the trainer's default grad-norm clip, "
+            f"{rg.LABEL[worse].split(' (')[0]} is the objective to avoid."
         )
 
     def here(x: rg.Setting) -> list[dict]:
@@ -514,7 +519,9 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
 def write(data: dict, runs_dir: Path, out: Path, command: str) -> None:
     """The ``regime`` section of ``out`` and its plots (``docs/img/study_regime_*.png``)."""
     images = plot(data, out.parent / "img")
-    n_runs = sum(len(v) for v in data["records"].values())
+    every = [r for v in data["records"].values() for r in v]
+    every += [r for a in {a["setting"]: a for a in data.get("ablation", [])}.values() for r in a["records"]]
+    n_runs = len(every)
     lines = [
         f"<!-- study:{SECTION} -->",
         f"## The regime study: where the set ratio's normalisation matters (`{command}`)",
@@ -541,8 +548,6 @@ def write(data: dict, runs_dir: Path, out: Path, command: str) -> None:
             "",
         ]
     lines += [
-        f"{n_runs} runs saved, {sum(r['seconds'] for v in data['records'].values() for r in v) / 60:.0f} min of "
-        "run time in all (one torch thread each, two at a time, under a concurrent CI run). "
         "Issue 38. The k5 study found nothing between sum, √K and mean because, with one set size per "
         "workflow, Adam cancels alpha's uniform scale of the gradient and the clip touched <= 3% of sets. "
         "This plan looks for the regime where the clip binds and compares the objectives there. Every run: "
@@ -555,7 +560,9 @@ def write(data: dict, runs_dir: Path, out: Path, command: str) -> None:
         "lower), over all epochs of every step (epoch 1 is on-policy, so at 1 epoch it is 0 by construction); "
         "*spread*: the root mean square of the set's summed member log-ratio (the logged normalised one times "
         "K^alpha). Staleness k >= 1 runs overlapped rollouts in a rollout worker with the correction the "
-        "config defaults set (`loss.mismatch = decoupled`).",
+        "config defaults set (`loss.mismatch = decoupled`). "
+        f"{n_runs} runs saved, {sum(r['seconds'] for r in every) / 60:.0f} min of run time in all (one torch "
+        "thread each, two at a time, much of it beside a CI run on the same two cores).",
         "",
         f"### Stage 1: the scan (seeds 0..{rg.SCAN_SEEDS - 1})",
         "",
