@@ -334,11 +334,11 @@ def _reading(data: dict) -> list[str]:
             f"against K at 8 epochs is {slopes['srpo_sum']:.2f} under sum, {slopes['srpo']:.2f} under √K and "
             f"{slopes['srpo_mean']:.2f} under mean ({slopes['grpo']:.2f} for one member under GRPO); at 2 epochs "
             f"{slopes2['srpo_sum']:.2f} / {slopes2['srpo']:.2f} / {slopes2['srpo_mean']:.2f} / {slopes2['grpo']:.2f}. "
-            "With one policy shared by all K members and Adam fixing the step's size, the members' log-ratios "
-            "move together, not independently; and once the clip binds it pins the *normalised* log-ratio near "
-            "the clip range, so the summed one grows like K^alpha: flat under sum, about √K under √K, about K "
-            "under mean. The normalisation decides how far a batch's later epochs may move a large set, not how "
-            "the members' noise adds up."
+            "A reading, not tested here: with one policy shared by all K members and Adam fixing the step's "
+            "size, the members' log-ratios move together, not independently; and once the clip binds it holds "
+            "the *normalised* log-ratio near the clip range, so the summed one grows roughly like K^alpha: "
+            "flat under sum, about √K under √K, towards K under mean. The normalisation then decides how far a "
+            "batch's later epochs may move a large set, not how the members' noise adds up."
         )
     found = [scan.get((wf, 2, 1e-3, k)) for wf in ("coord_par3", "coord_par5") for k in (1, 2)]
     st = [r for r in found if r and all(o in r["objectives"] for o in rg.ALPHA)]
@@ -373,8 +373,9 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
     lines.append(
         f"- **At 1-2 epochs per batch and lr 1e-3 the set clip barely binds**: √K's runs clip at most "
         f"{_pct(max2)} of the largest sets in any workflow. There alpha acts on a one-size workflow only through "
-        "the global grad-norm clip (above), the k5 study's 20 seeds found no difference between sum, √K and "
-        "mean in that regime, and this scan's two seeds per cell are a map, not a comparison. At the usual "
+        "the global grad-norm clip (above); the k5 study's 20 seeds (search, 2 epochs, lr 1e-4) found no "
+        "difference between sum, √K and mean there, and this scan's two seeds per cell are a map, not a "
+        "comparison. At the usual "
         "budget (1-2 epochs, on-policy) any of them will do; √K is the paper's default and costs nothing."
     )
     if over:
@@ -498,9 +499,16 @@ def _guidance(data: dict, rows: list[dict]) -> list[str]:
                 if shown
                 else "As a replicated result (both steps, √K > sum and sum > mean, significant on the first seeds "
                 "and again on fresh ones) it appears in no setting. For it to appear, alpha would have to change "
-                "which sets are clipped (true here from 4 epochs or lr 3e-3 on: the clip binds on >= 10% of "
-                "sets), sum would have to over-clip the informative sets of large K while √K keeps the clip "
-                "rate level across K (the scan shows both), mean would have to under-constrain them, and these "
+                "which sets are clipped (true here in the settings listed above, where the clip binds on >= 10% "
+                "of sets), sum would have to over-clip the informative sets of large K while √K keeps the clip "
+                "rate level across K (see the reading of the scan), mean's loose clip would have to cost it "
+                "learning"
+                + "".join(
+                    f" (here, without the grad-norm clip, sum - mean was {_diff(a['area'])} on {a['workflow']})"
+                    for a in data.get("ablation", [])
+                    if (a["a"], a["b"]) == ("srpo_sum", "srpo_mean")
+                )
+                + ", and these "
                 "differences in the update would have to change learning by more than the seed-to-seed spread "
                 "of this task (large here: see *needed*): a model and task that learn steadily at large K, with "
                 "multi-token members whose log-ratios move far from 1, and sets of several sizes in one batch, "
