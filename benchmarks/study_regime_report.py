@@ -111,6 +111,7 @@ def plot(data: dict, img_dir: Path) -> list[Path]:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks([2, 3, 5, 8], ["2", "3", "5", "8"])
+        ax.set_xticks([], minor=True)
         ax.set_title(f"{e} epochs, lr 1e-3", fontsize=9)
         ax.set_xlabel("set size K", fontsize=8)
         ax.grid(alpha=0.3, which="both")
