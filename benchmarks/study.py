@@ -89,6 +89,8 @@ class Plan:
     # ((workflow, objective), (workflow, objective)) pairs compared seed by seed besides the `vs srpo`
     # columns (K = 5 against K = 1)
     contrasts: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
+    # more trainer overrides for every run (the regime plan's `rollout.max_staleness=1`: benchmarks/study_regime.py)
+    overrides: tuple[str, ...] = ()
 
     @property
     def seed_list(self) -> list[int]:
@@ -111,6 +113,8 @@ class Plan:
         # what selects cells, not how a cell runs (and fields added later: old records stay valid)
         for k in ("name", "workflows", "objectives", "seeds", "seed_offset", "pooled", "objectives_on", "contrasts"):
             d.pop(k)
+        if not d["overrides"]:  # added later: the records of plans without overrides stay valid
+            d.pop("overrides")
         d["model"] = "+".join(f"{m}-v{RECIPES[m].version}" for m in recipes_of(workflow) or (MODEL,))
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -598,6 +602,7 @@ def run_one(workflow: str, objective: str, seed: int, plan: Plan, runs_dir: Path
                 "logging.tensorboard=false",
                 "logging.plots=false",
                 f"logging.traces_every={plan.eval_every if routers else 0}",
+                *plan.overrides,
             ],
         )
         t0 = time.perf_counter()
@@ -1407,9 +1412,14 @@ def write_doc(
             + (f" (seeds {', '.join(map(str, have))})" if len(have) < plan.seeds else "")
         )
     lines += [""] + [f"![{p.stem}](img/{p.name})" for p in images] + ["", f"<!-- end study:{plan.section} -->", ""]
-    section = "\n".join(lines)
+    put_section(out, plan.section, "\n".join(lines))
+
+
+def put_section(out: Path, name: str, section: str) -> None:
+    """Write ``section`` (from ``<!-- study:NAME -->`` to ``<!-- end study:NAME -->``) into the page ``out``:
+    in place of the old one, else where the page keeps new sections, else at its end."""
     text = out.read_text(encoding="utf-8") if out.exists() else "# Results\n\n"
-    begin, end = f"<!-- study:{plan.section} -->", f"<!-- end study:{plan.section} -->\n"
+    begin, end = f"<!-- study:{name} -->", f"<!-- end study:{name} -->\n"
     if begin in text and end in text:
         text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
     elif PLACEHOLDER in text:  # new sections go where the page keeps them, in the order they were first run
@@ -1476,7 +1486,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     g.add_argument("--smoke", action="store_true", help="every code path once, for the test suite (~1 min)")
     g.add_argument(
-        "--plan", choices=sorted(PLANS), help=f"one named plan (default: the full study, the plans {' + '.join(FULL)})"
+        "--plan",
+        choices=sorted([*PLANS, "regime"]),
+        help=f"one named plan (default: the full study, the plans {' + '.join(FULL)}; "
+        "regime: issue 38's, benchmarks/study_regime.py)",
     )
     ap.add_argument("--seeds", type=int, help="override the plan's number of seeds")
     ap.add_argument(
@@ -1527,6 +1540,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.pool and (args.seeds or args.seed_offset or args.fresh or args.steps):
         ap.error("--pool reports the saved runs: it takes no --seeds, --seed-offset, --steps or --fresh")
     one = args.plan or ("quick" if args.quick else "smoke" if args.smoke else None)
+    if one == "regime":  # issue 38's study: its own stages (scan, compare, replicate), benchmarks/study_regime.py
+        if args.pool or args.seeds or args.seed_offset or args.steps or args.workflows:
+            ap.error("--plan regime sets its own seeds, steps and workflows: it takes --jobs, --report, --fresh")
+        import study_regime
+
+        runs = args.runs_dir or ROOT / "benchmarks/results/study-regime"
+        return study_regime.main(runs, args.out, jobs=args.jobs, fresh=args.fresh, run=not args.report)
     flags = (
         (f" --seeds {args.seeds}" if args.seeds else "")
         + (f" --seed-offset {args.seed_offset}" if args.seed_offset else "")

@@ -28,7 +28,7 @@ SUM_KEYS = ("loss", "pg_loss", "kl_loss", "items", "clip_upper", "clip_lower", "
             "old_minus_new", "events", "adv", "adv_sq", "adv_zero", "mismatch_abs", "mismatch_weight", "masked",
             "truncated", "tokens_masked", "tokens_clipped", "sets_clipped", "members", "ref_k3", "entropy")
 SIZE_KEYS = ("items", "clip_upper", "clip_lower", "log_ratio", "ratio", "events", "is_weight", "is_weight_sq",
-             "is_truncated", "is_masked")
+             "is_truncated", "is_masked", "log_ratio_sq")
 AGENT_KEYS = ("tokens", "clip_upper", "clip_lower", "ratio")
 
 
@@ -267,6 +267,12 @@ class LossDiagnostics:
         return self._by_size("ratio")
 
     @property
+    def log_ratio_rms_by_size(self) -> torch.Tensor:
+        """Root mean square of the item log-ratio per set size: its spread (the set ratio's, normalised
+        by K^alpha, for the set unit), what decides how often a size's sets reach the clip."""
+        return self._by_size("log_ratio_sq").sqrt()
+
+    @property
     def log_ratio_absmax_by_size(self) -> torch.Tensor:
         return self.size_absmax.index_select(0, self.sizes)
 
@@ -290,7 +296,7 @@ class LossDiagnostics:
                    num_tokens=float(self.num_tokens), zero_variance_groups=float(self.zero_variance_groups))
         sizes = self.sizes.tolist()
         for name in ("clip_upper_by_size", "clip_lower_by_size", "log_ratio_mean_by_size",
-                     "log_ratio_absmax_by_size", "ratio_mean_by_size", "events_by_size"):
+                     "log_ratio_absmax_by_size", "log_ratio_rms_by_size", "ratio_mean_by_size", "events_by_size"):
             stem = name.removesuffix("_by_size")
             for k, v in zip(sizes, getattr(self, name).tolist()):
                 out[f"{stem}/k{k}"] = float(v)
@@ -352,8 +358,8 @@ def diagnose(
     ratio, log_ratio, d = ratio.detach().to(f), log_ratio.detach().to(f), d.detach().to(f)
     upper, lower = clipped_upper.to(f), clipped_lower.to(f)
     nbins = b.num_members + 1  # set sizes are at most M: bin by the size itself (no host sync)
-    stats = torch.stack([upper, lower, log_ratio, ratio], 1)
-    bins = torch.zeros(nbins, 4, dtype=f, device=dev).index_add_(0, item_size, stats)
+    stats = torch.stack([upper, lower, log_ratio, ratio, log_ratio * log_ratio], 1)
+    bins = torch.zeros(nbins, 5, dtype=f, device=dev).index_add_(0, item_size, stats)
     items_by_size = torch.bincount(item_size, minlength=nbins).to(f)
     absmax = torch.zeros(nbins, dtype=f, device=dev).scatter_reduce_(
         0, item_size, log_ratio.abs(), reduce="amax", include_self=True
@@ -436,6 +442,7 @@ def diagnose(
             "is_weight_sq": w_bins[:, 1],
             "is_truncated": w_bins[:, 2],
             "is_masked": w_bins[:, 3],
+            "log_ratio_sq": bins[:, 4],
         },
         size_absmax=absmax,
         agent_sums={

@@ -57,6 +57,9 @@ def test_set_unit_diagnostics_match_plain_loops(batch):
         assert diag.ratio_mean_by_size[i].item() == pytest.approx(sum(r for _, r, _ in rows) / len(rows), rel=1e-5)
         assert diag.log_ratio_mean_by_size[i].item() == pytest.approx(sum(L for L, _, _ in rows) / len(rows), abs=1e-5)
         assert diag.log_ratio_absmax_by_size[i].item() == pytest.approx(max(abs(L) for L, _, _ in rows), rel=1e-5)
+        rms = math.sqrt(sum(L * L for L, _, _ in rows) / len(rows))
+        assert diag.log_ratio_rms_by_size[i].item() == pytest.approx(rms, rel=1e-5)
+        assert diag.to_dict()[f"log_ratio_rms/k{k}"] == pytest.approx(rms, rel=1e-5)
         assert diag.events_by_size[i].item() == len(rows)
     assert diag.clip_frac_upper.item() > 0 and diag.clip_frac_lower.item() > 0  # both sides exercised
     ratios = [r for rows in per_size.values() for _, r, _ in rows]
