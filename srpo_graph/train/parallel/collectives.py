@@ -71,6 +71,8 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         # before the group exists: see Note [Group defaults captured at import]
+        import torch.distributed._functional_collectives  # noqa: F401
+        import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401
         import torch.distributed.nn.functional  # noqa: F401
         if device == "cuda":
             torch.cuda.set_device(local)
@@ -96,6 +98,10 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
 # 1 in 20 two-rank runs on 2 loaded cores. Imported before the group exists, those defaults are
 # None, the group dies in destroy_process_group, and its threads are joined there, while the
 # interpreter is whole. tests/train/test_train_ddp.py::test_shutdown_frees_the_process_group.
+# The modules of torch.distributed that keep the group in a default or a module global are
+# imported before init for that reason: nn.functional, _functional_collectives (FSDP's and
+# DTensor's collectives) and fsdp.sharded_grad_scaler. (An FSDP two-rank run still aborted this
+# way at exit, ~1 run in 3 on 2 loaded cores, with nn.functional alone imported first.)
 
 
 def collective_failed(exc: BaseException) -> bool:
