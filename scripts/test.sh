@@ -4,6 +4,9 @@
 #   bash scripts/test.sh --fast [PYTEST ARGS]   the fast lane, for the edit-test loop: the unit tests and
 #       doctests, without the tests that train a model end to end (marker slow), need a real SGLang
 #       server (sglang) or start Python processes (proc); pyproject.toml registers the markers
+# Both run on SRPO_GRAPH_TEST_WORKERS pytest-xdist workers (default 2; 0: one process), grouped so that
+# a shared server or reference run is made once (tests/support/parallel.py; the measurement behind
+# the default: docs/performance.md, "CI time").
 set -euo pipefail
 fast=()
 if [ "${1:-}" = "--fast" ]; then
@@ -13,4 +16,6 @@ fi
 cd "$(dirname "$0")/.."
 # (.ci/run has run the set-up already and says so with SRPO_GRAPH_SETUP_DONE=1: one pip pass, not two)
 [ -n "${SRPO_GRAPH_SETUP_DONE:-}" ] || bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider ${fast[@]+"${fast[@]}"} "$@"  # (the +: bash 3 and set -u)
+workers=(-n "${SRPO_GRAPH_TEST_WORKERS:-2}" --dist loadgroup)
+[ "${SRPO_GRAPH_TEST_WORKERS:-2}" != 0 ] || workers=(-p no:xdist)
+exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "${workers[@]}" ${fast[@]+"${fast[@]}"} "$@"  # (the +: bash 3 and set -u)

@@ -70,6 +70,16 @@ def _lane_marks(request):
         yield
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n N --dist loadgroup`` (scripts/test.sh's default): the tests that need a real
+    SGLang server run in one worker, so the session's shared servers (``sglang_url``,
+    ``local_sglang``) start once, not once per worker (tests/support/parallel.py)."""
+    from tests.support.parallel import group_items
+
+    group_items(items)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """After each test: release the session resources no later test uses (tests/support/last_use.py)."""

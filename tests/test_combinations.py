@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import combinations as C  # the table
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the table (--import-mode=importlib puts no test folder on the path)
-import combinations as C  # noqa: E402
 
 BASE = ["rollout.tasks_per_step=2", "rollout.samples=4", "eval.every=0", "eval.num_tasks=2",
         "logging.tensorboard=false", "logging.plots=false", "checkpoint.every=1", "dist_timeout=120", "seed=5"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import test_chat_agents as base  # tests/runtime is on sys.path (conftest.py)
 import torch
 
 from srpo_graph.backends.transformers import TransformersBackend
+from tests.runtime import test_chat_agents as base
 
 
 @pytest.fixture(scope="module")

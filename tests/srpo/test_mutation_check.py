@@ -10,8 +10,6 @@ notices is a hole in the suite. Bounded: a few seconds in all.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -22,13 +20,8 @@ from srpo_graph.compiler.options import ReturnMode
 from srpo_graph.srpo import loss as loss_mod
 from srpo_graph.srpo import objectives
 from srpo_graph.srpo.options import Reduction
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "compiler"))
-import test_advantages  # noqa: E402
-import test_objectives_papers as papers  # noqa: E402
-import test_provenance  # noqa: E402
+from tests.compiler import test_advantages, test_provenance
+from tests.srpo import test_objectives_papers as papers
 
 
 def _row(name: str, loss: dict | None = None, compile: dict | None = None):

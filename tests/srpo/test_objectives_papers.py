@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +21,7 @@ from srpo_graph.compiler.compile import compile
 from srpo_graph.compiler.synthetic import synthetic_episodes
 from srpo_graph.srpo import objectives
 from srpo_graph.srpo.loss import srpo_loss
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
-from test_advantages import ref_returns  # noqa: E402  (the independent provenance reference)
+from tests.compiler.test_advantages import ref_returns  # the independent provenance reference
 
 KL_SHIFT = 0.1  # ref log-probs = old - KL_SHIFT
 
