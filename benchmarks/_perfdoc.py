@@ -33,9 +33,9 @@ def read_result(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
-def write_section(name: str, body: str, *, first: bool = False) -> None:
+def write_section(name: str, body: str, *, first: bool = False, after: str | None = None) -> None:
     """Replace section NAME of docs/performance.md (new sections go last, or right after the
-    title and intro with ``first``)."""
+    title and intro with ``first``, or right after section ``after`` where it exists)."""
     DOC.parent.mkdir(parents=True, exist_ok=True)
     text = (
         DOC.read_text(encoding="utf-8")
@@ -48,6 +48,9 @@ def write_section(name: str, body: str, *, first: bool = False) -> None:
     if old:
         block = _keep_rows(old.group(0), block)
         text = pattern.sub(lambda _: block, text)
+    elif after is not None and f"<!-- /bench:{after} -->" in text:
+        at = text.index(f"<!-- /bench:{after} -->") + len(f"<!-- /bench:{after} -->")
+        text = text[:at] + "\n\n" + block + text[at:]
     elif first and "\n<!-- bench:" in text:
         at = text.index("\n<!-- bench:") + 1
         text = text[:at] + block + "\n\n" + text[at:]

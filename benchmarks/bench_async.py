@@ -231,7 +231,8 @@ def _mean_of(rows: list[dict], key: str) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def learning_section(learn: dict[str, list[dict]], before: dict | None, backend: str) -> tuple[str, dict]:
+def learning_section(learn: dict[str, list[dict]], before: dict | None, backend: str,
+                     name: str | None = None) -> tuple[str, dict]:
     """The learning table (held-out accuracy by workflow and mode, the paired difference to the
     workflow's first mode: synchronous, or the first weight), the stale gap and the behaviour weights
     by set size beside it, and its record. ``learn[mode]`` holds the runs of the seeds every mode has
@@ -249,8 +250,9 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
 
     head = (
         f"| workflow | mode | held-out, step 0 | held-out, step {last} | gain | vs the workflow's first row at step "
-        f"{last} (paired) | step time (s) | step time / first row's (paired) | wall time to step {last} (min) |"
-        "\n|---|---|---|---|---|---|---|---|---|\n"
+        f"{last} (paired) | mean of steps {steps[1]}-{last} vs the first row's (paired) | step time (s) | "
+        f"step time / first row's (paired) | wall time to step {last} (min) |"
+        "\n|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines, rec = [], {}
     for mode in modes:
@@ -259,17 +261,23 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
         gain = [b - a for a, b in zip(first, final)]
         wf = parse_mode(mode)[0]
         diff = [at(r, last) - at(s, last) for r, s in zip(runs, learn[ref[wf]])]
+        # every evaluation after step 0 (the area under the curve): less eval noise than the last one alone
+        later = steps[1:]
+        diff_mean = [statistics.fmean(at(r, t) for t in later) - statistics.fmean(at(s, t) for t in later)
+                     for r, s in zip(runs, learn[ref[wf]])]
         st = [statistics.median(step_times(r["rows"])) for r in runs]
         wall = [r["rows"][-1]["time/clock"] / 60 for r in runs]
         st_ref = [statistics.median(step_times(r["rows"])) for r in learn[ref[wf]]]
         st_ratio = [a / b for a, b in zip(st, st_ref)]
         lines.append(
             f"| {wf} | {mode_name(mode)} | {fmt(first, 3)} | {fmt(final, 3)} | {fmt(gain, 3)} | "
-            f"{'-' if mode == ref[wf] else fmt(diff, 3)} | {fmt(st)} | {'-' if mode == ref[wf] else fmt(st_ratio)} | "
+            f"{'-' if mode == ref[wf] else fmt(diff, 3)} | {'-' if mode == ref[wf] else fmt(diff_mean, 3)} | "
+            f"{fmt(st)} | {'-' if mode == ref[wf] else fmt(st_ratio)} | "
             f"{fmt(wall)} |"
         )
         rec[mode] = {"seeds": [r["seed"] for r in runs], "mismatch": runs[0]["mismatch"], "first": first,
-                     "final": final, "gain": gain, "diff_vs_ref": diff, "ref": ref[wf], "step_s": st,
+                     "final": final, "gain": gain, "diff_vs_ref": diff, "diff_mean_vs_ref": diff_mean, "ref": ref[wf],
+                     "step_s": st,
                      "step_ratio": st_ratio, "wall_min": wall}
     # the stale gap and the weights: per run the mean over its steps, then mean ± interval over seeds
     sizes = sorted({int(key.rsplit("/k", 1)[1]) for r in runs0 + [x for m in modes for x in learn[m]]
@@ -299,11 +307,15 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
     n = ", ".join(f"{wf} {len(learn[m])}" for wf, m in ref.items())
     minutes = sum(r["minutes"] for m in modes for r in learn[m])
     body = (
-        f"### Learning per step: {LEARN_WF} on {LEARN_MODEL}\n\nThe tiny model of the section above learns nothing "
+        f"### Learning per step: {LEARN_WF} on {LEARN_MODEL}"
+        + (" (real SGLang server)" if backend == "sglang" else "")
+        + ("" if last == 40 else f", {last} steps")
+        + "\n\nThe tiny model of the section above learns nothing "
         f"in a few dozen steps, so learning is compared where it is measured: `workflows/{LEARN_WF}.wf` (every "
-        "active set has one member, where `decoupled_weight`'s two choices are one weight) and, for the weight "
-        "choice, `workflows/tinymath_mixed.wf` (two solvers consumed together: sets of K = 2), on the "
-        f"pre-trained `{LEARN_MODEL}`, "
+        "active set has one member, where `decoupled_weight`'s two choices are one weight)"
+        + (" and, for the weight choice, `workflows/tinymath_mixed.wf` (two solvers consumed together: sets of K = 2)"
+           if any(wf != LEARN_WF for wf in ref) else "")
+        + f", on the pre-trained `{LEARN_MODEL}`, "
         + ("served by a real SGLang CPU server (weights reset to the base model before each run)" if backend == "sglang"
            else "sampled by the transformers backend in its rollout worker (`rollout.worker = true`, in every mode: "
            "the worker samples while the trainer updates, so the loop can overlap)")
@@ -313,8 +325,10 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
         "configuration's default correction (synchronous: `tis` on SGLang, none on transformers; overlapped: "
         "`decoupled`) and the "
         f"behaviour weight named (`loss.decoupled_weight`). Seeds per mode: {n}, interleaved (seed by seed, every "
-        f"mode), mean ± 95% t interval; the paired column is the per-seed difference of the final held-out "
-        f"accuracy to the workflow's first row (same seed: same tasks and the same first rollout). "
+        f"mode), mean ± 95% t interval; the paired columns are the per-seed differences to the workflow's first "
+        f"row (same seed: same tasks and the same first rollout) of the final held-out accuracy (the measure "
+        f"chosen first) and of the mean over every evaluation after step 0 (one held-out evaluation is 128 "
+        f"episodes, ± ~0.04 of sampling noise, which the mean over several averages down). "
         f"{minutes:.0f} min of training in all; "
         f"machine: {machine()}, shared.\n\n"
         + head + "\n".join(lines)
@@ -324,10 +338,13 @@ def learning_section(learn: dict[str, list[dict]], before: dict | None, backend:
         "sampler), the share of tokens clipped in epoch 2, and per set size K the weight's mean, its spread (std "
         "over the step's items) and the share truncated at C = 2 (`loss/is_weight_*/kK`):\n\n"
         + whead + "\n".join(wlines)
-        + "\n\nHeld-out accuracy by step and by wall-clock: `docs/img/async_learning.png`. Records: "
-        "`benchmarks/results/async-learning/` (one per mode and seed; a rerun resumes). Command: `python "
+        + f"\n\nHeld-out accuracy by step and by wall-clock: `docs/img/{learning_names(name or backend)[1]}`. "
+        f"Records: `benchmarks/results/async-learning/{name or backend}/` (one per mode and seed; a rerun resumes). "
+        "Command: `python "
         f"benchmarks/bench_async.py --learn-only --learn-seeds {max(len(r) for r in learn.values())} "
-        f"--learn-backend {backend}` (seeds split over processes with `--learn-seed-list`).\n"
+        f"--learn-backend {backend}{'' if last == 40 else f' --learn-steps {last}'}"
+        f"{'' if set(modes) == set(LEARN_MODES.split(',')) else ' --learn-modes ' + ','.join(modes)}` "
+        "(seeds split over processes with `--learn-seed-list`).\n"
     )
     if before:
         body += (
@@ -345,7 +362,7 @@ def run_learning(args, root: Path, modes: list[str]) -> dict[str, list[dict]]:
     from srpo_graph.models.recipes import ensure_recipe_model
     from tests.support.sglang_servers import start_real_server
 
-    runs_dir = LEARN_RUNS / args.learn_backend
+    runs_dir = LEARN_RUNS / learn_key(args)
     runs_dir.mkdir(parents=True, exist_ok=True)
 
     def path(mode: str, seed: int) -> Path:
@@ -381,15 +398,30 @@ def run_learning(args, root: Path, modes: list[str]) -> dict[str, list[dict]]:
     return {m: [json.loads(path(m, s).read_text()) for s in done[m]] for m in modes if done[m]}
 
 
-def write_learning(learn: dict[str, list[dict]], backend: str) -> None:
+def learn_key(args) -> str:
+    """The name of a learning comparison: its backend, and its length where that is not the default
+    (``sglang``, ``sglang-60steps``): its records' folder, section, plot and summary are named by it."""
+    return args.learn_backend + ("" if args.learn_steps == 40 else f"-{args.learn_steps}steps")
+
+
+def learning_names(key: str) -> tuple[str, str, str]:
+    """Where learning comparison ``key`` goes: its docs/performance.md section, its plot and its
+    record (one each per backend and length, side by side: the transformers one first, named as before)."""
+    if key == "transformers":
+        return "async-learning", "async_learning.png", "async_learning"
+    return f"async-learning-{key}", f"async_learning_{key}.png", f"async_learning_{key.replace('-', '_')}"
+
+
+def write_learning(learn: dict[str, list[dict]], backend: str, key: str) -> None:
     """The learning section of docs/performance.md, its plot and its summary record."""
-    # the rows measured before the decoupled default (every mode on tis), kept beside the new ones
+    section, image, result = learning_names(key)
+    # the rows measured before the decoupled default (every mode on SGLang's tis), kept beside the new ones
     before = (read_result("async") or {}).get("learning") or (read_result("async_learning") or {}).get("before_tis")
     body, rec = learning_section(learn, {m.removeprefix("k"): v for m, v in before.items()} if before else None,
-                                 backend)
-    plot_learning(learn, ROOT / "docs" / "img" / "async_learning.png")
-    write_section("async-learning", body)
-    write_result("async_learning", {"backend": backend, "modes": rec, "before_tis": before})
+                                 backend, key)
+    plot_learning(learn, ROOT / "docs" / "img" / image)
+    write_section(section, body, after="async-learning")
+    write_result(result, {"backend": backend, "modes": rec, "before_tis": before})
     print(body)
 
 
@@ -494,7 +526,7 @@ def main() -> None:
     learn_modes = args.learn_modes.split(",")
     if args.learn_only:
         with tempfile.TemporaryDirectory() as tmp:
-            write_learning(run_learning(args, Path(tmp), learn_modes), args.learn_backend)
+            write_learning(run_learning(args, Path(tmp), learn_modes), args.learn_backend, learn_key(args))
         return
     from srpo_graph.models.tiny import ensure_tiny_model
     from tests.support.sglang_servers import start_real_server
@@ -528,7 +560,7 @@ def main() -> None:
         finally:
             server.stop()
         if args.learn_seeds:
-            write_learning(run_learning(args, root, learn_modes), args.learn_backend)
+            write_learning(run_learning(args, root, learn_modes), args.learn_backend, learn_key(args))
     total = time.perf_counter() - t_start
     plot(runs, ROOT / "docs" / "img" / "async_reward.png")
     head = (
