@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 
 from srpo_graph import supervisor
 
@@ -108,16 +109,20 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         exiting.as_entry_point()
+    code = 1
     try:
         app.main(args=argv, prog_name="srpo-graph")
     except SystemExit as exc:  # (click's standalone mode always ends so)
-        supervisor.finished(supervisor.exit_status(exc.code))
+        code = supervisor.exit_status(exc.code)
         raise
     except BaseException:  # a bug's traceback: Python's exit status 1
-        supervisor.finished(1)
+        if exiting.in_process_group():  # (exiting.end below skips Python's own printing of it)
+            traceback.print_exc()
         raise
     finally:  # the outcome is decided: a signal must not raise into the exit (exiting.py)
         exiting.decided()
+        supervisor.finished(code)
+        exiting.end(code)  # Note [A process in a group ends without finalizing] (exiting.py)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,6 +37,7 @@ _STOPS: list[int] = []  # the SIGTERMs stop_on_sigterm's handler received
 _BEFORE: list[Any] = []  # the SIGTERM handler stop_on_sigterm replaced
 _ENTRY: list[bool] = []  # set by as_entry_point: this process is a command's
 _SEEN: list[int] = []  # signals received once the outcome was decided
+_GROUPS: list[bool] = []  # set by joined_process_group: this process joined a torch.distributed group
 
 
 class Interrupted(KeyboardInterrupt):
@@ -102,3 +103,50 @@ def decided() -> None:
                 signal.signal(sig, _during_exit)
     elif signal.getsignal(signal.SIGTERM) is _terminated:  # in-process: the caller's handler again
         signal.signal(signal.SIGTERM, _BEFORE[0] if _BEFORE else signal.SIG_DFL)
+
+
+# Note [A process in a group ends without finalizing]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A process that joined a gloo process group (a torchrun rank, the rollout worker receiving
+# weights, a trainer streaming weights to SGLang) can abort after its outcome is decided:
+# "terminate called without an active exception", SIGABRT, exit 134 instead of the status chosen.
+# Something still holds the group when the interpreter finalizes -- a module default captured at
+# import (Note [Group defaults captured at import], train/parallel/collectives.py), or the frames
+# of the exception that stopped the run (a full disk inside DCP's save: RunStopped keeps it as its
+# __context__, and its frames hold the planner's group and work) -- so destroy_process_group cannot
+# free it, and its gloo threads are still joinable when C++ destroys them. Imports before init
+# closed the first way (5 of 5 runs); a two-rank FSDP run stopped by a full disk still ended 134
+# once in a CI run of two pytest workers. Rather than chase every holder, such a process ends where
+# its outcome is decided (:func:`end`): the ``atexit`` functions run (server stops, temporary
+# folders, logging), the standard streams are flushed, and ``os._exit`` skips the interpreter's
+# finalization, where the abort happens. A process that never joined a group exits as before.
+
+
+def joined_process_group() -> None:
+    """This process joined a torch.distributed group: its command ends through :func:`end`."""
+    _GROUPS[:] = [True]
+
+
+def in_process_group() -> bool:
+    """Whether :func:`joined_process_group` was called in this process."""
+    return bool(_GROUPS)
+
+
+def end(code: int) -> None:
+    """End a command's process that joined a process group now, with exit status ``code`` (Note [A
+    process in a group ends without finalizing]); otherwise return, and the caller exits as usual.
+    Call it where the outcome is decided, after :func:`supervisor.finished`."""
+    if not _GROUPS or not _ENTRY:  # in-process (a test, a notebook): never end the caller's process
+        return
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()  # (what the interpreter would run first; it prints their errors itself)
+    except BaseException:  # noqa: BLE001 - the exit status of record stands
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
+            pass
+    os._exit(code)

@@ -171,6 +171,9 @@ def join_group(master_address: str, master_port: int, world_size: int, group_nam
         raise BackendError(f"sglang: cannot create the weight-update group {group_name!r} on "
                            f"{master_address}:{master_port} ({type(exc).__name__}: {exc})") from None
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    from srpo_graph import exiting
+
+    exiting.joined_process_group()  # Note [A process in a group ends without finalizing] (exiting.py)
     return pg
 
 

@@ -8,6 +8,7 @@ ends it (``srpo_graph/supervisor.py``).
 from __future__ import annotations
 
 import sys
+import traceback
 
 from srpo_graph import exiting, supervisor
 from srpo_graph.errors import SrpoGraphError
@@ -19,18 +20,21 @@ def main(argv: list[str] | None = None) -> None:
 
     stop_with_parent()  # a rank under the launcher's torchrun stops when torchrun is gone
 
+    code = 1
     try:
         _run(train_command, argv)
+        code = 0
     except SystemExit as exc:
-        supervisor.finished(supervisor.exit_status(exc.code))
+        code = supervisor.exit_status(exc.code)
         raise
     except BaseException:
-        supervisor.finished(1)
+        if exiting.in_process_group():  # (exiting.end below skips Python's own printing of it)
+            traceback.print_exc()
         raise
-    else:
-        supervisor.finished(0)
     finally:  # the outcome is decided: a signal must not raise into the exit (srpo_graph/exiting.py)
         exiting.decided()
+        supervisor.finished(code)
+        exiting.end(code)  # a rank ends here, without finalizing (Note [A process in a group ends without finalizing])
 
 
 def _run(train_command, argv: list[str] | None) -> None:

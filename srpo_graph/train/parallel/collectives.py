@@ -31,6 +31,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from srpo_graph import exiting
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -82,6 +84,7 @@ def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:
         # NCCL for CUDA tensors, gloo for CPU ones, one group
         dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device == "cuda" else "gloo",
                                 timeout=timedelta(seconds=timeout))
+        exiting.joined_process_group()  # Note [A process in a group ends without finalizing] (exiting.py)
     return DistInfo(rank=rank, world_size=world, local_rank=local)
 
 

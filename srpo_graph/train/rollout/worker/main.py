@@ -215,4 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from srpo_graph import exiting
+
+    exiting.as_entry_point()
+    status = main()
+    exiting.end(status)  # it joined the weight group: Note [A process in a group ends without finalizing]
+    sys.exit(status)

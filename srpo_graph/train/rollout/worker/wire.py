@@ -133,6 +133,9 @@ def join_as_receiver(master_address: str, master_port: int, group_name: str, tim
     pg, _ = helper(2, 1, [], Backend("gloo"), PrefixStore(group_name, store), group_name=group_name,
                    backend_options=None, timeout=timedelta(seconds=timeout))
     _world.pg_group_ranks[pg] = {0: 0, 1: 1}
+    from srpo_graph import exiting
+
+    exiting.joined_process_group()  # Note [A process in a group ends without finalizing] (exiting.py)
     return pg
 
 

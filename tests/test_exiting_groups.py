@@ -1,0 +1,66 @@
+"""A process that joined a process group ends with the status it decided, without the interpreter's
+finalization (srpo_graph/exiting.py, Note [A process in a group ends without finalizing]): its
+``atexit`` functions still run and its output is flushed; one that never joined exits as before."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from srpo_graph import exiting
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A real gloo group of one, kept alive past the end (as a captured default or an exception's frames
+# would keep it), and a non-daemon thread: the part of finalization that must be skipped -- Python
+# joins such a thread before it finalizes, so an exit through finalization never ends.
+CHILD = r"""
+import atexit, sys, threading, time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from srpo_graph import exiting
+
+exiting.as_entry_point()
+store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30))
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+HOLD = [dist.group.WORLD]
+if sys.argv[1] == "joined":
+    exiting.joined_process_group()
+atexit.register(lambda: open(sys.argv[2], "w").write("atexit ran"))
+threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+sys.stdout.write("decided, not yet flushed")
+exiting.end(3)
+print(" -- end() returned: this process never joined a group", flush=True)
+import os
+os._exit(4)  # (the test's own way out: a plain exit would wait for the thread)
+"""
+
+
+@pytest.mark.proc
+@pytest.mark.parametrize("joined", [True, False])
+def test_a_process_in_a_group_ends_with_its_status_and_runs_its_atexit_functions(tmp_path, joined):
+    marker = tmp_path / "atexit.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", CHILD, "joined" if joined else "alone", str(marker)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    if joined:
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        assert proc.stdout == "decided, not yet flushed"  # flushed by end()
+        assert marker.read_text() == "atexit ran"  # the atexit functions ran (server stops, temporary folders)
+    else:  # end() is a no-op: the caller goes on to exit as usual
+        assert proc.returncode == 4 and proc.stdout.endswith("never joined a group\n"), proc.stderr[-2000:]
+        assert not marker.exists()
+
+
+def test_end_never_ends_the_callers_process_in_process(monkeypatch):
+    """In a test or a notebook (no command's entry point), end() returns even after a group was joined."""
+    monkeypatch.setattr(exiting, "_GROUPS", [True])
+    monkeypatch.setattr(exiting, "_ENTRY", [])
+    exiting.end(5)  # still here
+    assert exiting.in_process_group()
