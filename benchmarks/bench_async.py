@@ -420,7 +420,8 @@ def write_learning(learn: dict[str, list[dict]], backend: str, key: str) -> None
     body, rec = learning_section(learn, {m.removeprefix("k"): v for m, v in before.items()} if before else None,
                                  backend, key)
     plot_learning(learn, ROOT / "docs" / "img" / image)
-    write_section(section, body, after="async-learning")
+    # beside its backend's default-length section (the transformers one first)
+    write_section(section, body, after=learning_names(backend)[0] if key != backend else "async-learning")
     write_result(result, {"backend": backend, "modes": rec, "before_tis": before})
     print(body)
 
