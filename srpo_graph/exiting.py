@@ -89,6 +89,16 @@ def _during_exit(signum, frame):  # noqa: ARG001 - a signal handler's signature
     _SEEN.append(signum)
 
 
+def asked_to_stop() -> bool:
+    """A signal (SIGINT, SIGTERM) arrived after the outcome was decided (:func:`decided`): a wait
+    that only delays the exit can end now.
+
+    >>> asked_to_stop()
+    False
+    """
+    return bool(_SEEN)
+
+
 def decided() -> None:
     """The outcome is decided: from now on no signal raises into what remains (the module docstring).
 

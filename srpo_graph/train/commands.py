@@ -174,6 +174,10 @@ def train_command(
             exiting.decided()
             if main_rank:
                 click.echo(exc.advice(workflow), err=True)
+            if exc.consequence:  # another rank's failure is the job's cause: let torchrun see it first
+                from srpo_graph.train.parallel.launch import stopped_after_another_rank
+
+                stopped_after_another_rank(str(exc))
             sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         # (TrainingInterrupted is a KeyboardInterrupt; it is looked up here, not named in an `except`, because a

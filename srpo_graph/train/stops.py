@@ -105,8 +105,11 @@ class RunStopped(SrpoGraphError):
     exit_code = 1
 
     def __init__(self, run_dir: Path, steps_done: int, checkpoint: Path | None, cause: OSError | str,
-                 remedy: str = "free space"):
+                 remedy: str = "free space", *, consequence: bool = False):
         self.run_dir, self.steps_done, self.checkpoint = Path(run_dir), steps_done, checkpoint
+        # the stop follows another rank's (it stopped answering): that rank's failure is the job's cause
+        # (Note [The job fails with its cause], train/parallel/launch.py)
+        self.consequence = consequence
         if isinstance(cause, OSError):
             self.reason = disk_full_reason(cause, self.run_dir)
         else:
@@ -194,6 +197,7 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
             checkpoint,
             f"another rank of the job stopped answering ({first[:200]})",
             remedy="check the other ranks' output",
+            consequence=True,
         )
     return None
 

@@ -16,12 +16,25 @@ starts -- and stops as if the launcher had passed one on: torchrun stops the ran
 with the resume line. A thread polling the parent's pid, not ``PR_SET_PDEATHSIG``: the latter fires
 when the *thread* that started the child ends, and torchrun's agent is not ours to audit.
 
+Note [The job fails with its cause]: when one rank fails, the others stop too -- their next
+collective finds the peer gone ("another rank of the job stopped answering", exit 1) -- and
+torchrun reports the failure with the smallest timestamp, in whole seconds (a rank that wrote no
+error file gets the time torchrun saw it), ties going to the lowest rank. So a rank 1 ended by user
+code (exit 8) and rank 0 stopping because of it, in the same second, made the job exit 1, not 8
+(a CI run); and a rank 0 seen a poll before its cause was seen made it so too. A rank whose stop is
+a consequence says so (:func:`stopped_after_another_rank`): it writes the error file torchrun gives
+each rank (``TORCHELASTIC_ERROR_FILE``) with a mark, and it waits a moment before it exits, long
+enough for torchrun to see the cause first (torchrun then ends it, as it ends every survivor). The
+launcher takes the first failure that is not a consequence (:func:`cause_of`); only when every failed
+rank is one (the cause is on another node) is the job's status a consequence's.
+
 It knows nothing about workflows, configs or models.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -95,8 +108,6 @@ def launch(
     Returns:
         torchrun's exit code.
     """
-    import signal
-
     proc = subprocess.Popen(
         torchrun_command(nproc, argv, nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, timeout=timeout),
         env={**os.environ, PARENT_ENV: str(os.getpid())},  # torchrun stops when this process is gone
@@ -129,7 +140,6 @@ def stop_with_parent(interval: float = PARENT_POLL_S) -> int | None:
         parent = int(os.environ.pop(PARENT_ENV, ""))
     except ValueError:
         return None
-    import signal
 
     def watch() -> None:
         while os.getppid() == parent:  # once the parent dies, the process has a new one (init, a subreaper)
@@ -162,7 +172,6 @@ def _descendants(pid: int) -> list[int]:
 
 def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL ``proc`` and every process below it, the ranks first."""
-    import signal
 
     for pid in reversed(_descendants(proc.pid)):
         try:
@@ -173,9 +182,62 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # the per-rank error file torchrun reads when the rank fails
+CONSEQUENCE_MARK = "srpo_graph_consequence"  # the error file's key: this rank stopped because another did
+CONSEQUENCE_WAIT_S = 5.0  # how long such a rank waits before it exits, for torchrun to see the cause first
+
+
+def stopped_after_another_rank(message: str, *, wait: float = CONSEQUENCE_WAIT_S) -> None:
+    """This rank stops because another rank of the job stopped answering (Note [The job fails with
+    its cause]): mark its failure as a consequence, then give torchrun ``wait`` seconds to see the
+    cause -- less when torchrun, having seen it, stops this rank (SIGTERM). A no-op outside torchrun.
+    Call it once the outcome is decided (``exiting.decided``: that SIGTERM then raises nothing)."""
+    import json
+
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    record = {"message": message[:2000], "timestamp": int(time.time()), CONSEQUENCE_MARK: True}
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+    except OSError:  # (a full disk): torchrun's own record stands; only the choice of cause is lost
+        return
+    end = time.monotonic() + wait
+    while time.monotonic() < end and not exiting.asked_to_stop():
+        time.sleep(0.05)
+
+
+def cause_of(failures: dict) -> tuple[int, object]:
+    """The failure that is the job's cause among torchrun's ``{rank: ProcessFailure}`` (Note [The job
+    fails with its cause]): the earliest failure of its own -- neither a rank marked as stopping
+    because of another (:func:`stopped_after_another_rank`) nor one stopped by SIGTERM or SIGINT
+    (what torchrun does to the survivors once it has seen a failure; they are recorded after the
+    failures it saw) -- else the earliest of all. Ties (torchrun's timestamps are whole seconds) go to
+    the order torchrun recorded them in, which is the order it saw them.
+
+    >>> from types import SimpleNamespace as F
+    >>> def f(code, marked=False):
+    ...     return F(exitcode=code, timestamp=5, error_file_data={CONSEQUENCE_MARK: True} if marked else {})
+    >>> cause_of({0: f(1, marked=True), 1: f(8)})[0]  # the consequence was recorded first
+    1
+    >>> cause_of({1: f(8), 0: f(143)})[0], cause_of({0: f(1, marked=True), 1: f(143)})[0]
+    (1, 0)
+    """
+    stopped = {-int(signal.SIGTERM), -int(signal.SIGINT), 128 + int(signal.SIGTERM), 128 + int(signal.SIGINT)}
+
+    def key(item: tuple[int, tuple[int, object]]) -> tuple[bool, int, int]:
+        order, (_, failure) = item
+        data = getattr(failure, "error_file_data", None)
+        marked = isinstance(data, dict) and bool(data.get(CONSEQUENCE_MARK))
+        return marked or int(failure.exitcode) in stopped, int(failure.timestamp), order
+
+    _, (rank, failure) = min(enumerate(failures.items()), key=key)
+    return rank, failure
+
+
 def main(argv: Sequence[str]) -> int:
     """torchrun with ``argv``; a failed rank's exit code, without torchrun's own traceback."""
-    import signal
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -191,7 +253,7 @@ def main(argv: Sequence[str]) -> int:
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         exiting.decided()
-        rank, failure = exc.get_first_failure()
+        rank, failure = cause_of(exc.failures)  # not torchrun's get_first_failure (Note [The job fails with its cause])
         code = int(failure.exitcode)
         if code < 0:  # killed by a signal: say which rank, the ranks that saw it have said the rest
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else "?"
