@@ -3,6 +3,8 @@ tests/conftest.py::tiny_copy)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.sglang_servers import sglang_unavailable
@@ -48,11 +50,34 @@ def sglang_url(tiny_dir, tmp_path_factory):
         yield os.environ["SRPO_GRAPH_SGLANG_URL"].rstrip("/")
         return
     (server,) = start_real_servers([tiny_dir], tmp_path_factory.mktemp("sglang-logs"), chat=True)
+    SESSION_LOGS[server.url] = server.log_path
     release_after_last_use("sglang_url", server.stop)
     try:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def trainable_sglang(sglang_url, tiny_dir, request):
+    """``(url, log)``: the session server, for a test whose training run writes into it
+    (``rollout.sglang.url=URL rollout.sglang.update_connected=true``) because what it tests is the
+    training, not the launch (tests that launch their own: test_sglang_train.py, test_sglang_lora.py,
+    test_sglang_frozen.py, test_sglang_eval.py, ...). A launch costs 20-50 s of CI time (docs/performance.md,
+    "CI time"). The server holds ``tiny_dir``'s weights -- those of the workflows' policy ``tiny`` --
+    at version 0 before the test and again after it, so the runs start as on a server of their own and
+    the other users of ``sglang_url`` find the weights they expect. ``log``: the server's log, or
+    None (an outside server, SRPO_GRAPH_SGLANG_URL)."""
+    from tests.support.sglang_servers import reset_weights
+
+    reset_weights(sglang_url, tiny_dir)
+    try:
+        yield sglang_url, SESSION_LOGS.get(sglang_url)
+    finally:
+        reset_weights(sglang_url, tiny_dir)
+
+
+SESSION_LOGS: dict[str, Path] = {}  # the session server's url -> its log (sglang_url)
 
 
 @pytest.fixture(scope="session")

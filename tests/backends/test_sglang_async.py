@@ -1,5 +1,7 @@
-"""Overlapped rollouts with bounded staleness on REAL SGLang CPU servers that `train` launches
-(issue 26 items 2 and 4): `srpo-graph train ... rollout.max_staleness=1` trains with the batches of
+"""Overlapped rollouts with bounded staleness on a REAL SGLang CPU server -- the session's, which
+the runs train into (``trainable_sglang``, tests/backends/conftest.py: what is tested is the
+training; the launch is tested where a run owns its server, test_sglang_train.py) (issue 26 items
+2 and 4): `srpo-graph train ... rollout.max_staleness=1` trains with the batches of
 step s+1 sampled during update s (staleness 1 in the metrics' histogram), and with k = 2 and an
 update made slower than the rollouts (a real delay) the producer runs up to the bound and never
 past it -- checked on every output of every step's traces; a stop drops the batches sampled ahead
@@ -17,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sglang_servers import require_sglang  # noqa: E402
-
 pytestmark = pytest.mark.sglang
 ROOT = Path(__file__).resolve().parents[2]
 WF = ROOT / "workflows" / "coord_par2.wf"
-COMMON = ["rollout.backend=sglang", "rollout.sglang.launch=cpu", "rollout.tasks_per_step=2", "rollout.samples=4",
+COMMON = ["rollout.backend=sglang", "rollout.sglang.update_connected=true", "rollout.tasks_per_step=2",
+          "rollout.samples=4",
           "eval.every=0", "logging.tensorboard=false", "logging.progress=false", "logging.plots=false",
           "logging.traces_every=1", "checkpoint.every=1"]
 
@@ -41,14 +42,15 @@ def _staleness(run: Path) -> dict[int, list[int]]:
     return out
 
 
-def test_one_step_off_trains_from_the_command_line(tmp_path):
+def test_one_step_off_trains_from_the_command_line(tmp_path, trainable_sglang):
     """The issue's command, k = 1: every output of step s was sampled at version s-1 or s-2, the
     histogram in metrics.jsonl shows staleness 1, and the run ends normally with nothing dropped."""
-    require_sglang()
+    url, _ = trainable_sglang
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "train", str(WF), "rollout.max_staleness=1",
-                           "steps=4", f"run_dir={json.dumps(str(run))}", *COMMON],
+                           "steps=4", f"run_dir={json.dumps(str(run))}", *COMMON,
+                           f"rollout.sglang.url={json.dumps(url)}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dropped" not in proc.stderr
@@ -64,7 +66,7 @@ def test_one_step_off_trains_from_the_command_line(tmp_path):
 
 
 def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_was_dropped(tmp_path, monkeypatch,
-                                                                                            capsys):
+                                                                                            capsys, trainable_sglang):
     """k = 2 with every update delayed 1.5 s (a real sleep: the update is the slow side, so the producer
     is always at the bound): the largest staleness is exactly 2, never more; stopping after step 3
     drops the batches of steps 4 and 5 (counted), and --resume (with partial rollouts on) samples them
@@ -75,7 +77,8 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
     from srpo_graph.train.config.loading import load_config
     from srpo_graph.train.learn.step import Learner
 
-    require_sglang()
+    url, log = trainable_sglang
+    common = [*COMMON, f"rollout.sglang.url={json.dumps(url)}"]
     torch.set_num_threads(1)
     learn = Learner.learn
 
@@ -86,7 +89,7 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
     monkeypatch.setattr(Learner, "learn", slow_learn)
     run = tmp_path / "run"
     cfg = load_config(None, ["steps=5", f"run_dir={json.dumps(str(run))}", "rollout.max_staleness=2",
-                             "debug.stop_after_step=3", *COMMON])
+                             "debug.stop_after_step=3", *common])
     trainer_mod.train(WF, cfg)
     err = capsys.readouterr().err
     assert "2 batch(es) sampled ahead dropped (steps 4..5); --resume samples them again" in err, err[-2000:]
@@ -96,12 +99,16 @@ def test_the_bound_holds_when_the_producer_runs_ahead_and_resume_resamples_what_
     assert max(max(xs) for xs in stale.values()) == 2  # the producer reached the bound ...
     assert all(0 <= x <= 2 for xs in stale.values() for x in xs), stale  # ... and never passed it
     # resumed with partial rollouts: a sync pauses the requests in flight and resumes them on the new weights
+    mark = log.stat().st_size if log is not None else 0  # the resumed run's part of the session server's log
     trainer_mod.train(WF, load_config(None, ["steps=5", f"run_dir={json.dumps(str(run))}", "rollout.max_staleness=2",
-                                             "rollout.partial_rollouts=true", *COMMON]), resume=True)
+                                             "rollout.partial_rollouts=true", *common]), resume=True)
     rows = _metrics(run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    logs = "".join(p.read_text(errors="replace") for p in (run / "sglang").glob("*.log"))
-    assert "POST /pause_generation" in logs and "POST /continue_generation" in logs  # the resumed run's syncs
+    if log is not None:  # the session's server (an outside one's log is not ours to read)
+        with open(log, "rb") as fh:
+            fh.seek(mark)
+            logs = fh.read().decode("utf-8", errors="replace")
+        assert "POST /pause_generation" in logs and "POST /continue_generation" in logs, logs[-2000:]  # its syncs
     stale = _staleness(run)
     assert sorted(stale) == [1, 2, 3, 4, 5] and all(0 <= x <= 2 for xs in stale.values() for x in xs), stale
 

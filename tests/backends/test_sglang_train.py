@@ -1,7 +1,9 @@
-"""Training on REAL SGLang servers that `train` launches itself (rollout.sglang.launch=cpu): the
-reward rises, two policies get two servers each synced after every update, a server killed by
-its PID mid-run stops the run with a clear message and `--resume` continues, and no server is
-left running after any of it. Opt-in outside CI, required in CI (see sglang_servers.py)."""
+"""Training on REAL SGLang servers: the reward rises and FSDP streams its weights (on the session's
+server, which the runs train into: ``trainable_sglang``, tests/backends/conftest.py -- what they test
+is the training), two policies get two servers that `train` launches itself
+(rollout.sglang.launch=cpu), each synced after every update, a launched server killed by its PID
+mid-run stops the run with a clear message and `--resume` continues, and no server is left running
+after any of it. Opt-in outside CI, required in CI (see sglang_servers.py)."""
 
 from __future__ import annotations
 
@@ -55,12 +57,14 @@ max_steps: 2
 """
 
 
-def _config(run_dir: Path, steps: int, *extra: str):
+def _config(run_dir: Path, steps: int, *extra: str, url: str | None = None):
+    """A run that launches its servers, or with ``url`` one that trains into that (connected) server."""
     from srpo_graph.train.config.loading import load_config
 
+    server = ([f"rollout.sglang.url={json.dumps(url)}", "rollout.sglang.update_connected=true"] if url else
+              ["rollout.sglang.launch=cpu"])  # no port: free ones are picked (issue 23.1)
     return load_config(None, [f"steps={steps}", f"run_dir={json.dumps(str(run_dir))}", "rollout.backend=sglang",
-                              "rollout.sglang.launch=cpu",  # no port: free ones are picked (issue 23.1)
-                              "eval.every=0", "logging.tensorboard=false", "logging.progress=false",
+                              *server, "eval.every=0", "logging.tensorboard=false", "logging.progress=false",
                               "logging.plots=false", *extra])
 
 
@@ -93,8 +97,9 @@ def _one_thread():
     torch.set_num_threads(1)  # the tiny model is fastest on one thread; the servers use the others
 
 
-def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_left):
-    """One command: servers launched, the reward rises well above chance (~0.1), servers stopped.
+def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_left, trainable_sglang):
+    """One command, on the session's server: the reward rises well above chance (~0.1), nothing is
+    left running.
 
     SGLang's CPU path does not honour seeds, so every run is a different draw. The last 10 steps' mean
     reward over 9 runs of these 60 steps: 0.48-0.96, and once 0.28 (a CI run whose coordination broke
@@ -104,9 +109,8 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     9 such spreads above chance and below every run seen."""
     from srpo_graph.train.trainer import train
 
-    require_sglang()
     run = tmp_path / "par2"
-    summary = train(ROOT / "workflows" / "coord_par2.wf", _config(run, 60))
+    summary = train(ROOT / "workflows" / "coord_par2.wf", _config(run, 60, url=trainable_sglang[0]))
     no_servers_left()
     rows = _metrics(run)
     first = sum(r["reward"] for r in rows[:5]) / 5
@@ -202,8 +206,8 @@ def test_a_server_killed_mid_sync_stops_it_clearly_and_resume_continues(tmp_path
     assert summary.steps == 3 and [r["step"] for r in _metrics(run)] == [1, 2, 3]
 
 
-def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_servers_left):
-    """``strategy=fsdp`` with 2 gloo processes and a launched real server: no replica (the sync
+def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, trainable_sglang):
+    """``strategy=fsdp`` with 2 gloo processes and the session's real server: no replica (the sync
     streams gathered buckets: nothing under weights/), the server samples the trainer's weights
     after each sync (per-token mismatch of step 2, sampled after step 1's sync, within bf16), and
     the checkpoints are sharded (DCP) and verify."""
@@ -211,7 +215,7 @@ def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_serv
 
     from srpo_graph.train.checkpoint import verify_checkpoint
 
-    require_sglang()
+    url, _ = trainable_sglang
     run = tmp_path / "fsdp"
     env = {
         **os.environ,
@@ -234,7 +238,8 @@ def test_fsdp_training_streams_to_the_server_without_a_replica(tmp_path, no_serv
             str(run),
             "strategy=fsdp",
             "rollout.backend=sglang",
-            "rollout.sglang.launch=cpu",
+            f"rollout.sglang.url={json.dumps(url)}",
+            "rollout.sglang.update_connected=true",
             "rollout.sglang.sync=distributed",
             "rollout.sglang.sync_bucket_mb=0.01",
             "rollout.tasks_per_step=4",

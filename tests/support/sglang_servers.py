@@ -5,6 +5,7 @@ Real servers only (shared/sglang-cpu's CPU recipe through srpo_graph.backends.sg
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,23 @@ def require_sglang() -> None:
         if os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG") and not os.environ.get("SRPO_GRAPH_SGLANG_URL"):
             pytest.fail(f"SRPO_GRAPH_REQUIRE_SGLANG is set but {why}")
         pytest.skip(why)
+
+
+def reset_weights(url: str, model_dir, version: int = 0) -> None:
+    """Put ``model_dir``'s weights on the server at ``url`` at ``version``, its cache flushed and
+    generation not paused: the session server as it was launched, before and after a test whose
+    run trains into it (tests/backends/conftest.py::trainable_sglang)."""
+    import httpx
+
+    with httpx.Client(timeout=300) as http:
+        http.post(f"{url}/continue_generation", json={})  # (a run stopped in a partial sync leaves it paused)
+        answer = http.post(f"{url}/update_weights_from_disk", json={
+            "model_path": str(model_dir), "weight_version": str(int(version)), "flush_cache": False,
+            "abort_all_requests": True}).json()
+        assert answer.get("success"), answer
+        for _ in range(60):  # the flush waits for the server to be idle (400: still busy, ask again)
+            if http.post(f"{url}/flush_cache", params={"timeout": 5}, json={}).status_code < 300:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{url}/flush_cache: still busy after the weights were reset")
+
