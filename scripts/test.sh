@@ -16,6 +16,14 @@ fi
 cd "$(dirname "$0")/.."
 # (.ci/run has run the set-up already and says so with SRPO_GRAPH_SETUP_DONE=1: one pip pass, not two)
 [ -n "${SRPO_GRAPH_SETUP_DONE:-}" ] || bash scripts/setup.sh
-workers=(-n "${SRPO_GRAPH_TEST_WORKERS:-2}" --dist loadgroup)
-[ "${SRPO_GRAPH_TEST_WORKERS:-2}" != 0 ] || workers=(-p no:xdist)
+n="${SRPO_GRAPH_TEST_WORKERS:-2}"
+workers=(-n "$n" --dist loadgroup)
+[ "$n" != 0 ] || workers=(-p no:xdist)
+# the workers share the cores: each gets its share of torch's (OpenMP) threads, unless set already --
+# two workers of two threads on two cores left one thread of each spinning while it waited for a core
+# (the fast lane 138 -> 127 s, its CPU time 187 -> 161 s: docs/performance.md, "CI time")
+if [ "$n" != 0 ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
+  per=$(( $(nproc 2>/dev/null || echo 2) / n ))
+  export OMP_NUM_THREADS=$(( per > 0 ? per : 1 ))
+fi
 exec "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider "${workers[@]}" ${fast[@]+"${fast[@]}"} "$@"  # (the +: bash 3 and set -u)
