@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from srpo_graph import exiting
 from srpo_graph.errors import ConfigError
@@ -171,8 +171,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc`` and every process below it, the ranks first."""
-
+    """SIGKILL ``proc`` and every process below it, the ranks first. ``proc`` is stopped (SIGSTOP)
+    before anything below it is killed, so it cannot see them die and act on it -- a torchrun
+    reporting its ranks' deaths, a shell whose ``wait`` returns and which exits 0 (a CI run) --
+    before its own SIGKILL lands."""
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+    except OSError:  # already gone
+        pass
     for pid in reversed(_descendants(proc.pid)):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -208,7 +214,7 @@ def stopped_after_another_rank(message: str, *, wait: float = CONSEQUENCE_WAIT_S
         time.sleep(0.05)
 
 
-def cause_of(failures: dict) -> tuple[int, object]:
+def cause_of(failures: dict[int, Any]) -> tuple[int, Any]:
     """The failure that is the job's cause among torchrun's ``{rank: ProcessFailure}`` (Note [The job
     fails with its cause]): the earliest failure of its own -- neither a rank marked as stopping
     because of another (:func:`stopped_after_another_rank`) nor one stopped by SIGTERM or SIGINT
@@ -226,7 +232,7 @@ def cause_of(failures: dict) -> tuple[int, object]:
     """
     stopped = {-int(signal.SIGTERM), -int(signal.SIGINT), 128 + int(signal.SIGTERM), 128 + int(signal.SIGINT)}
 
-    def key(item: tuple[int, tuple[int, object]]) -> tuple[bool, int, int]:
+    def key(item: tuple[int, tuple[int, Any]]) -> tuple[bool, int, int]:
         order, (_, failure) = item
         data = getattr(failure, "error_file_data", None)
         marked = isinstance(data, dict) and bool(data.get(CONSEQUENCE_MARK))
