@@ -59,7 +59,7 @@ def sglang_url(tiny_dir, tmp_path_factory):
 
 
 @pytest.fixture
-def trainable_sglang(sglang_url, tiny_dir, request):
+def trainable_sglang(sglang_url, tiny_dir, tmp_path):
     """``(url, log)``: the session server, for a test whose training run writes into it
     (``rollout.sglang.url=URL rollout.sglang.update_connected=true``) because what it tests is the
     training, not the launch (tests that launch their own: test_sglang_train.py, test_sglang_lora.py,
@@ -70,11 +70,11 @@ def trainable_sglang(sglang_url, tiny_dir, request):
     None (an outside server, SRPO_GRAPH_SGLANG_URL)."""
     from tests.support.sglang_servers import reset_weights
 
-    reset_weights(sglang_url, tiny_dir)
+    reset_weights(sglang_url, tiny_dir, tmp_path / "reset-weights")
     try:
         yield sglang_url, SESSION_LOGS.get(sglang_url)
     finally:
-        reset_weights(sglang_url, tiny_dir)
+        reset_weights(sglang_url, tiny_dir, tmp_path / "reset-weights")
 
 
 SESSION_LOGS: dict[str, Path] = {}  # the session server's url -> its log (sglang_url)

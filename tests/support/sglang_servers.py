@@ -5,7 +5,6 @@ Real servers only (shared/sglang-cpu's CPU recipe through srpo_graph.backends.sg
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -170,21 +169,16 @@ def require_sglang() -> None:
         pytest.skip(why)
 
 
-def reset_weights(url: str, model_dir, version: int = 0) -> None:
-    """Put ``model_dir``'s weights on the server at ``url`` at ``version``, its cache flushed and
-    generation not paused: the session server as it was launched, before and after a test whose
-    run trains into it (tests/backends/conftest.py::trainable_sglang)."""
-    import httpx
+def reset_weights(url: str, model_dir, weight_dir) -> None:
+    """Put ``model_dir``'s weights on the server at ``url`` at version 0, generation not paused and
+    its cache flushed -- the backend's own calls (``continue_generation``, ``sync_weights`` with a
+    folder): the session server as it was launched, before and after a test whose run trains into it
+    (tests/backends/conftest.py::trainable_sglang). ``weight_dir``: the backend's (unused by a folder)."""
+    from tests.support.sglang_checks import client
 
-    with httpx.Client(timeout=300) as http:
-        http.post(f"{url}/continue_generation", json={})  # (a run stopped in a partial sync leaves it paused)
-        answer = http.post(f"{url}/update_weights_from_disk", json={
-            "model_path": str(model_dir), "weight_version": str(int(version)), "flush_cache": False,
-            "abort_all_requests": True}).json()
-        assert answer.get("success"), answer
-        for _ in range(60):  # the flush waits for the server to be idle (400: still busy, ask again)
-            if http.post(f"{url}/flush_cache", params={"timeout": 5}, json={}).status_code < 300:
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"{url}/flush_cache: still busy after the weights were reset")
-
+    backend = client(url, model_dir, sync="disk", weight_dir=weight_dir)
+    try:
+        backend.continue_generation()  # (a run stopped in a partial sync leaves the server paused)
+        backend.sync_weights(model_dir, 0)
+    finally:
+        backend.close()

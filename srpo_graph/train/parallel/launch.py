@@ -17,16 +17,17 @@ with the resume line. A thread polling the parent's pid, not ``PR_SET_PDEATHSIG`
 when the *thread* that started the child ends, and torchrun's agent is not ours to audit.
 
 Note [The job fails with its cause]: when one rank fails, the others stop too -- their next
-collective finds the peer gone ("another rank of the job stopped answering", exit 1) -- and
-torchrun reports the failure with the smallest timestamp, in whole seconds (a rank that wrote no
-error file gets the time torchrun saw it), ties going to the lowest rank. So a rank 1 ended by user
-code (exit 8) and rank 0 stopping because of it, in the same second, made the job exit 1, not 8
-(a CI run); and a rank 0 seen a poll before its cause was seen made it so too. A rank whose stop is
-a consequence says so (:func:`stopped_after_another_rank`): it writes the error file torchrun gives
-each rank (``TORCHELASTIC_ERROR_FILE``) with a mark, and it waits a moment before it exits, long
-enough for torchrun to see the cause first (torchrun then ends it, as it ends every survivor). The
-launcher takes the first failure that is not a consequence (:func:`cause_of`); only when every failed
-rank is one (the cause is on another node) is the job's status a consequence's.
+collective finds the peer gone ("another rank of the job stopped answering", exit 1) -- and torchrun
+reports the failure with the smallest timestamp, in whole seconds (a rank that wrote no error file
+gets the time torchrun saw it), ties going to the one it recorded first (in one poll, the lowest
+rank). So a rank 1 ended by user code (exit 8) and rank 0 stopping because of it, in the same
+second, made the job exit 1, not 8 (a CI run); and a rank 0 seen a poll before its cause was seen
+made it so too. A rank whose stop is a consequence says so (:func:`stopped_after_another_rank`): it
+writes the error file torchrun gives each rank (``TORCHELASTIC_ERROR_FILE``) with a mark, and it
+waits a moment before it exits, long enough for torchrun to see the cause first (torchrun then ends
+it, as it ends every survivor). The launcher takes the first failure that is not a consequence
+(:func:`cause_of`); only when every failed rank is one (the cause is on another node) is the job's
+status a consequence's.
 
 It knows nothing about workflows, configs or models.
 """
