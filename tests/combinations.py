@@ -123,7 +123,7 @@ def overrides(keys: tuple[str, ...]) -> list[str]:
 
 
 def nproc(keys: tuple[str, ...]) -> int:
-    return max(BY_KEY[k].nproc for k in keys)
+    return max((BY_KEY[k].nproc for k in keys), default=1)  # () : the plain run, one process
 
 
 def workflow_text(keys: tuple[str, ...], url: str = "http://127.0.0.1:9/v1") -> str:

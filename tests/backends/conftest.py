@@ -63,7 +63,7 @@ def trainable_sglang(sglang_url, tiny_dir, tmp_path):
     """``(url, log)``: the session server, for a test whose training run writes into it
     (``rollout.sglang.url=URL rollout.sglang.update_connected=true``) because what it tests is the
     training, not the launch (tests that launch their own: test_sglang_train.py, test_sglang_lora.py,
-    test_sglang_frozen.py, test_sglang_eval.py, ...). A launch costs 20-50 s of CI time (docs/performance.md,
+    test_sglang_eval.py, ...). A launch costs 20-50 s of CI time (docs/performance.md,
     "CI time"). The server holds ``tiny_dir``'s weights -- those of the workflows' policy ``tiny`` --
     at version 0 before the test and again after it, so the runs start as on a server of their own and
     the other users of ``sglang_url`` find the weights they expect. ``log``: the server's log, or

@@ -188,40 +188,67 @@ CALLS = {"openai chat": (_openai_chat, "max_tokens 8"), "sglang /generate": (_sg
 SLACK_S = {"server start-up": 10.0}
 
 
-@pytest.mark.parametrize("mode", ["drip_body", "drip_head"])
+DRIPS = ["drip_body", "drip_head"]
+HUGES = ["huge_json", "huge_junk", "gzip_bomb"]
+
+
+class Outcome:
+    """What one remote call did against one hostile server: the error it raised (or None), the
+    seconds it took, and what the server saw (bytes written, calls answered)."""
+
+    def __init__(self, site: str, mode: str):
+        server = Hostile(mode)
+        self.error: BackendError | None = None
+        try:
+            t0 = time.monotonic()
+            try:
+                CALLS[site][0](server.url)
+            except BackendError as exc:
+                self.error = exc
+            self.took = time.monotonic() - t0
+        finally:
+            server.stop()
+        self.url, self.written, self.calls = server.url, server.written, server.calls
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    """Every (site, mode) case, each on a hostile server of its own, all at once: a case mostly waits
+    out its deadline (a dripping server: 2-5 s asleep), and one after another they left both
+    workers idle for ~25 s of a CI run. Each case is still its own test below."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _bomb()  # once, before the clocks start
+    cases = [(site, mode) for site in sorted(CALLS) for mode in DRIPS + HUGES]
+    with ThreadPoolExecutor(len(cases)) as pool:
+        done = dict(zip(cases, pool.map(lambda case: Outcome(*case), cases)))
+    return done
+
+
+@pytest.mark.parametrize("mode", DRIPS)
 @pytest.mark.parametrize("site", sorted(CALLS))
-def test_a_dripping_server_is_cut_off_at_the_deadline(site, mode):
-    server = Hostile(mode)
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(BackendError) as info:
-            CALLS[site][0](server.url)
-        took = time.monotonic() - t0
-    finally:
-        server.stop()
-    assert server.url in str(info.value), str(info.value)
+def test_a_dripping_server_is_cut_off_at_the_deadline(outcomes, site, mode):
+    out = outcomes[site, mode]
+    assert out.error is not None, f"{site} read a dripping answer to its end ({out.took:.1f} s)"
+    assert out.url in str(out.error), str(out.error)
     if site != "server start-up":
-        assert "within 2" in str(info.value), str(info.value)
+        assert "within 2" in str(out.error), str(out.error)
     # a deadline bound as a correctness property (each try takes at most TIMEOUT), not a speed
-    assert took < 2 * TIMEOUT + 10 + SLACK_S.get(site, 0.0), took
+    assert out.took < 2 * TIMEOUT + 10 + SLACK_S.get(site, 0.0), out.took
 
 
-@pytest.mark.parametrize("mode", ["huge_json", "huge_junk", "gzip_bomb"])
+@pytest.mark.parametrize("mode", HUGES)
 @pytest.mark.parametrize("site", sorted(CALLS))
-def test_a_huge_answer_is_cut_off_at_its_size_limit(site, mode):
-    server = Hostile(mode)
-    try:
-        with pytest.raises(BackendError) as info:
-            CALLS[site][0](server.url)
-    finally:
-        server.stop()
+def test_a_huge_answer_is_cut_off_at_its_size_limit(outcomes, site, mode):
+    out = outcomes[site, mode]
+    assert out.error is not None, f"{site} read a {mode} answer without an error"
     if site == "server start-up":  # the probe never says why a server is unhealthy, only that it is
-        assert "not healthy" in str(info.value)
+        assert "not healthy" in str(out.error)
     else:
-        assert server.url in str(info.value) and "bytes" in str(info.value), str(info.value)
-    assert server.written < 48 << 20, server.written  # far from 200 MB: the rest was never read
+        assert out.url in str(out.error) and "bytes" in str(out.error), str(out.error)
+    assert out.written < 48 << 20, out.written  # far from 200 MB: the rest was never read
     if site in ("openai chat", "sglang /generate"):
-        assert CALLS[site][1] in str(info.value) and server.calls == 1  # a too-large answer is not asked twice
+        assert CALLS[site][1] in str(out.error) and out.calls == 1  # a too-large answer is not asked twice
 
 
 def test_the_limit_scales_with_max_tokens():

@@ -313,10 +313,14 @@ def _until_the_router_uses_both(backend, prompt, workers, seconds: float = 90.0)
     pytest.fail(f"the router sent no request to one of its workers within {seconds:.0f} s (counts {counts()})")
 
 
-def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, tiny_dir, tok):
+def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, tiny_dir, tok, trainable_sglang):
     """sglang-router (round robin) in front of two real workers: both serve, and after one
     sync_weights over a process group per worker, every completion, from either worker, reports
-    the new version and weights."""
+    the new version and weights. The first worker is the session's server (it serves the tiny
+    model's weights at version 0, and gets them back after the test: ``trainable_sglang``), the
+    second one is started for the test: one launch instead of two."""
+    from types import SimpleNamespace
+
     from srpo_graph.backends import load_backend
     from srpo_graph.backends.sglang_server import SGLangServer, sglang_python
 
@@ -326,7 +330,13 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
         if os.environ.get("SRPO_GRAPH_REQUIRE_SGLANG"):
             pytest.fail("sglang-router is not installed in the SGLang venv (.ci/run installs it)")
         pytest.skip("sglang-router is not installed in the SGLang venv (pip install sglang-router)")
-    w1, w2 = start_real_servers([tiny_dir, tiny_dir], tmp_path)  # started together: one start-up's wait
+    session_url, session_log = trainable_sglang
+    if session_log is not None:
+        (w2,) = start_real_servers([tiny_dir], tmp_path)
+        port = int(session_url.rsplit(":", 1)[1])
+        w1 = SimpleNamespace(url=session_url, port=port, log_path=session_log, stop=lambda: None)  # not ours to stop
+    else:  # an outside session server (SRPO_GRAPH_SGLANG_URL): its log is not readable here
+        w1, w2 = start_real_servers([tiny_dir, tiny_dir], tmp_path)  # started together: one start-up's wait
     from tests.support.sglang_servers import _free_port
 
     port = _free_port(30091, 30100, exclude={w1.port, w2.port})

@@ -1,7 +1,8 @@
 """Training on REAL SGLang servers: the reward rises and FSDP streams its weights (on the session's
 server, which the runs train into: ``trainable_sglang``, tests/backends/conftest.py -- what they test
-is the training), two policies get two servers that `train` launches itself
-(rollout.sglang.launch=cpu), each synced after every update, a launched server killed by its PID
+is the training), every policy gets a server that `train` launches itself (rollout.sglang.launch=cpu:
+two trained policies, each synced after every update, and a frozen one, never synced; one run for
+both facts, moved here from test_sglang_frozen.py), a launched server killed by its PID
 mid-run stops the run with a clear message and `--resume` continues, and no server is left running
 after any of it. Opt-in outside CI, required in CI (see sglang_servers.py)."""
 
@@ -20,8 +21,8 @@ from tests.support.sglang_servers import require_sglang  # noqa: E402
 pytestmark = pytest.mark.sglang
 ROOT = Path(__file__).resolve().parents[2]
 
-TWO_POLICIES = """
-workflow duo "Two policies, one digit each, consumed together"
+TRIO = """
+workflow trio "Two trained policies and a frozen one, one digit each, consumed together"
 
 import std
 
@@ -31,6 +32,7 @@ task {
 
 policy left = "tiny"
 policy right = "tiny"
+policy past = "tiny" frozen
 
 agent a {
   policy: left
@@ -46,12 +48,19 @@ agent b {
   output: int via std.digit
 }
 
+agent c {
+  policy: past
+  prompt: "<a>{task.target}"
+  sample { temperature: 1.0, max_tokens: 1, allow: ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"] }
+  output: int via std.digit
+}
+
 transition joint {
-  consume: a, b
+  consume: a, b, c
   activate: end
 }
 
-start: a, b
+start: a, b, c
 reward: std.digits_sum_to(task.target, a, b)
 max_steps: 2
 """
@@ -133,36 +142,62 @@ def test_coord_par2_trains_on_sglang_and_the_reward_rises(tmp_path, no_servers_l
     assert not (run / "weights").exists()  # the default sync (auto) streamed them over a gloo group: no disk
 
 
-def test_two_policies_get_two_servers_each_synced(tmp_path, no_servers_left):
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One run that launches its servers (``rollout.sglang.launch=cpu``): TRIO's two trained policies
+    and its frozen one, 3 steps, synced through the disk (``sync=disk``). Two facts of the launch
+    share it -- every policy gets a server, only the trained ones are synced -- where each used to
+    start a run of two servers of its own (a launch is ~20 s of CPU on a 2-core CI machine)."""
     from srpo_graph.train.trainer import train
 
     require_sglang()
-    wf = tmp_path / "duo.wf"
-    wf.write_text(TWO_POLICIES)
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "duo.jsonl").write_text(
+    home = tmp_path_factory.mktemp("launched")
+    wf = home / "trio.wf"
+    wf.write_text(TRIO)
+    (home / "tasks").mkdir()
+    (home / "tasks" / "trio.jsonl").write_text(
         "".join(json.dumps({"id": f"t{i}", "target": i % 10}) + "\n" for i in range(40))
     )
-    run = tmp_path / "run"
+    run = home / "run"
+    before = _servers()
     train(
         wf,
         _config(
             run,
             3,
-            f"rollout.tasks={json.dumps(str(tmp_path / 'tasks' / 'duo.jsonl'))}",
+            f"rollout.tasks={json.dumps(str(home / 'tasks' / 'trio.jsonl'))}",
             "rollout.tasks_per_step=4",
             "logging.traces_every=1",
             "rollout.sglang.sync=disk",
         ),
     )
-    no_servers_left()
-    logs = sorted(p.name for p in (run / "sglang").iterdir())
-    assert logs == ["left.log", "right.log"]  # one server per policy
+    assert _servers() <= before  # every server the run started stopped with it
+    return run
+
+
+def _versions(run: Path, step: int) -> set[tuple[str, int]]:
+    eps = [json.loads(line) for line in (run / "traces" / f"step_{step}.jsonl").read_text().splitlines()]
+    return {(o["policy"], o["policy_version"]) for e in eps for o in e["outputs"]}
+
+
+def test_two_policies_get_two_servers_each_synced(launched):
+    assert (launched / "sglang" / "left.log").is_file() and (launched / "sglang" / "right.log").is_file()
     for pol in ("left", "right"):
-        assert (run / "weights" / pol / "v3").is_dir()  # sync=disk: saved, loaded by the server
-    eps = [json.loads(line) for line in (run / "traces" / "step_3.jsonl").read_text().splitlines()]
-    seen = {(o["policy"], o["policy_version"]) for e in eps for o in e["outputs"]}
+        assert (launched / "weights" / pol / "v3").is_dir()  # sync=disk: saved, loaded by the server
+    seen = {v for v in _versions(launched, 3) if v[0] != "past"}
     assert seen == {("left", 2), ("right", 2)}  # each server reported the version synced after step 2
+
+
+def test_a_frozen_policy_gets_a_server_and_is_never_synced(launched):
+    """(issue 28) The frozen policy gets a server of its own (distinct ports, one ``for_training``
+    call), is never synced -- its outputs stay at version 0 while the trained ones move -- and only
+    the trained policies are checkpointed."""
+    assert sorted(p.name for p in (launched / "sglang").iterdir()) == ["left.log", "past.log", "right.log"]
+    assert not (launched / "weights" / "past").exists()
+    for step in (1, 2, 3):
+        assert {v for v in _versions(launched, step) if v[0] == "past"} == {("past", 0)}
+        assert {v for v in _versions(launched, step) if v[0] != "past"} == {("left", step - 1), ("right", step - 1)}
+    assert sorted(p.name for p in (launched / "checkpoints" / "step_3" / "policies").iterdir()) == ["left", "right"]
 
 
 def test_a_server_killed_mid_sync_stops_it_clearly_and_resume_continues(tmp_path, no_servers_left, monkeypatch):

@@ -109,17 +109,20 @@ def test_cli_nproc_2_matches_one_process(tmp_path, one_process):
         assert lp1 == pytest.approx(lp2, abs=1e-5)
 
 
-@pytest.mark.proc
+@pytest.mark.slow
 def test_objective_is_selected_on_the_command_line_and_saved(tmp_path):
-    """`objective=dapo` trains with DAPO's loss and compile options; config.toml keeps it for --resume."""
+    """`objective=dapo` trains with DAPO's loss and compile options; config.toml keeps it for --resume.
+    (In this process: the subject is what the command saves and says, tests/support/cli.py.)"""
     import tomllib
+
+    from tests.support.cli import invoke
 
     run = tmp_path / "run"
     small = ["rollout.tasks_per_step=4", "rollout.samples=4", "eval.every=0", "logging.tensorboard=false",
              "logging.plots=false", "optim.epochs=2"]
-    proc = _cli("workflows/coord_par2.wf", "--steps", "1", "--run-dir", str(run), "objective=dapo",
-                "loss.eps_low=0.1", *small)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = invoke("train", "workflows/coord_par2.wf", "--steps", "1", "--run-dir", run, "objective=dapo",
+                 "loss.eps_low=0.1", *small, cwd=ROOT)
+    assert res.exit_code == 0, res.output[-2000:]
     saved = tomllib.loads((run / "config.toml").read_text())
     assert saved["objective"]["name"] == "dapo"
     assert saved["loss"]["reduction"] == "token" and saved["loss"]["eps_high"] == 0.28
@@ -127,5 +130,6 @@ def test_objective_is_selected_on_the_command_line_and_saved(tmp_path):
     assert saved["compile"]["drop_zero_variance"] is True and saved["compile"]["advantage"] == "episode"
     row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert "loss/epoch2/clip_frac" in row and "compile/dropped_zero_variance_events" in row
-    proc = _cli("workflows/coord_par2.wf", "--steps", "1", "--run-dir", str(tmp_path / "bad"), "objective=dapoo")
-    assert proc.returncode == 7 and "did you mean 'dapo'" in proc.stderr and "Traceback" not in proc.stderr
+    res = invoke("train", "workflows/coord_par2.wf", "--steps", "1", "--run-dir", tmp_path / "bad", "objective=dapoo",
+                 cwd=ROOT)
+    assert res.exit_code == 7 and "did you mean 'dapo'" in res.stderr and "Traceback" not in res.stderr

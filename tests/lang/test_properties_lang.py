@@ -70,9 +70,15 @@ def test_mutated_examples_never_crash(text: str) -> None:
 
 
 def _shape(node):
-    """A node as plain data without spans, comments or source text: what the formatter must keep."""
+    """A node as plain data without spans, comments or source text: what the formatter must keep. A
+    field whose value is a span (a keyword's place, e.g. a policy's ``frozen``) keeps that it is
+    there, not where: the formatter moves it."""
     import dataclasses
 
+    from srpo_graph.lang.ast import Span
+
+    if isinstance(node, Span):
+        return "<span>"
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         return (type(node).__name__,) + tuple(
             (f.name, _shape(getattr(node, f.name))) for f in dataclasses.fields(node)

@@ -18,6 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.support.cli import invoke
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +90,8 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path, one_process)
     assert sorted(p.name for p in (ck / "dcp" / "tiny").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert not list((ck / "policies" / "tiny").glob("*.safetensors")) and verify_checkpoint(ck) is None
     out = tmp_path / "consolidated"
-    _run([sys.executable, "-m", "srpo_graph.cli", "consolidate", str(tmp_path / "fsdp"), "--out", str(out)])
+    # consolidate and eval read folders: in this process (tests/support/cli.py), no interpreter each
+    assert invoke("consolidate", tmp_path / "fsdp", "--out", out).exit_code == 0
     a = load_file(one / "checkpoints" / "step_2" / "policies/tiny/model.safetensors")
     b = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
     for k in a:
@@ -106,23 +109,8 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path, one_process)
             torch.testing.assert_close(moments[n][k], adam[f"state.{i}.{k}"], atol=2e-5, rtol=1e-4)
     # `srpo-graph eval` reads the consolidated folder, and the sharded run folder itself (in one process)
     ev = tmp_path / "eval"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "srpo_graph.cli",
-            "eval",
-            str(ROOT / "workflows/coord_mixed.wf"),
-            str(out),
-            str(tmp_path / "fsdp"),
-            "--num-tasks",
-            "2",
-            "--samples",
-            "2",
-            "--out",
-            str(ev),
-            "--no-progress",
-        ]
-    )
+    res = invoke("eval", ROOT / "workflows/coord_mixed.wf", out, tmp_path / "fsdp", "--num-tasks", "2",
+                 "--samples", "2", "--out", ev, "--no-progress")
+    assert res.exit_code == 0, res.output[-3000:]
     a_rep, b_rep = json.loads((ev / "eval.json").read_text())["reports"]
     assert a_rep["problems"] == b_rep["problems"] and a_rep["overall"] == b_rep["overall"]
