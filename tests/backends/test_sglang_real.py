@@ -318,7 +318,9 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
     sync_weights over a process group per worker, every completion, from either worker, reports
     the new version and weights. The first worker is the session's server (it serves the tiny
     model's weights at version 0, and gets them back after the test: ``trainable_sglang``), the
-    second one is started for the test: one launch instead of two."""
+    second one is started for the test: one launch instead of two. (A failure in the middle of the
+    sync can leave the session server unusable for the tests after it on this worker; the reset's
+    error then names this test.)"""
     from types import SimpleNamespace
 
     from srpo_graph.backends import load_backend

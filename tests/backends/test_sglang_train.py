@@ -147,7 +147,11 @@ def launched(tmp_path_factory):
     """One run that launches its servers (``rollout.sglang.launch=cpu``): TRIO's two trained policies
     and its frozen one, 3 steps, synced through the disk (``sync=disk``). Two facts of the launch
     share it -- every policy gets a server, only the trained ones are synced -- where each used to
-    start a run of two servers of its own (a launch is ~20 s of CPU on a 2-core CI machine)."""
+    start a run of two servers of its own (a launch is ~20 s of CPU on a 2-core CI machine). Which
+    servers are synced is decided above the sync mode (the fleet never hands a frozen policy's server
+    an update), so the disk sync the two-policies test reads serves the frozen check too; the default
+    (streamed) sync into launched servers is the killed-mid-sync test's, and selfplay_frozen.wf trains
+    on the embedded backend in tests/train/test_frozen_examples.py."""
     from srpo_graph.train.trainer import train
 
     require_sglang()

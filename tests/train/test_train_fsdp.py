@@ -91,7 +91,8 @@ def test_fsdp_training_run_resumes_and_equals_one_process(tmp_path, one_process)
     assert not list((ck / "policies" / "tiny").glob("*.safetensors")) and verify_checkpoint(ck) is None
     out = tmp_path / "consolidated"
     # consolidate and eval read folders: in this process (tests/support/cli.py), no interpreter each
-    assert invoke("consolidate", tmp_path / "fsdp", "--out", out).exit_code == 0
+    res = invoke("consolidate", tmp_path / "fsdp", "--out", out)
+    assert res.exit_code == 0, res.output[-3000:]
     a = load_file(one / "checkpoints" / "step_2" / "policies/tiny/model.safetensors")
     b = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
     for k in a:
