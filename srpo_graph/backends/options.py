@@ -51,8 +51,9 @@ class SGLangOptions(BackendOptions):
         "with {model} and {port} (and {host}, {python}). None: connect to servers you started (`url(s)`).",
         json_schema_extra={"train_only": True})
     port: int | None = Field(None, ge=1024, le=65000, description="First port of launched servers; policy i (in "
-                             "declaration order) gets port + i, each refused (named) if already in use. None: free "
-                             "ports are picked. Launched servers listen on 127.0.0.1 and are checked to be the ones "
+                             "declaration order) gets port + i, each refused (named) if already in use or claimed by "
+                             "another srpo-graph process. None: free ports are picked and claimed machine-wide until "
+                             "the server stops. Launched servers listen on 127.0.0.1 and are checked to be the ones "
                              "answering (a per-launch token in /server_info).", json_schema_extra={"train_only": True})
     update_connected: bool = Field(False, description="Let training push weight updates into servers it did not "
                                    "launch (`url`, `urls`, `workers`). Off: such a run is refused before anything is "

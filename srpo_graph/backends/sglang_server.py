@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from srpo_graph.backends import bounded_http
+from srpo_graph.backends.ports import release
 from srpo_graph.backends.sglang_start import cannot_launch, exited_while_starting, read_tail
 from srpo_graph.errors import BackendError
 
@@ -325,6 +326,7 @@ class SGLangServer:
             if pgid is None or not _group_alive(pgid):
                 break
         self._forget()
+        release([self.port])  # a port this process claimed for it (launch_ports) is free to hand out again
 
     def _forget(self) -> None:
         with _LIVE_LOCK:
@@ -371,42 +373,19 @@ def start_server(
         raise
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now (the kernel's pick)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether something already binds ``host:port``."""
-    import socket
-
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, int(port)))
-        except OSError:
-            return True
-    return False
-
-
 def launch_ports(first: int | None, count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports for ``count`` launched servers: ``first + i`` when given (each must be free), else free ones.
+    """Ports for ``count`` launched servers: ``first + i`` when given (each must be free and not
+    claimed by another process), else claimed free ones (:func:`srpo_graph.backends.ports.claim_ports`:
+    no other run or test worker on this machine is handed the same port while a server starts).
 
     Raises:
-        ConfigError: a given port is in use, named.
+        ConfigError: a given port is in use or claimed, named.
     """
+    from srpo_graph.backends.ports import claim, claim_ports, port_in_use, release
     from srpo_graph.errors import ConfigError
 
     if first is None:
-        ports: list[int] = []
-        while len(ports) < count:
-            port = free_port(host)
-            if port not in ports:
-                ports.append(port)
-        return ports
+        return claim_ports(count, host)
     ports = [int(first) + i for i in range(count)]
     taken = [p for p in ports if port_in_use(p, host)]
     if taken:
@@ -416,6 +395,17 @@ def launch_ports(first: int | None, count: int, host: str = "127.0.0.1") -> list
             "SGLang -- listens there)",
             why="a launched server that cannot bind its port would leave training talking to the other one",
             fix="leave rollout.sglang.port unset (free ports are picked), or choose a free one",
+        )
+    claimed = [p for p in ports if claim(p)]
+    if len(claimed) < len(ports):
+        release(claimed)
+        other = next(p for p in ports if p not in claimed)
+        raise ConfigError.at(
+            f"field `rollout.sglang.port` ({first})",
+            f"port {other} on {host} is claimed by another srpo-graph process on this machine (a server "
+            "it launched is starting there)",
+            why="two servers launched on one port: one of them fails, and training could talk to the other",
+            fix="leave rollout.sglang.port unset (free ports are picked), or choose another",
         )
     return ports
 

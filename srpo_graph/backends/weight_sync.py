@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from srpo_graph.backends.ports import free_port
 from srpo_graph.errors import BackendError
 
 Post = Callable[[str, str, "dict[str, Any] | None", float], tuple[int, Any]]
@@ -74,13 +75,6 @@ def http_call(worker: str, route: str, payload: dict[str, Any] | None, timeout: 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "half": torch.float16,
            "float": torch.float32}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def address_towards(url: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from srpo_graph.backends.weight_sync import free_port
+from srpo_graph.backends.ports import free_port
 from tests.support.sglang_checks import ATOL, client, perturbed, served_gap
 
 ROOT = Path(__file__).resolve().parents[2]

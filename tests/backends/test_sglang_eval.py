@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.sglang_servers import _free_port, require_sglang  # noqa: E402
+from srpo_graph.backends.ports import claim_ports  # noqa: E402
+from tests.support.sglang_servers import require_sglang  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ def test_eval_a_run_folder_on_sglang(tmp_path):
     before = {id(s) for s in live_servers()}
     reports, _ = evaluate_all(wf, [str(tmp_path / "run")], out=tmp_path / "ev", tasks_path=None, samples=4, seed=0,
                               num_tasks=5, overrides=["rollout.backend=sglang", "rollout.sglang.launch=cpu",
-                                                      f"rollout.sglang.port={_free_port(30040, 30090)}"])
+                                                      f"rollout.sglang.port={claim_ports(1)[0]}"])
     (rep,) = reports
     assert rep.overall.episodes == 20 and rep.statuses == {"ok": 20}
     assert 0.0 <= rep.overall.avg.low <= rep.overall.avg.value <= rep.overall.avg.high <= 1.0

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from srpo_graph.backends.base import GenerationRequest  # noqa: E402
+from srpo_graph.backends.ports import claim_ports  # noqa: E402
 from srpo_graph.backends.sglang_lora import SGLangAdapterBackend, lora_flags  # noqa: E402
-from tests.support.sglang_servers import _free_port, require_sglang  # noqa: E402
+from tests.support.sglang_servers import require_sglang  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,7 @@ def test_adapters_train_and_resume_on_one_real_cpu_server(tmp_path):
 
     def config(*extra):
         return load_config(None, ["steps=4", f"run_dir={json.dumps(str(run))}", "rollout.backend=sglang",
-                                  "rollout.sglang.launch=cpu", f"rollout.sglang.port={_free_port(30040, 30090)}",
+                                  "rollout.sglang.launch=cpu", f"rollout.sglang.port={claim_ports(1)[0]}",
                                   "rollout.tasks_per_step=4", "rollout.samples=4", "checkpoint.every=2",
                                   "eval.every=0", "logging.tensorboard=false", "logging.progress=false",
                                   "logging.plots=false", *extra])

@@ -339,9 +339,9 @@ def test_router_spreads_one_policy_over_workers_and_sync_reaches_each(tmp_path, 
         w1 = SimpleNamespace(url=session_url, port=port, log_path=session_log, stop=lambda: None)  # not ours to stop
     else:  # an outside session server (SRPO_GRAPH_SGLANG_URL): its log is not readable here
         w1, w2 = start_real_servers([tiny_dir, tiny_dir], tmp_path)  # started together: one start-up's wait
-    from tests.support.sglang_servers import _free_port
+    from srpo_graph.backends.ports import claim_ports
 
-    port = _free_port(30091, 30100, exclude={w1.port, w2.port})
+    (port,) = claim_ports(1)
     router = SGLangServer(
         [
             sglang_python(),

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from srpo_graph.backends.ports import claim_ports
 from srpo_graph.backends.sglang_server import start_server
 from srpo_graph.backends.sglang_start import diagnose, signal_of
 from srpo_graph.errors import BackendError
@@ -136,6 +137,6 @@ def test_the_real_server_on_a_model_folder_it_cannot_load_says_so(tmp_path):
     empty = tmp_path / "not-a-model"
     empty.mkdir()
     with pytest.raises(BackendError) as info:
-        start_server(str(empty), servers._free_port(count=1), recipe="cpu", log_path=tmp_path / "server.log",
+        start_server(str(empty), claim_ports(1)[0], recipe="cpu", log_path=tmp_path / "server.log",
                      health_timeout=240)
     assert "cannot load the model" in str(info.value), str(info.value)

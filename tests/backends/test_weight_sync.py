@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
+from srpo_graph.backends.ports import free_port
 from srpo_graph.backends.weight_sync import (
     DistributedSync,
     buckets,
     flatten,
-    free_port,
     http_call,
     join_group,
     named_weights,

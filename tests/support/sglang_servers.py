@@ -10,31 +10,6 @@ from pathlib import Path
 import pytest
 
 
-def _free_port(
-    lo: int = 30010, hi: int = 30100, count: int = 2, exclude: frozenset[int] | set[int] = frozenset()
-) -> int:
-    """A port p in [lo, hi) with p .. p+count-1 free now and not in ``exclude`` (ports already
-    handed to servers that have not bound them yet), tried in random order (two test runs on one
-    machine rarely pick the same one; a launched server binds it ~20 s later)."""
-    import random
-    import socket
-
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-            return True
-
-    ports = list(range(lo, hi - count + 1))
-    random.shuffle(ports)
-    for port in ports:
-        if all(port + i not in exclude and free(port + i) for i in range(count)):
-            return port
-    raise RuntimeError(f"no {count} free consecutive ports in {lo}..{hi}")
-
-
 def sglang_unavailable() -> str | None:
     """Why a real SGLang server cannot be started here (None: it can).
 
@@ -64,9 +39,10 @@ def sglang_unavailable() -> str | None:
 
 def start_real_server(model_dir, log_dir, port: int | None = None):
     """A real SGLang server (CPU recipe) on ``model_dir``; the caller stops it."""
+    from srpo_graph.backends.ports import claim_ports
     from srpo_graph.backends.sglang_server import start_server
 
-    port = port or _free_port()
+    port = port or claim_ports(1)[0]
     return start_server(str(model_dir), port, recipe="cpu", log_path=log_dir / f"sglang-{port}.log")
 
 
@@ -82,14 +58,12 @@ def start_real_servers(model_dirs, log_dir, health_timeout: float = 300.0, chat:
     each waited for, as training's ``serve_policies`` does: their ~30 s start-ups overlap instead
     of adding up. ``chat``: with :data:`CHAT_FLAGS`. The caller stops them (:func:`stop_servers`);
     on a failure to start, none is left running."""
+    from srpo_graph.backends.ports import claim_ports
     from srpo_graph.backends.sglang_server import CPU_TEMPLATE, SGLangServer, launch_command, recipe_env
 
     servers: list = []
-    taken: set[int] = set()
     try:
-        for model_dir in model_dirs:
-            port = _free_port(exclude=taken)
-            taken.update((port, port + 1))
+        for model_dir, port in zip(model_dirs, claim_ports(len(model_dirs))):
             servers.append(
                 SGLangServer(
                     launch_command(CPU_TEMPLATE + CHAT_FLAGS if chat else "cpu", str(model_dir), port),

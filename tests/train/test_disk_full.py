@@ -241,7 +241,7 @@ def test_disk_full_on_one_node_stops_every_node_with_one_message(two_ranks, tmp_
     1, or node 0's inside node 1's shard as it receives it. Both nodes exit 1; node 0 alone prints
     one message naming the full disk (and the rank whose it is) and the resume command; no .tmp-
     folder is left on either node."""
-    from srpo_graph.backends.weight_sync import free_port
+    from srpo_graph.backends.ports import claim_ports
 
     ref = two_ranks("fsdp")  # its shards are the sizes this job's are
     shards = ref / "checkpoints" / "step_1" / "dcp" / "tiny"
@@ -254,7 +254,7 @@ def test_disk_full_on_one_node_stops_every_node_with_one_message(two_ranks, tmp_
     home.mkdir()
     os.symlink(Path.home() / ".cache" / "srpo-graph" / "tiny", home / "tiny")  # the built model
     env = {**ENV, "SRPO_GRAPH_HOME": str(home)}
-    endpoint = f"127.0.0.1:{free_port()}"
+    endpoint = f"127.0.0.1:{claim_ports(1)[0]}"  # torchrun binds it seconds later
     procs = []
     for rank in (0, 1):
         cwd = tmp_path / f"node{rank}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from srpo_graph.backends.weight_sync import free_port
+from srpo_graph.backends.ports import claim_ports
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def _nodes(tmp_path: Path, *args: str) -> list[subprocess.CompletedProcess]:
 def _launch_nodes(tmp_path: Path, nodes: list[tuple[str, list[str]]]) -> list[subprocess.CompletedProcess]:
     """Node K runs in ``tmp_path/<name>`` with its own args; outputs go to files (a full pipe
     would block a node, and its peer with it)."""
-    endpoint = f"127.0.0.1:{free_port()}"
+    endpoint = f"127.0.0.1:{claim_ports(1)[0]}"  # torchrun binds it seconds later
     procs = []
     for rank, (name, args) in enumerate(nodes):
         cwd = tmp_path / name

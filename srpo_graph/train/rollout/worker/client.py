@@ -36,7 +36,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from srpo_graph.backends.weight_sync import buckets, flatten, free_port, join_group, named_weights
+from srpo_graph.backends.ports import free_port
+from srpo_graph.backends.weight_sync import buckets, flatten, join_group, named_weights
 from srpo_graph.errors import BackendError
 from srpo_graph.runtime.executor import RunResult, RunStats
 from srpo_graph.runtime.trace import Episode
