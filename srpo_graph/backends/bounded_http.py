@@ -8,10 +8,11 @@ SGLang or chat completions: ``openai.py``, ``sglang.py``, ``sglang_server.py`` a
 Note [A deadline over the whole answer]: httpx's timeouts bound each read, so a server that sends
 one byte a second keeps a request alive for as long as it likes (an ``openai(..., timeout=5)``
 request took 90 s; issue 40). Here the deadline is one instant for the whole request -- waiting
-for a pooled connection, connecting, TLS, sending, the headers and every read of the body: the
-client's network backend gives each socket operation only the time left before the instant the
-calling thread set (a thread-local: a request runs in the thread that makes it), and an operation
-begun after it fails at once. No timer thread, no read that outlives the deadline.
+for a free slot of the session (Note [A connection per thread]), connecting, TLS, sending, the
+headers and every read of the body: the client's network backend gives each socket operation only
+the time left before the instant the calling thread set (a thread-local: a request runs in the
+thread that makes it), and an operation begun after it fails at once. No timer thread, no read
+that outlives the deadline.
 
 Note [An answer's size]: an answer can only be as long as what was asked for: ``max_tokens``
 tokens of text, some JSON around them. A body past :func:`answer_limit` (a generous multiple of
@@ -140,27 +141,117 @@ def _backend(inner: Any) -> Any:
     return Backend()
 
 
-def client(*, concurrency: int = 16, headers: dict[str, str] | None = None) -> Any:
-    """An ``httpx.Client`` whose calls through :func:`call` keep to their whole deadline.
+_SSL: Any = None  # one verifying TLS context for every client of the process (loading the CA bundle: ~20 ms of CPU)
+_SSL_LOCK = threading.Lock()
 
-    Raises:
-        BackendError: this httpx keeps its connection pool elsewhere (the deadline could not be
-            installed; a test of this module fails first).
-    """
+
+def _ssl_context() -> Any:
+    global _SSL
     import httpx
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    made = httpx.Client(headers=headers, limits=limits)
+    with _SSL_LOCK:
+        if _SSL is None:
+            _SSL = httpx.create_ssl_context()
+        return _SSL
+
+
+def _bounded_client(headers: dict[str, str] | None) -> Any:
+    """One ``httpx.Client`` of one connection whose every socket operation keeps to the deadline."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    made = httpx.Client(headers=headers, limits=limits, verify=_ssl_context())
     # every transport (the default one and those of proxies from the environment) reads through the
     # bounded backend; httpx builds its pools itself, so the backend is put into each pool
     transports = [made._transport, *(t for t in made._mounts.values() if t is not None)]
     for transport in transports:
         pool = getattr(transport, "_pool", None)
         if pool is None or not hasattr(pool, "_network_backend"):
+            made.close()
             raise BackendError(f"httpx {httpx.__version__}: no connection pool to bound (srpo_graph/backends/"
                                "bounded_http.py expects httpcore's ConnectionPool); install httpx<1")
         pool._network_backend = _backend(pool._network_backend)
     return made
+
+
+class Session:
+    """The connections of one remote caller: each calling thread has its own keep-alive connection
+    (a client of one), and at most ``concurrency`` requests are in flight at once.
+
+    Note [A connection per thread]: one shared pool of N connections costs O(N) per request, twice
+    (httpcore assigns queued requests by scanning every connection, and checks each idle one's
+    socket with a poll): with the 64 threads of an SGLang backend, 4 ms of CPU a request, more than
+    the tiny model's server spent on it. A thread's own connection costs O(1); the callers already
+    bound their threads (a pool of ``concurrency`` workers), and the semaphore keeps the bound for
+    any other caller, its wait counted in the request's deadline like the pool's wait was. The
+    connection of a thread that ended is closed when the next thread makes one.
+    """
+
+    def __init__(self, concurrency: int, headers: dict[str, str] | None = None):
+        self._headers = dict(headers) if headers else None
+        self._slots = threading.BoundedSemaphore(max(1, int(concurrency)))
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._clients: list[tuple[threading.Thread, Any]] = []
+        self._closed = False
+        _bounded_client(self._headers).close()  # an httpx whose pool cannot be bounded is refused here, at once
+
+    def _client(self) -> Any:
+        made = getattr(self._local, "client", None)
+        if made is not None:
+            return made
+        made = _bounded_client(self._headers)
+        with self._lock:
+            if self._closed:
+                made.close()
+                raise BackendError("bounded_http: this session is closed")
+            gone = [c for t, c in self._clients if not t.is_alive()]
+            self._clients = [(t, c) for t, c in self._clients if t.is_alive()]
+            self._clients.append((threading.current_thread(), made))
+        for c in gone:
+            c.close()
+        self._local.client = made
+        return made
+
+    @contextmanager
+    def stream(self, method: str, url: str, **kwargs: Any) -> Iterator[Any]:
+        """``httpx.Client.stream`` on this thread's connection, once a slot is free before the deadline."""
+        import httpx
+
+        if self._closed:
+            raise BackendError("bounded_http: this session is closed")
+        at = getattr(_DEADLINE, "at", None)
+        wait = None if at is None else max(0.0, at - time.monotonic())
+        if not self._slots.acquire(timeout=wait):
+            raise httpx.PoolTimeout(f"no free slot of {url}'s session before the deadline")
+        try:
+            with self._client().stream(method, url, **kwargs) as resp:
+                yield resp
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+        with self._lock:
+            self._closed, clients, self._clients = True, self._clients, []
+        for _, c in clients:
+            c.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def client(*, concurrency: int = 16, headers: dict[str, str] | None = None) -> Session:
+    """A :class:`Session` whose calls through :func:`call` keep to their whole deadline.
+
+    Raises:
+        BackendError: this httpx keeps its connection pool elsewhere (the deadline could not be
+            installed; a test of this module fails first).
+    """
+    return Session(concurrency, headers)
 
 
 @contextmanager
