@@ -143,6 +143,7 @@ def _backend(inner: Any) -> Any:
 
 _SSL: Any = None  # one verifying TLS context for every client of the process (loading the CA bundle: ~20 ms of CPU)
 _SSL_LOCK = threading.Lock()
+_CHECKED = False  # this httpx's pool was found boundable (Session.__init__)
 
 
 def _ssl_context() -> Any:
@@ -194,7 +195,10 @@ class Session:
         self._lock = threading.Lock()
         self._clients: list[tuple[threading.Thread, Any]] = []
         self._closed = False
-        _bounded_client(self._headers).close()  # an httpx whose pool cannot be bounded is refused here, at once
+        global _CHECKED
+        if not _CHECKED:  # an httpx whose pool cannot be bounded is refused here, at once (once a process)
+            _bounded_client(self._headers).close()
+            _CHECKED = True
 
     def _client(self) -> Any:
         made = getattr(self._local, "client", None)
@@ -282,7 +286,7 @@ def call(session: Any, method: str, url: str, *, timeout: float, max_bytes: int,
     at = time.monotonic() + timeout
     try:
         with _deadline(at):
-            # the pool's own wait for a free connection is bounded by the same instant
+            # the wait for a free slot of the session is bounded by the same instant (Session.stream)
             bound = httpx.Timeout(timeout)
             with session.stream(method, url, json=json, timeout=bound) as resp:
                 chunks, size = [], 0

@@ -306,6 +306,7 @@ class SGLangServer:
         """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds. Idempotent."""
         proc = self.proc
         if proc is None:
+            release([self.port])  # never started: its claimed port is free to hand out again
             return
         try:
             pgid: int | None = os.getpgid(proc.pid)

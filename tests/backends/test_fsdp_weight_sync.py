@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from srpo_graph.backends.ports import free_port
+from tests.support.ports import unanswered_port
 from tests.support.sglang_checks import ATOL, client, perturbed, served_gap
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,9 +61,10 @@ def test_fsdp_save_pretrained_writes_shard_by_shard(tiny_dir, tmp_path):
 def test_a_failed_fsdp_sync_ends_on_every_rank(tiny_dir, tmp_path):
     """Rank 0's server does not exist: rank 0 reports the URL, rank 1 an error naming rank 0,
     both promptly (rank 0 still runs the gathers rank 1 waits in: Note [Every rank gathers])."""
-    url = f"http://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
-    proc = _torchrun(tiny_dir, tmp_path, url, "distributed")
+    with unanswered_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.monotonic()
+        proc = _torchrun(tiny_dir, tmp_path, url, "distributed")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert time.monotonic() - t0 < 120
     r0, r1 = _ranks(tmp_path)

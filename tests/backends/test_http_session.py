@@ -89,6 +89,33 @@ def test_each_thread_keeps_one_connection(recorder):
     assert len(rec.ports) == 200 and len(set(rec.ports)) <= 4  # reused, never one connection per request
 
 
+def test_a_thread_uses_its_own_connection_even_when_another_is_idle(recorder):
+    """Two threads taking turns, one request at a time: each stays on its own connection (a shared
+    pool would hand the second thread the first one's idle connection)."""
+    rec = recorder()
+    turns = [threading.Event() for _ in range(8)]
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+
+    def player(name: str, mine: range) -> None:
+        for i in mine:
+            assert turns[i].wait(30)
+            _post(session, rec.url)
+            seen[name].append(rec.ports[-1])
+            if i + 1 < len(turns):
+                turns[i + 1].set()
+
+    with bounded_http.client(concurrency=4) as session:
+        threads = [threading.Thread(target=player, args=("a", range(0, 8, 2))),
+                   threading.Thread(target=player, args=("b", range(1, 8, 2)))]
+        for t in threads:
+            t.start()
+        turns[0].set()
+        for t in threads:
+            t.join(60)
+    assert len(seen["a"]) == len(seen["b"]) == 4
+    assert len(set(seen["a"])) == len(set(seen["b"])) == 1 and seen["a"][0] != seen["b"][0], seen
+
+
 def test_at_most_concurrency_requests_are_in_flight(recorder):
     rec = recorder(delay=0.05)
     with bounded_http.client(concurrency=2) as session, ThreadPoolExecutor(6) as pool:
@@ -101,7 +128,9 @@ def test_a_wait_for_a_slot_counts_in_the_deadline(recorder):
     with bounded_http.client(concurrency=1) as session:
         held = threading.Thread(target=_post, args=(session, rec.url))
         held.start()
+        deadline = time.monotonic() + 30
         while not rec.ports:  # the one slot is taken by a request the server holds for 3 s
+            assert time.monotonic() < deadline, "the held request never reached the server"
             time.sleep(0.01)
         t0 = time.monotonic()
         with pytest.raises(bounded_http.AnswerTimeout, match="no answer within 0.5 s"):

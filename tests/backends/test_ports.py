@@ -101,3 +101,25 @@ def test_a_released_port_can_be_claimed_elsewhere():
     proc, _, tried = _holder(0, port)
     _end(proc)
     assert tried == [True]
+
+
+def test_a_port_claimed_by_name_is_not_handed_out_again_and_threads_never_share_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from srpo_graph.backends import ports
+
+    lo, hi = _claim_range()
+    named = lo + 7
+    assert claim(named)
+    try:
+        # the whole range, so `named` would be reached if it were not already this process's
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ports, "CLAIM_RANGE", (lo, lo + 99))
+            with ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(lambda _: claim_ports(20), range(4)))
+        flat = [p for g in got for p in g]
+        assert named not in flat
+        assert len(flat) == len(set(flat)) == 80  # four threads at once, no port twice
+        release(flat)
+    finally:
+        release([named])

@@ -195,14 +195,12 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
 
 
 def test_load_backend_without_a_server_says_where_it_looked_and_how_to_fix_it():
-    import socket
-
     from srpo_graph.backends import load_backend
+    from tests.support.ports import unanswered_port
 
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(BackendError, match=rf"no server answers at http://127.0.0.1:{port}.*--url.*sglang.launch"):
+    with unanswered_port() as port, pytest.raises(
+        BackendError, match=rf"no server answers at http://127.0.0.1:{port}.*--url.*sglang.launch"
+    ):
         load_backend("sglang", "tiny", url=f"http://127.0.0.1:{port}", max_retries=0)
     with pytest.raises(BackendError, match="unknown backend 'vllm' .known: transformers, sglang"):
         load_backend("vllm", "tiny")

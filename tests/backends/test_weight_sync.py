@@ -22,6 +22,7 @@ from srpo_graph.backends.weight_sync import (
     named_weights,
 )
 from srpo_graph.errors import BackendError
+from tests.support.ports import unanswered_port
 from tests.support.sglang_checks import ATOL, client, perturbed, served_gap
 
 
@@ -72,9 +73,10 @@ def test_a_group_nobody_joins_ends_at_its_deadline():
 def test_a_server_that_cannot_join_is_named_within_the_deadline():
     """A worker URL where no server listens: the first call fails at once, naming the URL."""
     sync = DistributedSync(timeout=3.0)
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(BackendError, match=url):
-        sync.connect(url)
+    with unanswered_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(BackendError, match=url):
+            sync.connect(url)
     sync.close()
 
 
