@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from srpo_graph.backends.base import context_length_of
 from srpo_graph.backends.options import SGLangOptions
+from srpo_graph.backends.ports import release
 from srpo_graph.backends.sglang import SGLangBackend
 from srpo_graph.backends.sglang_lora import (
     ADAPTERS_BY_DISK,
@@ -99,11 +100,15 @@ def serve_policies(policies: Sequence[Any], options: SGLangOptions, run_dir: Pat
     models = {p.name: p.model_path for p in policies}
     if options.launch is not None:
         ports = launch_ports(options.port, len(names))
-        servers = [SGLangServer(
-            launch_command(options.launch, models[n], port), port,
-            log_path=run_dir / "sglang" / f"{n}.log",
-            env=recipe_env(options.launch))
-            for n, port in zip(names, ports)]
+        try:
+            servers = [SGLangServer(
+                launch_command(options.launch, models[n], port), port,
+                log_path=run_dir / "sglang" / f"{n}.log",
+                env=recipe_env(options.launch))
+                for n, port in zip(names, ports)]
+        except BaseException:  # no server made: the ports claimed for them go back (a server's stop releases its own)
+            release(ports)
+            raise
         for s in servers:
             s.start()
         for s in servers:
@@ -155,24 +160,14 @@ def serve_adapters(policies: Sequence[Any], options: Any, run_dir: Path) -> dict
     for p in policies:
         groups.setdefault(id(p.model.shared_base), []).append(p)
     weight_root = Path(options.weight_dir) if options.weight_dir is not None else run_dir / "weights"
-    plan = []  # (policies of one base, its server or URL): every server starts before any is waited for
+    # (policies of one base, its server or URL): every server starts before any is waited for
+    plan: list[tuple[list[Any], Any]] = []
     ports = launch_ports(options.port, len(groups)) if options.launch is not None else []
-    for i, group in enumerate(groups.values()):
-        base = next((p for p in group if p.model.lora_name is None), group[0])
-        if options.launch is None:
-            plan.append((group, options.urls.get(base.name, options.url)))
-            continue
-        cpu = options.launch == "cpu"
-        argv = launch_command(options.launch, group[0].model_path, ports[i]) + lora_flags([p.model for p in group], cpu)
-        env = None
-        if cpu:
-            shim = run_dir / "sglang" / "cpu-lora-shim"
-            shim.mkdir(parents=True, exist_ok=True)
-            (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
-            env = {**recipe_env("cpu"), "PYTHONPATH": str(shim)}
-        plan.append(
-            (group, SGLangServer(argv, ports[i], log_path=run_dir / "sglang" / f"{base.name}.log", env=env).start())
-        )
+    try:
+        _plan_servers(groups, options, ports, run_dir, plan)
+    except BaseException:  # the ports of servers never made go back (a made server's stop releases its own)
+        release(ports[sum(not isinstance(where, str) for _, where in plan):])
+        raise
     refuse_connected(options, [where for _, where in plan if isinstance(where, str)])
     backends: dict[str, Any] = {}
     for group, where in plan:
@@ -212,4 +207,25 @@ def refuse_connected(options: Any, urls: Sequence[str]) -> None:
             why="its weights would be replaced, for everyone else using it too",
             fix="let training start its own (`rollout.sglang.launch=cpu`), or, if the server is "
             "this run's to change, pass rollout.sglang.update_connected=true",
+        )
+
+
+def _plan_servers(groups: dict[int, list[Any]], options: Any, ports: list[int], run_dir: Path,
+                  plan: list[tuple[list[Any], Any]]) -> None:
+    """Append (policies of one base, its started server or its URL) to ``plan``, one per base."""
+    for i, group in enumerate(groups.values()):
+        base = next((p for p in group if p.model.lora_name is None), group[0])
+        if options.launch is None:
+            plan.append((group, options.urls.get(base.name, options.url)))
+            continue
+        cpu = options.launch == "cpu"
+        argv = launch_command(options.launch, group[0].model_path, ports[i]) + lora_flags([p.model for p in group], cpu)
+        env = None
+        if cpu:
+            shim = run_dir / "sglang" / "cpu-lora-shim"
+            shim.mkdir(parents=True, exist_ok=True)
+            (shim / "sitecustomize.py").write_text(CPU_PIN_SHIM)
+            env = {**recipe_env("cpu"), "PYTHONPATH": str(shim)}
+        plan.append(
+            (group, SGLangServer(argv, ports[i], log_path=run_dir / "sglang" / f"{base.name}.log", env=env).start())
         )

@@ -123,3 +123,19 @@ def test_a_port_claimed_by_name_is_not_handed_out_again_and_threads_never_share_
         release(flat)
     finally:
         release([named])
+
+
+def test_a_launch_that_fails_before_its_servers_start_gives_their_ports_back(tmp_path):
+    """A launch command the fleet refuses (no {model}): the ports claimed for its two servers go back."""
+    from types import SimpleNamespace
+
+    from srpo_graph.backends import ports
+    from srpo_graph.backends.options import SGLangOptions
+    from srpo_graph.backends.sglang_fleet import serve_policies
+    from srpo_graph.errors import BackendError
+
+    before = set(ports._HELD)
+    policies = [SimpleNamespace(name=n, model_path=str(tmp_path / n), model=None) for n in ("a", "b")]
+    with pytest.raises(BackendError, match="must contain {model} and {port}"):
+        serve_policies(policies, SGLangOptions(launch="serve {port}"), tmp_path)
+    assert set(ports._HELD) == before
