@@ -89,7 +89,7 @@ def _measure(n: int, kind: str, model: str, steps: int) -> dict:
     from srpo_graph.lang import load_workflow
     from srpo_graph.train.config.loading import validate
     from srpo_graph.train.observe.metrics import read_metrics
-    from srpo_graph.train.parallel.collectives import DistInfo
+    from srpo_graph.train.parallel.job import DistInfo
     from srpo_graph.train.policies.build import build_policies
     from srpo_graph.train.trainer import train
 

@@ -10,7 +10,11 @@ is checked over the whole package by reading its syntax trees.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import srpo_graph
 
@@ -56,3 +60,42 @@ def test_no_except_clause_names_an_exception_imported_inside_its_try() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         found += late_bound_handlers(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE.parent)))
     assert not found, "import the exception before the try (or catch its base class):\n" + "\n".join(found)
+
+
+# Note [A Ctrl-C handler imports no torch] (srpo_graph/train/stops.py): a Ctrl-C can land inside the
+# process's first `import torch`; a handler that then imports torch again dies (exit 139) instead of
+# saying "interrupted". So what a Ctrl-C handler imports must not import torch.
+def handler_imports(source: str) -> set[str]:
+    """The modules imported inside every `except` clause that catches KeyboardInterrupt."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ExceptHandler) and "KeyboardInterrupt" in _handler_names(node):
+            for stmt in node.body:
+                for sub in ast.walk(stmt):
+                    if isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
+                        found.add(sub.module)
+                    elif isinstance(sub, ast.Import):
+                        found.update(a.name for a in sub.names)
+    return found
+
+
+def test_the_handler_rule_finds_a_planted_case() -> None:
+    planted = ("def f():\n    try:\n        g()\n    except KeyboardInterrupt:\n"
+               "        from srpo_graph.train.checkpoint import layout\n        import json\n")
+    assert handler_imports(planted) == {"srpo_graph.train.checkpoint", "json"}
+    assert handler_imports("try:\n    g()\nexcept ValueError:\n    import torch\n") == set()
+
+
+@pytest.mark.proc
+def test_no_ctrl_c_handler_imports_torch() -> None:
+    """Every module a Ctrl-C handler of the package imports, imported in order in a fresh interpreter:
+    none of them loads torch (the first that does is named)."""
+    modules = sorted(set().union(*(handler_imports(p.read_text(encoding="utf-8")) for p in PACKAGE.rglob("*.py"))))
+    assert "srpo_graph.train.stops" in modules  # train's handler: the case CI met
+    probe = ("import importlib, sys\n"
+             f"for m in {modules!r}:\n"
+             "    importlib.import_module(m)\n"
+             "    if 'torch' in sys.modules:\n"
+             "        sys.exit(m)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"a Ctrl-C handler imports a module that imports torch: {proc.stderr.strip()}"

@@ -43,7 +43,7 @@ def test_a_toy_strategy_through_the_table_alone(monkeypatch):
     assert load_config(None, ["strategy=counting"]).strategy == "counting"
     with pytest.raises(Exception, match="unknown strategy"):
         load_config(None, ["strategy=nope"])
-    from srpo_graph.train.parallel.collectives import DistInfo
+    from srpo_graph.train.parallel.job import DistInfo
 
     dist = DistInfo(rank=0, world_size=2)  # rank 0 of 2 (no collective is called below)
     s = strategies.make_strategy("counting", dist)

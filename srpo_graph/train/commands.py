@@ -134,10 +134,10 @@ def train_command(
     if (cfg.nproc > 1 or nnodes > 1) and "WORLD_SIZE" not in os.environ:
         # the refusals of a job of several processes, here, before torchrun starts them (each rank would
         # print its own copy of the error): docs/combinations.md
+        # (none of this imports torch: this process only starts torchrun, Note [A table without torch])
         from srpo_graph.lang import load_workflow
-        from srpo_graph.train.parallel.collectives import DistInfo
-        from srpo_graph.train.policies.lora import check_strategy
-        from srpo_graph.train.rollout.overlapped import check_async
+        from srpo_graph.train.config.refusals import check_async, check_strategy
+        from srpo_graph.train.parallel.job import DistInfo
         from srpo_graph.train.rollout.ranks import samples_on_every_rank
 
         job = DistInfo(world_size=cfg.nproc * nnodes)

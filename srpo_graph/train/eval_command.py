@@ -119,7 +119,7 @@ def evaluate_source(workflow_path: Path, source: Source, tasks_path: Path | None
     from srpo_graph.lang import load_workflow
     from srpo_graph.runtime.executor import run
     from srpo_graph.runtime.tasks import load_tasks
-    from srpo_graph.train.parallel.collectives import DistInfo
+    from srpo_graph.train.parallel.job import DistInfo
     from srpo_graph.train.policies import frozen as frozen_policies
     from srpo_graph.train.policies.build import build_policies, device_of
     from srpo_graph.train.rollout.backends import attach_backends, server_scope

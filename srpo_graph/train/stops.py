@@ -20,8 +20,6 @@ import shlex
 from pathlib import Path
 
 from srpo_graph.errors import BackendError, SrpoGraphError
-from srpo_graph.train.checkpoint.layout import disk_full_reason
-from srpo_graph.train.parallel.collectives import collective_failed
 from srpo_graph.train.rollout.failures import FailureBudgetExceeded
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -43,6 +41,16 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 #
 # Only a stop before config.toml exists (the lock or config.toml itself on a full disk) says "nothing
 # was trained ... run the command again": there is nothing to resume. tests/train/test_stop_lines.py.
+
+# Note [A Ctrl-C handler imports no torch]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``train``'s Ctrl-C handler (``train/commands.py``) imports this module to tell a Ctrl-C in the
+# loop from one while starting, and a Ctrl-C while starting can land inside the process's first
+# ``import torch``. Importing torch again after that finds a half-initialised extension module and
+# the process dies (exit 139, "SystemError: ... bad call flags", a CI run) instead of saying
+# "interrupted while starting". So this module imports nothing that imports torch: the checkpoint
+# layout and the collectives are imported where a stop is built, inside a run that has them
+# loaded already. tests/train/test_stop_lines.py holds the modules of every Ctrl-C handler to it.
 
 
 def continue_command(workflow: str | Path, run_dir: str | Path) -> str:
@@ -111,6 +119,8 @@ class RunStopped(SrpoGraphError):
         # (Note [The job fails with its cause], train/parallel/launch.py)
         self.consequence = consequence
         if isinstance(cause, OSError):
+            from srpo_graph.train.checkpoint.layout import disk_full_reason  # Note [A Ctrl-C handler imports no torch]
+
             self.reason = disk_full_reason(cause, self.run_dir)
         else:
             self.reason = cause
@@ -189,7 +199,7 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
         )
     if isinstance(exc, BackendError):
         return RunStopped(run_dir, steps_done, checkpoint, str(exc).strip(), remedy=backend_remedy(exc, run_dir))
-    if isinstance(exc, RuntimeError) and distributed and collective_failed(exc):
+    if isinstance(exc, RuntimeError) and distributed and _collective_failed(exc):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return RunStopped(
             run_dir,
@@ -200,6 +210,12 @@ def as_stop(exc: BaseException, run_dir: Path, steps_done: int, checkpoint: Path
             consequence=True,
         )
     return None
+
+
+def _collective_failed(exc: BaseException) -> bool:
+    from srpo_graph.train.parallel.collectives import collective_failed  # Note [A Ctrl-C handler imports no torch]
+
+    return collective_failed(exc)
 
 
 __all__ = ["RunStopped", "TrainingInterrupted", "as_stop", "backend_remedy", "continue_command",

@@ -41,20 +41,22 @@ from srpo_graph.train.checkpoint import Checkpointer, LoopState, latest_checkpoi
 from srpo_graph.train.checkpoint.agree import DiskFull
 from srpo_graph.train.config.defaults import with_loss_defaults
 from srpo_graph.train.config.loading import check_trainable, default_run_dir, to_data, validate, write_config
+from srpo_graph.train.config.refusals import check_async
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.learn.step import Learner
 from srpo_graph.train.observe.evaluator import Evaluator
 from srpo_graph.train.observe.metrics import checkpoint_records
 from srpo_graph.train.observe.observer import Observer
 from srpo_graph.train.observe.record import StepRecord
-from srpo_graph.train.parallel.collectives import DistInfo, init_distributed, shutdown
+from srpo_graph.train.parallel.collectives import init_distributed, shutdown
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.parallel.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
 from srpo_graph.train.policies import frozen as frozen_policies
 from srpo_graph.train.policies.build import build_policies, device_of
 from srpo_graph.train.policies.slot import PolicySlot
 from srpo_graph.train.rollout.backends import attach_backends, load_frozen, server_scope
 from srpo_graph.train.rollout.lockstep import Rollouts
-from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async, make_rollouts
+from srpo_graph.train.rollout.overlapped import AsyncRollouts, make_rollouts
 from srpo_graph.train.rollout.tasks import override_workflow, resolve_tasks
 from srpo_graph.train.rollout.worker.client import close_worker
 from srpo_graph.train.run_folder import check_resumed_workflow, clear_previous_run, lock_run_dir, record_workflow

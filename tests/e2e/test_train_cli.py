@@ -88,8 +88,15 @@ def test_cli_nproc_2_matches_one_process(tmp_path, one_process):
 
     runs = {1: one_process(COORD_MIXED), 2: tmp_path / "n2"}
     assert "rollout.tasks_per_step=3" in COORD_MIXED and "logging.traces_every=1" in COORD_MIXED
-    proc = _cli(*COORD_MIXED, "--nproc", "2", "--run-dir", str(runs[2]))
+    # the launcher under -X importtime (its own imports only: torchrun and the ranks are other interpreters)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "srpo_graph.cli", "train", *COORD_MIXED,
+                           "--nproc", "2", "--run-dir", str(runs[2])], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # it only starts torchrun: no torch (Note [A table without torch], train/parallel/strategies.py)
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]
+    assert "srpo_graph.train.config.refusals" in imported and "torch" not in imported, \
+        [m for m in imported if m.startswith("torch")][:5]
     rows = {n: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             for n, run in runs.items()}
     assert [r["step"] for r in rows[2]] == [1, 2]

@@ -17,10 +17,11 @@ from srpo_graph.backends.base import GenerationRequest
 from srpo_graph.errors import BackendError, ConfigError
 from srpo_graph.train import trainer as trainer_mod
 from srpo_graph.train.config.loading import validate
+from srpo_graph.train.config.refusals import check_async
 from srpo_graph.train.observe.metrics import deterministic_fields, read_metrics
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.rollout.gate import GateClosed, GatedBackend, WeightGate
-from srpo_graph.train.rollout.overlapped import AsyncRollouts, check_async
+from srpo_graph.train.rollout.overlapped import AsyncRollouts
 from srpo_graph.train.stops import RunStopped
 from srpo_graph.train.trainer import train
 

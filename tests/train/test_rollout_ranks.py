@@ -28,7 +28,7 @@ import pytest
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.train.config.loading import validate
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.rollout.ranks import rank_share, samples_on_every_rank
 from tests.support.user_code import make
 

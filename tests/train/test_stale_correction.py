@@ -21,7 +21,7 @@ from srpo_graph.srpo.options import Mismatch
 from srpo_graph.train.config.build import build_config
 from srpo_graph.train.config.defaults import with_loss_defaults
 from srpo_graph.train.config.loading import validate, write_config
-from srpo_graph.train.rollout.overlapped import check_async
+from srpo_graph.train.config.refusals import check_async
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = [(b, k) for b in BACKENDS for k in (0, 1, 2)]

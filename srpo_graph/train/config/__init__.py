@@ -6,5 +6,6 @@ from ``parallel.strategies.STRATEGIES``, the objective's row filling ``loss`` an
 ``loading.py`` (TOML, ``key=value`` overrides, errors naming the field, the combinations that cannot
 train, writing ``config.toml``, the reference table), ``build.py`` (the config from the command
 line's pieces, a resumed run's saved config first), ``defaults.py`` (the loss options a backend or
-overlapped rollouts set unless the run does: stale samples are corrected by default).
+overlapped rollouts set unless the run does: stale samples are corrected by default), ``refusals.py``
+(the combinations a run refuses from its configuration, workflow and job size alone, torch-free).
 """

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from srpo_graph.backends import BACKENDS
-from srpo_graph.compiler.compile import CompileConfig
+from srpo_graph.compiler.options import CompileConfig
 from srpo_graph.runtime.usercode import Deadlines
 from srpo_graph.srpo.objectives import OBJECTIVES
 from srpo_graph.srpo.options import LossConfig

@@ -23,7 +23,8 @@ import torch
 
 from srpo_graph.compiler.setbatch import SetBatch
 from srpo_graph.srpo.diagnostics import AGENT_KEYS, SIZE_KEYS, SUM_KEYS, LossDiagnostics
-from srpo_graph.train.parallel.collectives import DistInfo, all_reduce_vector
+from srpo_graph.train.parallel.collectives import all_reduce_vector
+from srpo_graph.train.parallel.job import DistInfo
 
 _NEG = float("-inf")
 

@@ -23,7 +23,7 @@ from srpo_graph.runtime.seeds import shuffle_seed
 from srpo_graph.runtime.trace import Episode
 from srpo_graph.train.config.schema import TrainConfig
 from srpo_graph.train.learn.update import UpdateResult, recompute_old_logprobs, update_policies
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 
 
 @dataclass

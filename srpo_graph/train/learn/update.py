@@ -40,7 +40,8 @@ from srpo_graph.srpo.loss import loss_denominator, srpo_loss
 from srpo_graph.srpo.options import LossConfig
 from srpo_graph.train.learn.across_ranks import whole_batch
 from srpo_graph.train.parallel import fsdp as fsdp_mod
-from srpo_graph.train.parallel.collectives import DistInfo, all_reduce
+from srpo_graph.train.parallel.collectives import all_reduce
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.parallel.strategies import make_strategy
 from srpo_graph.train.policies.precision import update_forward
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from srpo_graph.eval.score import score
 from srpo_graph.runtime.seeds import eval_seed
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.rollout.lockstep import rollout
 
 

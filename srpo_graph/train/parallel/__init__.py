@@ -1,6 +1,7 @@
 """Trainer stage, parallel: one process, several, several nodes (torchrun, DDP and FSDP2 arithmetic).
 
-Modules: ``collectives.py`` (the process group, ``DistInfo``, byte broadcasts and gathers, one
+Modules: ``job.py`` (``DistInfo``, this process's place in the job, torch-free), ``collectives.py``
+(the process group, byte broadcasts and gathers, one
 ``all_reduce(value, op)``, bucketed gradient all-reduce, event shards; every collective under the
 group's deadline), ``strategies.py`` (``STRATEGIES``: how the update runs on one or many
 processes), ``fsdp.py`` (sharding, matching forwards, full state dicts), ``gather.py`` (an FSDP

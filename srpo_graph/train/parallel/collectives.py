@@ -2,7 +2,7 @@
 
 Consumes the environment ``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``/``MASTER_PORT``); produces a :class:`DistInfo` and the collective helpers the
-loop uses. It knows nothing about workflows or losses.
+loop uses (:class:`DistInfo` itself is ``job.py``'s, torch-free). It knows nothing about workflows or losses.
 
 How data parallelism keeps the single-process result exactly (see Note [Global denominator]):
 
@@ -26,29 +26,12 @@ not equal (sets differ in size), so we normalize by the global denominator and s
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
 
 from srpo_graph import exiting
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    """This process's place in the job."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
+from srpo_graph.train.parallel.job import DistInfo
 
 
 def init_distributed(device: str = "cpu", timeout: float = 600.0) -> DistInfo:

@@ -39,7 +39,7 @@ from typing import Any, Sequence, cast
 
 import torch
 
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,6 +1,6 @@
 """Trainer stage: a job over several nodes (torchrun, static rendezvous) with no shared file system.
 
-Consumes :class:`~srpo_graph.train.parallel.collectives.DistInfo`, the resolved config and the workflow
+Consumes :class:`~srpo_graph.train.parallel.job.DistInfo`, the resolved config and the workflow
 source of each rank; produces one config every rank agrees on, and the checkpoint a resumed run
 starts from on every node. (The torchrun command line of one node is ``launch.py``'s.)
 
@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.parallel.collectives import DistInfo, all_reduce, broadcast_bytes
+from srpo_graph.train.parallel.collectives import all_reduce, broadcast_bytes
+from srpo_graph.train.parallel.job import DistInfo
 
 CHUNK = 64 << 20  # bytes of a checkpoint file broadcast at once
 

@@ -15,17 +15,36 @@ distribution of the work; the loop itself has no ``if sharded`` left:
 
 Adding a strategy is one class and one row here; ``TrainConfig.strategy``'s choices are this
 table's keys. ``single`` is what every strategy becomes in one process.
+
+Note [A table without torch]: the configuration checks ``strategy`` against this table's keys, and
+the process that checks it first is often one that never runs a model: the launcher of ``srpo-graph
+train --nproc N``, which only starts torchrun. Importing this module must not import torch (~1 s of
+CPU and ~150 MB per such process), so torch, the collectives and FSDP are imported where a strategy
+first runs, inside a rank (``tests/e2e/test_train_cli.py`` holds the launcher to it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+from srpo_graph.train.parallel.job import DistInfo
 
-from srpo_graph.compiler.setbatch import SetBatch
-from srpo_graph.train.parallel import fsdp as fsdp_mod
-from srpo_graph.train.parallel.collectives import DistInfo, all_reduce, all_reduce_grads, shard_sets
+if TYPE_CHECKING:  # Note [A table without torch]
+    import torch
+
+    from srpo_graph.compiler.setbatch import SetBatch
+
+
+def _collectives():  # imported at first use: Note [A table without torch]
+    from srpo_graph.train.parallel import collectives
+
+    return collectives
+
+
+def _fsdp():
+    from srpo_graph.train.parallel import fsdp
+
+    return fsdp
 
 
 class Single:
@@ -70,11 +89,11 @@ class DataParallel(Single):
     name = "ddp"
 
     def shard(self, mb: SetBatch) -> SetBatch:
-        shard = shard_sets(mb.set_tokens.tolist(), self.dist.rank, self.dist.world_size)
+        shard = _collectives().shard_sets(mb.set_tokens.tolist(), self.dist.rank, self.dist.world_size)
         return mb.select_sets(shard).with_(set_episode_events=mb.set_episode_events[shard])
 
     def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        all_reduce_grads(params, self.dist)
+        _collectives().all_reduce_grads(params, self.dist)
 
 
 class FullySharded(DataParallel):
@@ -86,15 +105,15 @@ class FullySharded(DataParallel):
 
     def micro_batches(self, local: SetBatch) -> list[SetBatch | None]:
         micros: list[SetBatch | None] = list(local.micro_batches())
-        return micros + [None] * (int(all_reduce(len(micros), "max", self.dist)) - len(micros))
+        return micros + [None] * (int(_collectives().all_reduce(len(micros), "max", self.dist)) - len(micros))
 
     def begin(self, models, active, i, n):
-        fsdp_mod.set_gradient_sync(models, i == n - 1)
-        return fsdp_mod.ordered_models(models, active)
+        _fsdp().set_gradient_sync(models, i == n - 1)
+        return _fsdp().ordered_models(models, active)
 
     def backward(self, loss: torch.Tensor, plan: Any) -> int:
         zero = plan.finish()
-        (loss * fsdp_mod.loss_scale(self.dist) + (zero if zero is not None else 0.0)).backward()
+        (loss * _fsdp().loss_scale(self.dist) + (zero if zero is not None else 0.0)).backward()
         return len(plan.extra)
 
     def backward_padding(self, plan: Any) -> int:
@@ -107,10 +126,10 @@ class FullySharded(DataParallel):
         return None  # reduce-scattered in the last backward
 
     def after_grads(self, models: Sequence[torch.nn.Module]) -> None:
-        fsdp_mod.reshard_all(models)  # the optimizer steps the sharded parameters
+        _fsdp().reshard_all(models)  # the optimizer steps the sharded parameters
 
     def finish(self, padding_forwards: int) -> int:
-        return int(all_reduce(padding_forwards, "sum", self.dist))
+        return int(_collectives().all_reduce(padding_forwards, "sum", self.dist))
 
 
 STRATEGIES: dict[str, type[Single]] = {"ddp": DataParallel, "fsdp": FullySharded}

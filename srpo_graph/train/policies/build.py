@@ -23,7 +23,7 @@ from srpo_graph.models import resolve_model
 from srpo_graph.models.tiny import load_tokenizer
 from srpo_graph.train.checkpoint import layout, sharded, verified_model_path
 from srpo_graph.train.parallel import fsdp
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.policies import lora
 from srpo_graph.train.policies.precision import enable_gradient_checkpointing
 from srpo_graph.train.policies.slot import PolicySlot, make_optimizer

@@ -36,6 +36,7 @@ import torch
 
 from srpo_graph.errors import ConfigError
 from srpo_graph.train import checkpoint as ckpt
+from srpo_graph.train.config.refusals import check_strategy
 from srpo_graph.train.policies.slot import PolicySlot, make_optimizer
 from srpo_graph.workflow import Policy, Workflow
 
@@ -47,23 +48,6 @@ FROZEN_MARKER = "frozen_base.json"  # a frozen base policy's checkpoint folder: 
 def uses_adapters(wf: Workflow) -> bool:
     """Whether any policy of ``wf`` is a LoRA adapter."""
     return any(p.adapter is not None for p in wf.policies)
-
-
-def check_strategy(wf: Workflow, config, world_size: int) -> None:
-    """Refuse LoRA adapter policies under ``strategy = "fsdp"`` with several processes (also called by
-    ``train --nproc`` before torchrun starts the ranks).
-
-    Raises:
-        ConfigError: naming the strategy, the adapters and the fix.
-    """
-    if config.strategy == "fsdp" and world_size > 1 and uses_adapters(wf):
-        names = [p.name for p in wf.policies if p.adapter is not None]
-        raise ConfigError.at(
-            "field `strategy`",
-            f"LoRA adapter policies ({', '.join(names)}) do not run under fsdp",
-            why="the adapters are small and replicated; the frozen base is shared",
-            fix='use strategy = "ddp" (the default)',
-        )
 
 
 def lora_config(pol: Policy, task_type: str = "CAUSAL_LM"):

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 from srpo_graph.backends import TrainedPolicy, backend_spec, sglang_server
 from srpo_graph.errors import ConfigError
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.policies import frozen as frozen_policies
 from srpo_graph.train.policies import lora
 from srpo_graph.train.rollout.ranks import samples_on_every_rank

@@ -27,7 +27,8 @@ from srpo_graph.runtime.executor import run as run_episodes
 from srpo_graph.runtime.seeds import rollout_seed
 from srpo_graph.runtime.trace import Episode
 from srpo_graph.train.config.schema import TrainConfig
-from srpo_graph.train.parallel.collectives import DistInfo, broadcast_bytes
+from srpo_graph.train.parallel.collectives import broadcast_bytes
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.rollout.failures import FailureBudgetExceeded, check_failure_budget
 from srpo_graph.train.rollout.ranks import gather_rollout, rank_share, samples_on_every_rank
 from srpo_graph.train.rollout.tasks import task_indices

@@ -32,14 +32,15 @@ Note [Checkpoints and resume]
     weights (so their outputs are less stale than the dropped ones would have been).
 
 Note [In-process backends: the rollout worker]
-    The transformers backend samples from the model being updated, so ``check_async`` refuses it
-    for k >= 1 unless ``rollout.worker`` is on: then the rollout worker process
-    (``train/rollout/worker/client.py``, its own copy of each policy) samples each batch (``rollout`` finds
-    it through the slots' ``WorkerPolicy`` backends) and the learning step's sync pushes the weights
-    to it. The worker serves one request at a time, so a push waits for the batch in flight and
-    weights change between batches, never inside one; each output records the version the worker
-    held when it sampled it. No gate is needed, and the bound and the step order above do not
-    change. ``sampler`` and ``on_weights`` remain hooks for other samplers (tests use them).
+    The transformers backend samples from the model being updated, so ``check_async``
+    (``train/config/refusals.py``) refuses it for k >= 1 unless ``rollout.worker`` is on: then the
+    rollout worker process (``train/rollout/worker/client.py``, its own copy of each policy) samples
+    each batch (``rollout`` finds it through the slots' ``WorkerPolicy`` backends) and the learning
+    step's sync pushes the weights to it. The worker serves one request at a time, so a push waits for
+    the batch in flight and weights change between batches, never inside one; each output records the
+    version the worker held when it sampled it. No gate is needed, and the bound and the step order
+    above do not change. ``sampler`` and ``on_weights`` remain hooks for other samplers (tests use
+    them).
 
 Failures of a batch (the failure budget, a server that died) are raised by ``get`` for that step
 in the main thread, as the same exceptions the synchronous stage raises; nothing is dispatched
@@ -55,46 +56,14 @@ import threading
 import time
 from typing import Any, Callable
 
-from srpo_graph.backends import backend_spec
-from srpo_graph.errors import ConfigError
 from srpo_graph.runtime.seeds import rollout_seed
-from srpo_graph.train.config.defaults import check_staleness_corrected
+from srpo_graph.train.config.refusals import check_async
 from srpo_graph.train.config.schema import TrainConfig
-from srpo_graph.train.parallel.collectives import DistInfo
+from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.rollout.gate import GatedBackend, WeightGate
 from srpo_graph.train.rollout.lockstep import Rollouts, StepRollout, rollout
 from srpo_graph.train.rollout.tasks import task_indices
 from srpo_graph.train.rollout.worker.client import close_worker, worker_of
-
-
-def check_async(config: TrainConfig, dist: DistInfo | None = None) -> None:
-    """Refuse ``rollout.max_staleness >= 1`` where it cannot run yet.
-
-    Raises:
-        ConfigError: an in-process backend (it samples from the very model being updated), or
-            torchrun (rank 0 broadcasts each batch in step order; not built for overlap yet).
-            The transformers backend is accepted with ``rollout.worker = true``. Stale samples with
-            ``loss.mismatch = none`` (``config/defaults.py``: overlapped rollouts default to ``decoupled``).
-    """
-    k = config.rollout.max_staleness
-    if config.rollout.partial_rollouts and (k == 0 or config.rollout.backend != "sglang"):
-        raise ConfigError.at("field `rollout.partial_rollouts`", "partial rollouts pause and resume SGLang requests "
-                             "in flight across a weight sync: they need rollout.backend=sglang and "
-                             "rollout.max_staleness >= 1", fix="set both, or rollout.partial_rollouts=false")
-    if k == 0:
-        return
-    check_staleness_corrected(config.loss.mismatch, k)
-    if backend_spec(config.rollout.backend).in_process and not config.rollout.worker:
-        raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}) need a "
-                             f"server backend or a rollout worker; `{config.rollout.backend}` samples from the model "
-                             "being updated in this process",
-                             fix="rollout.worker=true (sampling in a process of its own), rollout.backend=sglang, "
-                             "or rollout.max_staleness=0")
-    if dist is not None and dist.enabled:
-        what = " and partial rollouts" if config.rollout.partial_rollouts else ""
-        raise ConfigError.at("field `rollout.max_staleness`", f"overlapped rollouts (max_staleness={k}){what} are not "
-                             f"supported under torchrun yet ({dist.world_size} processes: --nproc or torchrun)",
-                             fix="run one process, or use rollout.max_staleness=0")
 
 
 def make_rollouts(wf, train_tasks: list, slots: list, config: TrainConfig, dist: DistInfo,
@@ -264,4 +233,4 @@ class AsyncRollouts:
             self._cond.notify_all()
 
 
-__all__ = ["AsyncRollouts", "check_async", "make_rollouts"]
+__all__ = ["AsyncRollouts", "make_rollouts"]

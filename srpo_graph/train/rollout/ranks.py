@@ -35,7 +35,7 @@ from srpo_graph.backends import backend_spec
 from srpo_graph.errors import BackendError, ConfigError, RuntimeFailure
 from srpo_graph.runtime.executor import RunResult, RunStats
 from srpo_graph.runtime.trace import Episode
-from srpo_graph.train.parallel.collectives import DistInfo, all_gather_bytes
+from srpo_graph.train.parallel.job import DistInfo
 
 
 def samples_on_every_rank(config: Any, dist: DistInfo) -> bool:
@@ -157,6 +157,9 @@ def gather_rollout(
     else:
         head = {"rank": dist.rank, "start": share.start, "stats": result.stats.model_dump(mode="json")}
         lines = [json.dumps(head), *(ep.to_json() for ep in result.episodes)]
+    # (imported here: the launcher of `--nproc` asks samples_on_every_rank without torch, refusals.py)
+    from srpo_graph.train.parallel.collectives import all_gather_bytes
+
     parts = [blob.decode().split("\n") for blob in all_gather_bytes("\n".join(lines).encode(), dist)]
     heads = [json.loads(p[0]) for p in parts]
     for h in heads:  # the lowest failing rank's error, on every rank
