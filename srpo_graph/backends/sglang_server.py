@@ -23,8 +23,11 @@ Recipes (``{model}``, ``{port}``, ``{host}`` and ``{python}`` are filled in):
 
 * ``"cpu"``: this repository's CPU recipe, the flags of ``shared/sglang-cpu/launch.sh`` (bf16,
   ``torch_native`` attention, no overlap schedule, 65,536-token KV cache) and ``--sleep-on-idle``
-  (an idle scheduler otherwise spins a whole core, taken from the trainer between rollouts) with
-  the SGLang venv's python (``SRPO_GRAPH_SGLANG_PYTHON``, default ``~/.cache/srpo-graph/sglang-venv/bin/python``);
+  (an idle scheduler otherwise spins a whole core, taken from the trainer between rollouts) and
+  ``--skip-server-warmup`` (SGLang's ``/health``, which :meth:`SGLangServer.wait_healthy` polls,
+  generates a token itself, so a healthy answer has already proved a forward pass; the warmup
+  request before it cost ~1 s of every start), with the SGLang venv's python
+  (``SRPO_GRAPH_SGLANG_PYTHON``, default ``~/.cache/srpo-graph/sglang-venv/bin/python``);
 * ``"gpu"``: ``python -m sglang.launch_server`` with SGLang's defaults;
 * anything else: a command template, split like a shell would (no shell runs it).
 
@@ -61,7 +64,7 @@ from srpo_graph.errors import BackendError
 DEFAULT_VENV = Path.home() / ".cache" / "srpo-graph" / "sglang-venv"
 CPU_TEMPLATE = ("{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} "
                 "--device cpu --dtype bfloat16 --attention-backend torch_native --disable-overlap-schedule "
-                "--max-total-tokens 65536 --sleep-on-idle")
+                "--max-total-tokens 65536 --sleep-on-idle --skip-server-warmup")
 GPU_TEMPLATE = "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port}"
 PRESETS = {"cpu": CPU_TEMPLATE, "gpu": GPU_TEMPLATE}
 # The cpu recipe's environment. SGLang's crash diagnostics (py-spy of the schedulers, CUDA core
