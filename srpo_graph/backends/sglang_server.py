@@ -25,8 +25,9 @@ Recipes (``{model}``, ``{port}``, ``{host}`` and ``{python}`` are filled in):
   ``torch_native`` attention, no overlap schedule, 65,536-token KV cache) and ``--sleep-on-idle``
   (an idle scheduler otherwise spins a whole core, taken from the trainer between rollouts) and
   ``--skip-server-warmup`` (SGLang's ``/health``, which :meth:`SGLangServer.wait_healthy` polls,
-  generates a token itself, so a healthy answer has already proved a forward pass; the warmup
-  request before it cost ~1 s of every start), with the SGLang venv's python
+  generates a token itself -- :data:`CPU_ENV` keeps it so -- so a healthy answer has already proved
+  a forward pass; the warmup request before it cost ~1 s of every start; a fault of the tokenizer or
+  detokenizer process now shows at the first request, not at the start), with the SGLang venv's python
   (``SRPO_GRAPH_SGLANG_PYTHON``, default ``~/.cache/srpo-graph/sglang-venv/bin/python``);
 * ``"gpu"``: ``python -m sglang.launch_server`` with SGLang's defaults;
 * anything else: a command template, split like a shell would (no shell runs it).
@@ -70,8 +71,10 @@ PRESETS = {"cpu": CPU_TEMPLATE, "gpu": GPU_TEMPLATE}
 # The cpu recipe's environment. SGLang's crash diagnostics (py-spy of the schedulers, CUDA core
 # dumps) are GPU tools; left on, every stop of a CPU server (SIGTERM to its process group, which
 # its launcher reads as a crashed scheduler) sleeps 5 s "to let GPU activity settle" first.
+# `/health` generating a token is SGLang's default; set here, since the recipe skips the warmup
+# request and counts on it (an environment that turned it off would make "healthy" mean "listening").
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
-           "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+           "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "1"}
 CUSTOM_LOGIT_FLAG = "--enable-custom-logit-processor"
 TOKEN_FLAG = "--served-model-name"  # carries the per-launch token, read back from /server_info
 

@@ -115,7 +115,7 @@ def train_command(
             resume = Path(cfg.run_dir) if os.environ.get(RESUME_ENV) == "1" else None
         elif resume is not None and node_rank > 0 and not (Path(resume) / "config.toml").exists():
             # another node of a multi-node job: the run folder is on node 0, whose config this node follows
-            from srpo_graph.train.parallel.multinode import FOLLOW_ENV
+            from srpo_graph.train.parallel.job import FOLLOW_ENV
 
             cfg = build_config(config_path, overrides, steps=steps, seed=seed, run_dir=resume, tasks=tasks, nproc=nproc)
             os.environ[FOLLOW_ENV] = "1"

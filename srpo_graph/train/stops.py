@@ -50,7 +50,7 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # the process dies (exit 139, "SystemError: ... bad call flags", a CI run) instead of saying
 # "interrupted while starting". So this module imports nothing that imports torch: the checkpoint
 # layout and the collectives are imported where a stop is built, inside a run that has them
-# loaded already. tests/train/test_stop_lines.py holds the modules of every Ctrl-C handler to it.
+# loaded already. tests/test_except_names.py holds the modules of every Ctrl-C handler to it.
 
 
 def continue_command(workflow: str | Path, run_dir: str | Path) -> str:

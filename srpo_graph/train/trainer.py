@@ -49,8 +49,8 @@ from srpo_graph.train.observe.metrics import checkpoint_records
 from srpo_graph.train.observe.observer import Observer
 from srpo_graph.train.observe.record import StepRecord
 from srpo_graph.train.parallel.collectives import init_distributed, shutdown
-from srpo_graph.train.parallel.job import DistInfo
-from srpo_graph.train.parallel.multinode import FOLLOW_ENV, agree_config, ship_checkpoint
+from srpo_graph.train.parallel.job import FOLLOW_ENV, DistInfo
+from srpo_graph.train.parallel.multinode import agree_config, ship_checkpoint
 from srpo_graph.train.policies import frozen as frozen_policies
 from srpo_graph.train.policies.build import build_policies, device_of
 from srpo_graph.train.policies.slot import PolicySlot

@@ -4,7 +4,8 @@ What the launcher of ``srpo-graph train --nproc N`` decides before torchrun star
 combinations a job of N processes refuses: ``train/config/refusals.py``) needs the job's size and
 nothing else, and that process never runs a model: it must not pay for importing torch (~1 s of
 CPU and ~150 MB; Note [A table without torch] in ``strategies.py``). So the job's description lives
-here and the process group that fills it in is ``collectives.py``'s (:func:`collectives.init_distributed`).
+here and the process group that fills it in is ``collectives.py``'s (:func:`collectives.init_distributed`),
+with :data:`FOLLOW_ENV`, which the launcher of a node without the run folder sets for its ranks.
 """
 
 from __future__ import annotations
@@ -29,4 +30,8 @@ class DistInfo:
         return self.world_size > 1
 
 
-__all__ = ["DistInfo"]
+# set by `train --resume` on a node that cannot read the run folder: it follows rank 0's config and
+# checkpoint (multinode.py); here, not there, because the launcher sets it (no torch)
+FOLLOW_ENV = "SRPO_GRAPH_FOLLOW_RANK0"
+
+__all__ = ["FOLLOW_ENV", "DistInfo"]

@@ -39,9 +39,6 @@ def _digest(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()), dtype=torch.uint8).clone()
 
 
-FOLLOW_ENV = "SRPO_GRAPH_FOLLOW_RANK0"  # set by `train --resume` on a node that cannot read the run folder
-
-
 def agree_config(config_json: str, workflow_source: str, dist: DistInfo, *, follow: bool = False) -> str:
     """Rank 0's config (JSON) on every rank, after checking that every rank resolved the same
     config (run folder aside: rank 0 decides it) and the same workflow source. A rank that
