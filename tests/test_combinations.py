@@ -18,12 +18,12 @@ import math
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from tests import combinations as C  # the table
+from tests.support.http_servers import LocalServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,9 +57,8 @@ class _Echo:
                 self.end_headers()
                 self.wfile.write(out)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = LocalServer(H, "/v1")
+        self.url = self.httpd.url
 
 
 def _flat(row: dict, prefix: str = "") -> dict:
@@ -113,8 +112,7 @@ class Runs:
 def runs(tmp_path_factory):
     echo = _Echo()
     yield Runs(tmp_path_factory.mktemp("combos"), echo.url)
-    echo.httpd.shutdown()
-    echo.httpd.server_close()
+    echo.httpd.close()
 
 
 def _metrics(run: Path) -> list[dict]:

@@ -16,13 +16,13 @@ import ast
 import gzip
 import http.server
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from srpo_graph.errors import BackendError
+from tests.support.http_servers import LocalServer
 
 PKG = Path(__file__).resolve().parents[2] / "srpo_graph"
 HUGE = 200 << 20  # bytes a huge answer would be
@@ -113,14 +113,11 @@ class Hostile:
 
             do_GET = do_POST = _answer
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = LocalServer(H)
+        self.url = self.httpd.url
 
     def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.close()
 
 
 # --------------------------------------------------------------------------- each remote call of the package

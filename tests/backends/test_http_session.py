@@ -17,6 +17,7 @@ import pytest
 
 from srpo_graph.backends import bounded_http
 from srpo_graph.errors import BackendError
+from tests.support.http_servers import LocalServer
 
 
 class Recorder:
@@ -54,14 +55,11 @@ class Recorder:
                 self.end_headers()
                 self.wfile.write(b"{}")
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/x"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = LocalServer(H, "/x")
+        self.url = self.server.url
 
     def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 @pytest.fixture

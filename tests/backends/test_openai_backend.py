@@ -18,6 +18,7 @@ import pytest
 from srpo_graph.backends.openai import ChatError, ChatRequest, OpenAIChat
 from srpo_graph.errors import BackendError
 from srpo_graph.workflow import ExternalModel
+from tests.support.http_servers import LocalServer
 
 
 class _Server:
@@ -49,14 +50,12 @@ class _Server:
                 self.end_headers()
                 self.wfile.write(out)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = LocalServer(H, "/v1")
+        self.url = self.httpd.url
 
     def stop(self):
         self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.close()
 
 
 @pytest.fixture
