@@ -54,7 +54,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 OFF_ENV = "SRPO_GRAPH_SUPERVISE"  # "0": commands run in one process, unsupervised
 USER_EXIT = 8  # the exit status of a command whose process exited outside srpo-graph (errors.EXIT_CODES)
@@ -186,7 +186,7 @@ def report(command: str, status: int, page: Any) -> tuple[str, int]:
     return line + (f"\n{stop}" if stop else ""), code
 
 
-def supervise(command: str, *, watch_parent: int | None = None) -> None:
+def supervise(command: str, *, watch_parent: int | None = None, exit: Callable[[int], Any] = os._exit) -> None:
     """Fork: the child returns from this call and runs the command; the parent waits for it, passes
     signals on, reports a death outside the normal path, and exits with the command's status --
     it never returns (Note [User code that ends the process]).
@@ -194,7 +194,11 @@ def supervise(command: str, *, watch_parent: int | None = None) -> None:
     Args:
         command: the subcommand's name, for the parent's line (``srpo-graph train: ...``).
         watch_parent: a pid whose end the parent passes on to the child as SIGTERM (a rank's
-            torchrun: train/parallel/launch.py, Note [Parent death]).
+            torchrun, or the forkserver it was forked from: train/parallel/launch.py, Note [Parent
+            death]).
+        exit: how the parent ends with the status: ``os._exit`` (nothing of the parent's needs a
+            shutdown), or ``sys.exit`` for a rank that torchrun forked, which must return into
+            torchrun's agent (Note [Ranks forked from a preloaded server], train/parallel/forked.py).
     """
     if os.environ.get(OFF_ENV) == "0" or not hasattr(signal, "sigwaitinfo") or not hasattr(os, "fork"):
         return
@@ -223,23 +227,34 @@ def supervise(command: str, *, watch_parent: int | None = None) -> None:
     try:
         sys.stderr.flush()
     finally:  # nothing of the parent's needs a shutdown: the command's status at once
-        os._exit(code)
+        exit(code)
+    raise AssertionError("unreachable: the supervising parent ended above")
+
+
+def supervised() -> bool:
+    """Whether this process is a supervised child (:func:`supervise` forked it)."""
+    return bool(_RECORD)
 
 
 def _wait(command: str, pid: int, page: Any, own_group: bool, watch_parent: int | None) -> int:
     waited = {*_FORWARDED, signal.SIGCHLD}
     received: set[int] = set()  # the signals sent to the command from outside (passed on, or the terminal's)
+    watched = False  # the parent's end was passed on as SIGTERM
     while True:
         info = signal.sigtimedwait(waited, 0.5) if watch_parent else signal.sigwaitinfo(waited)
         if info is None:  # (watching a parent) a look at it every half second
-            if watch_parent is not None and os.getppid() != watch_parent and signal.SIGTERM not in received:
+            if watch_parent is not None and os.getppid() != watch_parent and not received:
                 received.add(signal.SIGTERM)
+                watched = True
                 _send(pid, signal.SIGTERM)
             continue
         if info.si_signo == signal.SIGCHLD:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done == pid:
                 break
+            continue
+        if watched and info.si_signo == signal.SIGTERM:  # the stop the watch passed on already: once
+            watched = False
             continue
         received.add(info.si_signo)
         if own_group or info.si_code != _SI_KERNEL:  # the terminal's own reached the child already
@@ -295,4 +310,4 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-__all__ = ["OFF_ENV", "USER_EXIT", "finished", "note_stop", "running", "supervise"]
+__all__ = ["OFF_ENV", "USER_EXIT", "finished", "note_stop", "running", "supervise", "supervised"]

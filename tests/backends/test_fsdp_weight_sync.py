@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from tests.support.ports import unanswered_port
 from tests.support.sglang_checks import ATOL, client, perturbed, served_gap
+from tests.support.torchrun import TWO_FORKED_RANKS
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "train" / "fsdp_sync_worker.py"
@@ -26,8 +26,8 @@ WORKER = ROOT / "tests" / "train" / "fsdp_sync_worker.py"
 def _torchrun(*args, timeout=240):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(WORKER), *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run([*TWO_FORKED_RANKS, str(WORKER), *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
 
 
 def _ranks(out):

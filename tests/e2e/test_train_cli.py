@@ -79,11 +79,15 @@ def test_cli_config_errors_exit_7_and_name_the_field(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_nproc_2_matches_one_process(tmp_path, one_process):
+@pytest.mark.parametrize("start", ["forkserver", "exec"])
+def test_cli_nproc_2_matches_one_process(tmp_path, one_process, start):
     """`--nproc 2` re-launches under torchrun (gloo): every rank samples its share of each step's tasks
     (3 tasks: an uneven split) and of the eval tasks, both ranks update; the traces, metrics and eval
     equal one process's (the session's single-process run of the same arguments:
-    tests/support/reference_runs.py)."""
+    tests/support/reference_runs.py) -- with the ranks forked from the preloaded forkserver (the
+    default) and started as new interpreters (Note [Ranks forked from a preloaded server],
+    train/parallel/forked.py)."""
+    from srpo_graph.train.parallel.forked import START_ENV
     from tests.support.reference_runs import COORD_MIXED
 
     runs = {1: one_process(COORD_MIXED), 2: tmp_path / "n2"}
@@ -91,7 +95,7 @@ def test_cli_nproc_2_matches_one_process(tmp_path, one_process):
     # the launcher under -X importtime (its own imports only: torchrun and the ranks are other interpreters)
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "srpo_graph.cli", "train", *COORD_MIXED,
                            "--nproc", "2", "--run-dir", str(runs[2])], capture_output=True, text=True, cwd=ROOT,
-                          env=ENV, timeout=300)
+                          env={**ENV, START_ENV: start}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # it only starts torchrun: no torch (Note [A table without torch], train/parallel/strategies.py)
     imported = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")]

@@ -121,15 +121,18 @@ def test_torchrun_command_lines():
 
 
 def _pid_of_rank(rank: int, marker: str) -> int | None:
-    """The PID of the torchrun worker of ``rank`` whose environment holds ``marker``."""
-    for proc in Path("/proc").iterdir():
+    """The PID of the torchrun worker of ``rank`` whose environment holds ``marker``: a rank started as
+    a new interpreter has ``RANK`` in the environment it started with; a forked one (Note [Ranks
+    forked from a preloaded server], train/parallel/forked.py) names itself ``srpo-rank<RANK>``."""
+    for proc in sorted(Path("/proc").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
         if not proc.name.isdigit():
             continue
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
+            comm = (proc / "comm").read_text().strip()
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and any(marker.encode() in e for e in env):
+        if (f"RANK={rank}".encode() in env or comm == f"srpo-rank{rank}") and any(marker.encode() in e for e in env):
             return int(proc.name)
     return None
 
@@ -217,6 +220,17 @@ def _comm(pid: int) -> str | None:
         return None
 
 
+def _ancestors(pid: int, top: int) -> list[int]:
+    """The processes between ``pid`` and its ancestor ``top`` (neither included)."""
+    out = []
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        if pid in (top, 0, 1):
+            return out
+        out.append(pid)
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie has exited: it only waits for its parent to reap it)."""
     try:
@@ -241,13 +255,13 @@ def test_a_launcher_killed_by_sigkill_stops_torchrun_and_every_rank(tmp_path):
         p, run, _ = _two_ranks_past_step_2(tmp_path, 40, err, wf=str(ROOT / "workflows" / "coord_par2.wf"), logged=1)
         ranks = [_pid_of_rank(r, str(tmp_path)) for r in (0, 1)]
         assert None not in ranks
-        with open(f"/proc/{ranks[0]}/stat") as f:
-            torchrun = int(f.read().rsplit(")", 1)[1].split()[1])
+        between = _ancestors(ranks[0], p.pid)  # torchrun (and the forkserver a forked rank came from)
+        assert between, ranks
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
         deadline = time.monotonic() + 180  # a correctness bound: the job ends, it does not train on
-        while any(_running(pid) for pid in [*ranks, torchrun]):
-            assert time.monotonic() < deadline, [pid for pid in [*ranks, torchrun] if _running(pid)]
+        while any(_running(pid) for pid in [*ranks, *between]):
+            assert time.monotonic() < deadline, [pid for pid in [*ranks, *between] if _running(pid)]
             time.sleep(0.2)
     text = (tmp_path / "err.txt").read_text()
     assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]

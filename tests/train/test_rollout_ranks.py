@@ -30,6 +30,7 @@ from srpo_graph.errors import ConfigError
 from srpo_graph.train.config.loading import validate
 from srpo_graph.train.parallel.job import DistInfo
 from srpo_graph.train.rollout.ranks import rank_share, samples_on_every_rank
+from tests.support.torchrun import TWO_FORKED_RANKS
 from tests.support.user_code import make
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +57,7 @@ def test_two_ranks_sample_their_shares_and_equal_one_process(tmp_path):
             f"{ROOT / 'workflows' / 'coord_mixed.wf'},{tmp_path / 'mixed.jsonl'},1"]
     opts = ["rollout.samples=3", "rollout.max_failed_fraction=0.4"]
     _run([sys.executable, str(WORKER), str(tmp_path / "one"), *jobs, *opts])
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
-          str(tmp_path / "two"), *jobs, *opts])
+    _run([*TWO_FORKED_RANKS, str(WORKER), str(tmp_path / "two"), *jobs, *opts])
 
     def read(run: str, job: int, rank: int) -> dict:
         return json.loads((tmp_path / run / f"job{job}_rank{rank}.json").read_text())

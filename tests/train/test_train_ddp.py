@@ -15,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.support.torchrun import TWO_FORKED_RANKS
+
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
@@ -27,8 +29,7 @@ def _run(cmd, tmp_path):
 @pytest.mark.slow
 def test_two_gloo_processes_equal_one_process(tmp_path, one_process):
     one, two = one_process.worker(), tmp_path / "two"  # the plain process: the session's (reference_runs.py)
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          str(WORKER), str(two)], tmp_path)
+    _run([*TWO_FORKED_RANKS, str(WORKER), str(two)], tmp_path)
     r1 = json.loads((one / "result.json").read_text())
     r2 = json.loads((two / "result.json").read_text())
     assert r1["updates"] == r2["updates"] == 4

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.cli import invoke
+from tests.support.torchrun import TWO_FORKED_RANKS
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +36,7 @@ def _run(cmd):
 def test_fsdp_two_gloo_processes_equal_one_process(tmp_path, one_process):
     # the plain process (no sharding, no collectives) is the session's, shared with test_train_ddp.py
     one, two = one_process.worker(), tmp_path / "two"
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          str(WORKER), str(two), "fsdp"])
+    _run([*TWO_FORKED_RANKS, str(WORKER), str(two), "fsdp"])
     r1 = json.loads((one / "result.json").read_text())
     r2 = json.loads((two / "result.json").read_text())
     assert r1["updates"] == r2["updates"] == 4

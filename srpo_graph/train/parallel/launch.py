@@ -10,7 +10,8 @@ srpo_graph.train.parallel.launch``): a failed rank's own exit code, no torchrun 
 Note [Parent death]: a signal to the launcher is passed on, but ``kill -9`` cannot be: torchrun and
 the ranks once trained on without it, holding the run lock (issue 40). So each process of the job
 watches the parent that started it (:func:`stop_with_parent`): torchrun watches the launcher, each
-rank watches torchrun (the launcher and torchrun name themselves in :data:`PARENT_ENV`). When the
+rank watches torchrun (the launcher and torchrun name themselves in :data:`PARENT_ENV`) -- or, forked
+(Note [Ranks forked from a preloaded server], forked.py), the forkserver, which ends with torchrun. When the
 parent is gone, the process sends itself SIGTERM -- once: a second would cut short the stop it
 starts -- and stops as if the launcher had passed one on: torchrun stops the ranks, a rank stops
 with the resume line. A thread polling the parent's pid, not ``PR_SET_PDEATHSIG``: the latter fires
@@ -44,19 +45,25 @@ from typing import Any, Sequence
 
 from srpo_graph import exiting
 from srpo_graph.errors import ConfigError
+from srpo_graph.train.parallel import forked as forked_ranks
 
 
 def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_rank: int = 0,
-                     endpoint: str | None = None, timeout: float = 600.0) -> list[str]:
+                     endpoint: str | None = None, timeout: float = 600.0, forked: bool | None = None) -> list[str]:
     """The torchrun command line of one node: ``--standalone`` on one node; several nodes meet at
     ``endpoint`` (``HOST:PORT`` of node 0, static rendezvous: node K's ranks are K*nproc..), each
     waiting at most ``timeout`` seconds for the others (a node that never comes ends the job).
 
     torchrun runs through :func:`main` below, which exits with the failed rank's own exit code
-    and without torchrun's traceback (the rank has printed its error already).
+    and without torchrun's traceback (the rank has printed its error already). Its ranks are forked
+    from a forkserver that has imported torch and the trainer once (``forked``, default
+    :func:`forked.enabled`: Note [Ranks forked from a preloaded server]), or else each is
+    ``python -u -m srpo_graph.train``.
 
-    >>> torchrun_command(2, ["a.wf"])[-5:]
+    >>> torchrun_command(2, ["a.wf"], forked=False)[-5:]
     ['--standalone', '--nproc_per_node=2', '-m', 'srpo_graph.train', 'a.wf']
+    >>> torchrun_command(2, ["a.wf"], forked=True)[-5:-2]
+    ['--nproc_per_node=2', '--run-path', '--start-method=forkserver']
     >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-4]
     ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600']
     """
@@ -79,6 +86,11 @@ def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_r
             f"--master_port={port}",
             f"--rdzv_conf=timeout={int(timeout)}",
         ]
+    if forked is None:
+        forked = forked_ranks.enabled()
+    if forked:  # torchrun runs the file's ``__main__`` as each rank's function (forked.py)
+        return cmd + [f"--nproc_per_node={nproc}", "--run-path", "--start-method=forkserver", forked_ranks.__file__,
+                      *argv]
     return cmd + [f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
 
 
@@ -252,8 +264,11 @@ def main(argv: Sequence[str]) -> int:
 
     stop_with_parent()  # the launcher's death stops torchrun, which stops the ranks
     os.environ[PARENT_ENV] = str(os.getpid())  # each rank stops when torchrun is gone
+    args = parse_args(list(argv))
+    if args.run_path and args.start_method == "forkserver":  # Note [Ranks forked from a preloaded server]
+        forked_ranks.prepare()
     try:
-        run(parse_args(list(argv)))
+        run(args)
     # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
     except SignalException as exc:
         exiting.decided()  # torchrun's handler raises SignalException: not into the exit (exiting.py)
