@@ -193,12 +193,13 @@ def supervise(command: str, *, watch_parent: int | None = None, exit: Callable[[
 
     Args:
         command: the subcommand's name, for the parent's line (``srpo-graph train: ...``).
-        watch_parent: a pid whose end the parent passes on to the child as SIGTERM (a rank's
-            torchrun, or the forkserver it was forked from: train/parallel/launch.py, Note [Parent
-            death]).
+        watch_parent: a pid whose end the parent passes on to the child as SIGTERM: a rank's
+            torchrun (train/parallel/launch.py, Note [Parent death]) -- the parent of a rank started
+            as a new interpreter, the grandparent of a forked one (Note [Ranks forked from a
+            preloaded server], train/parallel/forked.py).
         exit: how the parent ends with the status: ``os._exit`` (nothing of the parent's needs a
-            shutdown), or ``sys.exit`` for a rank that torchrun forked, which must return into
-            torchrun's agent (Note [Ranks forked from a preloaded server], train/parallel/forked.py).
+            shutdown), or a function that returns into torchrun's agent (a forked rank); that one is
+            called with the parent's signals unblocked again.
     """
     if os.environ.get(OFF_ENV) == "0" or not hasattr(signal, "sigwaitinfo") or not hasattr(os, "fork"):
         return
@@ -227,6 +228,8 @@ def supervise(command: str, *, watch_parent: int | None = None, exit: Callable[[
     try:
         sys.stderr.flush()
     finally:  # nothing of the parent's needs a shutdown: the command's status at once
+        if exit is not os._exit:  # (back into a caller that must still be stoppable by a signal)
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
         exit(code)
     raise AssertionError("unreachable: the supervising parent ended above")
 
@@ -240,10 +243,11 @@ def _wait(command: str, pid: int, page: Any, own_group: bool, watch_parent: int 
     waited = {*_FORWARDED, signal.SIGCHLD}
     received: set[int] = set()  # the signals sent to the command from outside (passed on, or the terminal's)
     watched = False  # the parent's end was passed on as SIGTERM
+    ended = _ended(watch_parent) if watch_parent else None
     while True:
-        info = signal.sigtimedwait(waited, 0.5) if watch_parent else signal.sigwaitinfo(waited)
+        info = signal.sigtimedwait(waited, 0.5) if ended else signal.sigwaitinfo(waited)
         if info is None:  # (watching a parent) a look at it every half second
-            if watch_parent is not None and os.getppid() != watch_parent and not received:
+            if ended is not None and not received and ended():
                 received.add(signal.SIGTERM)
                 watched = True
                 _send(pid, signal.SIGTERM)
@@ -275,6 +279,33 @@ def _wait(command: str, pid: int, page: Any, own_group: bool, watch_parent: int 
     except OSError:
         pass
     return code
+
+
+def _ended(pid: int) -> Callable[[], bool]:
+    """A look at whether process ``pid`` has ended: this process's parent has once this process has
+    another (init, a subreaper); any other process, once its pidfd reads ready (Linux 5.3+; elsewhere
+    once ``kill(pid, 0)`` finds no process)."""
+    if pid == os.getppid():
+        return lambda: os.getppid() != pid
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # ended already
+        return lambda: True
+    except (AttributeError, OSError):
+        return lambda: not _exists(pid)
+    import select
+
+    return lambda: bool(select.select([fd], [], [], 0)[0])
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
 
 
 def _in_the_foreground() -> bool:

@@ -1,8 +1,11 @@
-"""``python -m srpo_graph.train FILE.wf ...`` (what ``torchrun -m srpo_graph.train`` runs).
+"""``python -m srpo_graph.train FILE.wf ...`` (what torchrun runs as each rank).
 
 The same arguments as ``srpo-graph train``; errors are printed without a traceback and exit
 with the error class's code. A rank works in a child of its process, which names user code that
-ends it (``srpo_graph/supervisor.py``).
+ends it (``srpo_graph/supervisor.py``). torchrun runs this file as a new interpreter
+(``-m srpo_graph.train``, ``SRPO_GRAPH_RANK_START=exec``) or, by default, in a process forked from
+its preloaded forkserver (``--run-path``: Note [Ranks forked from a preloaded server],
+``train/parallel/forked.py``).
 """
 
 from __future__ import annotations
@@ -60,15 +63,28 @@ def _supervise() -> None:
     torchrun sees (supervisor.py, Note [User code that ends the process]); the parent watches torchrun."""
     import os
 
+    rank = os.environ.get("RANK")
+    supervisor.supervise(f"train (rank {rank})" if rank else "train", watch_parent=_torchrun())
+
+
+def _torchrun() -> int | None:
+    """The pid of the torchrun that started this rank, which it watches (Note [Parent death]); the
+    variable is removed, so that the rank's own children do not watch it."""
+    import os
+
     from srpo_graph.train.parallel.launch import PARENT_ENV
 
     watched = os.environ.pop(PARENT_ENV, "")
-    rank = os.environ.get("RANK")
-    supervisor.supervise(f"train (rank {rank})" if rank else "train",
-                         watch_parent=int(watched) if watched.isdigit() else None)
+    return int(watched) if watched.isdigit() else None
 
 
 if __name__ == "__main__":
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:  # torchrun's --run-path, in a forked rank
+        from srpo_graph.train.parallel import forked
+
+        forked.rank(main, sys.argv[1:], torchrun=_torchrun())
     _supervise()
     exiting.as_entry_point()
     main()

@@ -16,4 +16,5 @@ def report(path: str) -> None:
     had = {m: m in sys.modules for m in PRELOAD}  # (forked.py itself imports none of them)
     with open(path, "w") as f:
         json.dump({"preloaded": had, "server_threads": len(os.listdir(f"/proc/{os.getppid()}/task")),
-                   "unbuffered": os.environ.get("PYTHONUNBUFFERED"), "write_through": sys.stdout.write_through}, f)
+                   "unbuffered": os.environ.get("PYTHONUNBUFFERED"), "write_through": sys.stdout.write_through,
+                   "omp": os.environ.get("OMP_NUM_THREADS"), "server": os.getppid()}, f)

@@ -30,38 +30,48 @@ def test_the_forkserver_holds_the_preloaded_modules_and_no_thread(tmp_path):
     from its forkserver: the forkserver has imported every module of ``PRELOAD`` and runs one thread
     -- no OpenMP pool, no gloo or store thread, whose state a fork would copy without the thread -- and
     the forked process has the modules without importing them and unbuffered streams, as
-    ``python -u`` gave a rank."""
+    ``python -u`` gave a rank; a SIGTERM and a SIGHUP (to torchrun's process group) leave it serving."""
     out = tmp_path / "probe.json"
     script = textwrap.dedent(f"""
-        import multiprocessing, sys
+        import multiprocessing, os, signal, sys, time
+        from multiprocessing import forkserver
         from srpo_graph.train.parallel import forked
         from tests.support import forkserver_probe
-        forked.prepare()
-        p = multiprocessing.get_context("forkserver").Process(target=forkserver_probe.report, args=({str(out)!r},))
-        p.start()
-        p.join(120)
-        sys.exit(p.exitcode)
+        forked.prepare(2)
+        for path in ({str(out)!r}, {str(out) + ".2"!r}):
+            p = multiprocessing.get_context("forkserver").Process(target=forkserver_probe.report, args=(path,))
+            p.start()
+            p.join(120)
+            assert p.exitcode == 0, p.exitcode
+            # a SIGTERM or SIGHUP to torchrun's whole process group: the server stays, and forks again
+            os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)
+            os.kill(forkserver._forkserver._forkserver_pid, signal.SIGHUP)
+            time.sleep(0.2)
     """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # (what torchrun sets for N ranks)
-    env.pop("PYTHONUNBUFFERED", None)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for var in ("PYTHONUNBUFFERED", "OMP_NUM_THREADS"):  # (prepare sets both: OMP_NUM_THREADS=1 for 2 ranks)
+        env.pop(var, None)
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["preloaded"] == {m: True for m in forked.PRELOAD}
     assert got["server_threads"] == 1
-    assert got["unbuffered"] == "1" and got["write_through"] is True
+    assert got["unbuffered"] == "1" and got["write_through"] is True and got["omp"] == "1"
+    again = json.loads((tmp_path / "probe.json.2").read_text())  # the same server, after the signals
+    assert again["server"] == got["server"] and again["server_threads"] == 1
 
 
 def test_forked_ranks_are_the_default_and_exec_the_way_back(monkeypatch):
-    """The torchrun command line runs ``forked.py`` as each rank's function under the forkserver by
-    default; ``SRPO_GRAPH_RANK_START=exec`` or an unsupervised command (``SRPO_GRAPH_SUPERVISE=0``,
+    """The torchrun command line runs ``srpo_graph/train/__main__.py`` as each rank's function under the
+    forkserver by default; ``SRPO_GRAPH_RANK_START=exec`` or an unsupervised command (``SRPO_GRAPH_SUPERVISE=0``,
     whose rank would end with ``os._exit`` and never return to torchrun) starts each rank as
     ``python -u -m srpo_graph.train``."""
     monkeypatch.delenv(forked.START_ENV, raising=False)
     monkeypatch.delenv("SRPO_GRAPH_SUPERVISE", raising=False)
     cmd = torchrun_command(2, ["x.wf", "--steps", "1"])
-    assert cmd[-6:] == ["--run-path", "--start-method=forkserver", forked.__file__, "x.wf", "--steps", "1"]
+    entry = str(Path(forked.__file__).parents[1] / "__main__.py")  # python -m srpo_graph.train's file
+    assert cmd[-6:] == ["--run-path", "--start-method=forkserver", entry, "x.wf", "--steps", "1"]
     for var, value in ((forked.START_ENV, "exec"), ("SRPO_GRAPH_SUPERVISE", "0")):
         with monkeypatch.context() as m:
             m.setenv(var, value)

@@ -186,8 +186,8 @@ def test_a_rank_killed_during_training_ends_the_job_with_a_resume_line(tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, group", [("SIGTERM", False), ("SIGINT", False), ("SIGINT", True)],
-                         ids=["sigterm", "sigint", "ctrl-c"])
+@pytest.mark.parametrize("sig, group", [("SIGTERM", False), ("SIGINT", False), ("SIGINT", True), ("SIGTERM", True)],
+                         ids=["sigterm", "sigint", "ctrl-c", "sigterm-to-the-group"])
 def test_a_signal_to_the_launcher_stops_every_rank_like_one_process(tmp_path, sig, group):
     """SIGTERM (a scheduler, `kill`) or SIGINT to the `srpo-graph train --nproc 2` process alone, not its
     ranks: it is passed on through torchrun, every rank stops as one process does (rank 0 says where
@@ -263,6 +263,38 @@ def test_a_launcher_killed_by_sigkill_stops_torchrun_and_every_rank(tmp_path):
         while any(_running(pid) for pid in [*ranks, *between]):
             assert time.monotonic() < deadline, [pid for pid in [*ranks, *between] if _running(pid)]
             time.sleep(0.2)
+    text = (tmp_path / "err.txt").read_text()
+    assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert len(_rows(run)) < 40
+    with open(run / ".lock", "a+") as lock:  # the run lock was released with its holder
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@pytest.mark.slow
+def test_torchrun_killed_by_sigkill_stops_every_rank(tmp_path):
+    """kill -9 of torchrun itself (an out-of-memory kill, a crash) once the first step is logged: each
+    rank watches torchrun (Note [Parent death]) -- its parent when it is a new interpreter, its
+    grandparent when it was forked from the preloaded forkserver (Note [Ranks forked from a preloaded
+    server]), which must not keep the ranks' parent alive either -- and stops as if torchrun had
+    passed a SIGTERM on: every rank and the forkserver are gone within a deadline, rank 0 said how to
+    resume, and the run lock is free."""
+    import fcntl
+    import signal
+    import time
+
+    with open(tmp_path / "err.txt", "w") as err:
+        p, run, _ = _two_ranks_past_step_2(tmp_path, 40, err, wf=str(ROOT / "workflows" / "coord_par2.wf"), logged=1)
+        ranks = [_pid_of_rank(r, str(tmp_path)) for r in (0, 1)]
+        assert None not in ranks
+        between = _ancestors(ranks[0], p.pid)  # [forkserver, torchrun] or [torchrun]
+        torchrun, rest = between[-1], between[:-1]
+        os.kill(torchrun, signal.SIGKILL)
+        deadline = time.monotonic() + 180  # a correctness bound: the job ends, it does not train on
+        while any(_running(pid) for pid in [*ranks, *rest]):
+            assert time.monotonic() < deadline, [pid for pid in [*ranks, *rest] if _running(pid)]
+            time.sleep(0.2)
+        p.wait(timeout=60)
     text = (tmp_path / "err.txt").read_text()
     assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]

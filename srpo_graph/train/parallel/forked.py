@@ -4,7 +4,8 @@ Note [Ranks forked from a preloaded server]: every rank of a ``--nproc N`` job u
 interpreter (``python -u -m srpo_graph.train``) that imported torch, transformers' modeling code and
 the trainer before its first step: ~3.5-4 s of CPU a rank, the same work N times, on every node and
 for every job -- most of a short job's CPU. torchrun can run the ranks as a function instead, each in
-a process forked from multiprocessing's *forkserver*; :func:`prepare` has that server import
+a process forked from multiprocessing's *forkserver* (``--run-path``: torchrun runs ``train/__main__.py`` there, which
+calls :func:`rank`); :func:`prepare` has that server import
 :data:`PRELOAD` once (in torchrun's wrapper, ``launch.main``, before the ranks start), so a rank
 starts with them imported. A 2-rank, 2-step job on the tiny model (coord_seq, idle 2-core machine,
 two runs each, the machine's CPU from ``/proc/stat``): 11.1-12.0 CPU-s as new interpreters, 7.4-7.6
@@ -22,18 +23,30 @@ each handled here:
   function has returned a value, and a rank ends with ``os._exit`` (Note [A process in a group ends
   without finalizing], exiting.py), which would leave the job waiting for ever. A rank is supervised
   (supervisor.py) -- the child trains and ends with ``os._exit``; the parent, the process torchrun
-  started, ends with ``sys.exit(status)``, which torchrun reads as returned when the status is 0 and
-  as the rank's exit code otherwise. Unsupervised (``SRPO_GRAPH_SUPERVISE=0``) the ranks are
-  started as before (:func:`enabled`).
-* **Its parent is the forkserver, not torchrun.** The forkserver lives as long as torchrun (it exits
-  when torchrun's end closes its pipe), so the rank watches it (Note [Parent death], launch.py);
-  multiprocessing's own ``PR_SET_PDEATHSIG`` (SIGINT) is cleared: one watch, one signal.
+  started, ends with ``sys.exit(status)`` and its signals unblocked, which torchrun reads as returned
+  when the status is 0 and as the rank's exit code otherwise. Unsupervised
+  (``SRPO_GRAPH_SUPERVISE=0``) the ranks are started as new interpreters (:func:`enabled`).
+* **Its parent is the forkserver, not torchrun.** The rank watches torchrun, its grandparent, through
+  a pidfd (Note [Parent death], launch.py), and multiprocessing's own ``PR_SET_PDEATHSIG`` (SIGINT)
+  is cleared while it works: one watch, one signal. multiprocessing gives every process it forks a
+  copy of the forkserver's "alive" pipe, and the server runs until every copy is closed: a rank closes
+  its own, so the server ends with torchrun -- and a rank that has returned its value ends with the
+  server (``PR_SET_PDEATHSIG`` again), should torchrun be killed before it has read it.
+* **The forkserver ignores SIGTERM and SIGHUP** (:func:`prepare`): it is in torchrun's process group,
+  and a scheduler's signal to the group would end it, and with it the pipes torchrun reads its ranks'
+  exits from (torchrun would take every rank for gone while they still stop). The ranks take the
+  defaults back.
 * **It is in a session of its own** (``os.setsid``), as torchrun's subprocess ranks are: a signal
   to torchrun's process group (a terminal's Ctrl-C) reaches a rank once, passed on by torchrun.
 * **Its streams are unbuffered** (``PYTHONUNBUFFERED``, set before the forkserver starts), as
-  ``python -u`` made them (and so are those of the processes it starts).
+  ``python -u`` made them (and so are those of the processes it starts); its standard input is
+  ``/dev/null`` (multiprocessing's), so ``breakpoint()`` in a rank needs ``SRPO_GRAPH_RANK_START=exec``.
+* **Its default multiprocessing start method** is the platform's again (a forked process inherits
+  ``forkserver``), for user code that starts processes.
 * **torchrun's line for a failed rank** has no traceback: its multiprocessing poll logs the rank's exit
-  status as an exception (:func:`prepare` drops the traceback; the rank has said why it stopped).
+  status as an exception (:func:`prepare` drops the traceback; the rank has said why it stopped). That
+  poll reports the first rank it finds failed, not every one; a rank that stops as a consequence waits
+  before it exits (Note [The job fails with its cause], launch.py), so the first is the cause.
 * **Its name** (``/proc/PID/comm``, what ``top`` shows) is ``srpo-rank<RANK>``: its command line is
   the forkserver's, and its environment of record (``/proc/PID/environ``) has no ``RANK``.
 
@@ -45,7 +58,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from srpo_graph import supervisor
 
@@ -56,6 +69,7 @@ START_ENV = "SRPO_GRAPH_RANK_START"  # "exec": each rank a new interpreter; defa
 PRELOAD = ("torch", "torch.distributed", "transformers.modeling_utils", "srpo_graph.train.commands",
            "srpo_graph.train.trainer")
 __all__ = ["PRELOAD", "START_ENV", "enabled", "prepare", "rank"]
+_SERVER_IGNORES = ("SIGTERM", "SIGHUP")  # what the forkserver ignores, and its ranks take back (prepare)
 
 
 def enabled() -> bool:
@@ -72,16 +86,31 @@ def enabled() -> bool:
     )
 
 
-def prepare() -> None:
-    """In torchrun's process, before it starts the ranks: the forkserver will import :data:`PRELOAD`,
-    and its streams (the ranks') are unbuffered; torchrun's line for a failed rank comes without the
-    traceback of its own poll (as for a rank started as a new interpreter: the rank has said why)."""
+def prepare(nproc: int) -> None:
+    """In torchrun's process, before it starts ``nproc`` ranks: start the forkserver, which imports
+    :data:`PRELOAD` while torchrun's rendezvous runs, with unbuffered streams (the ranks'), the
+    environment torchrun gives ranks (``OMP_NUM_THREADS=1`` for several, unless set), and SIGTERM and
+    SIGHUP ignored (a signal to torchrun's whole process group must not end the server whose pipes
+    torchrun reads its ranks' exits from; :func:`rank` takes the defaults back). torchrun's line for a
+    failed rank comes without the traceback of its own poll (as for a rank started as a new
+    interpreter: the rank has said why it stopped)."""
     import logging
     import multiprocessing
+    import signal
+    from multiprocessing import forkserver
 
     os.environ["PYTHONUNBUFFERED"] = "1"
+    if nproc > 1:  # (torchrun's own rule, applied later than the server starts)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
+    ignored = [getattr(signal, name) for name in _SERVER_IGNORES]
+    kept = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}  # (an ignored signal stays so across exec)
+    try:
+        forkserver.ensure_running()
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
 
 
 def _without_traceback(record) -> bool:
@@ -91,32 +120,45 @@ def _without_traceback(record) -> bool:
     return True
 
 
-def rank(argv: list[str]) -> NoReturn:
-    """One rank, as torchrun's forked function: ``python -m srpo_graph.train ARGV``'s work, supervised,
-    ending by ``sys.exit`` in the process torchrun started (this Note)."""
-    from srpo_graph.train.parallel.launch import PARENT_ENV
+def rank(main: Callable[[list[str]], None], argv: list[str], *, torchrun: int | None) -> NoReturn:
+    """One rank, in a process torchrun forked (this Note): ``main(argv)`` (``python -m srpo_graph.train
+    ARGV``'s), supervised, ending by ``sys.exit`` in the process torchrun started; the rank stops when
+    the process ``torchrun`` is gone (Note [Parent death])."""
+    import multiprocessing
+    import signal
 
+    for name in _SERVER_IGNORES:  # a rank's own defaults (prepare)
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
     os.setsid()  # a session of its own, as torchrun's subprocess ranks
     _no_death_signal()
-    os.environ.pop(PARENT_ENV, None)  # (torchrun's pid: this rank watches its own parent, below)
+    _let_the_server_go()
+    multiprocessing.set_start_method(None, force=True)  # user code's multiprocessing: the platform's default again
     number = os.environ.get("RANK", "?")
     _name(f"srpo-rank{number}")
     # the parent returns into torchrun through sys.exit; the child goes on and trains
-    supervisor.supervise(f"train (rank {number})", watch_parent=os.getppid(), exit=sys.exit)
+    supervisor.supervise(f"train (rank {number})", watch_parent=torchrun, exit=_return_to_torchrun)
     if not supervisor.supervised():  # no fork (out of memory): a rank that cannot end by returning
         print("srpo-graph train: a rank could not start its supervised process (fork failed)", file=sys.stderr)
         os._exit(1)
-    os._exit(_run(argv))
+    os._exit(_run(main, argv))
 
 
-def _run(argv: list[str]) -> int:
-    """``python -m srpo_graph.train ARGV`` in this process; its exit status, after what an interpreter's
-    exit does but finalizing (``atexit``, flushed streams)."""
+def _return_to_torchrun(code: int) -> NoReturn:
+    """The supervising parent's end: status 0 returns to torchrun's agent (``SystemExit(0)`` is a
+    returned value there), another is the process's exit status (a status that is 0 modulo 256 would
+    read as 0 without a returned value, and the job would wait for it: 1 instead). While the agent reads
+    the value, the rank ends if the forkserver does (torchrun is gone: :func:`_let_the_server_go`)."""
+    _death_signal(signal_number=15)  # SIGTERM, default action
+    sys.exit(code if 0 <= code <= 255 else (code & 0xFF) or 1)
+
+
+def _run(main: Callable[[list[str]], None], argv: list[str]) -> int:
+    """``main(argv)`` in this process; its exit status, after what an interpreter's exit does but
+    finalizing (``atexit``, flushed streams)."""
     import atexit
     import traceback
 
     from srpo_graph import exiting
-    from srpo_graph.train.__main__ import main
 
     exiting.as_entry_point()
     code = 1
@@ -143,13 +185,38 @@ def _run(argv: list[str]) -> int:
 
 def _no_death_signal() -> None:
     """Clear the ``PR_SET_PDEATHSIG`` torch's multiprocessing wrapper set (SIGINT when the forkserver
-    ends): the rank's watch of its parent sends the one signal (Note [Parent death])."""
+    ends): while the rank works, its watch of torchrun sends the one signal (Note [Parent death])."""
+    _death_signal(0)
+
+
+def _death_signal(signal_number: int) -> None:
+    """``PR_SET_PDEATHSIG``: the signal this process gets when its parent (the forkserver) ends; 0, none.
+    Set when the parent has ended already, it is sent at once."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, 0)  # PR_SET_PDEATHSIG, none
+        parent = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal_number)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    if signal_number and os.getppid() != parent:
+        os.kill(os.getpid(), signal_number)
+
+
+def _let_the_server_go() -> None:
+    """Close this process's copy of the forkserver's "alive" pipe: multiprocessing hands one to every
+    process it forks there, and the server ends only when every copy is closed. With only torchrun's
+    left, the forkserver ends with torchrun, and does not outlive it for as long as the ranks run."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # (multiprocessing's own record in a forked process: _serve_one)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        setattr(server, "_forkserver_alive_fd", None)  # (not in the type stubs)
 
 
 def _name(name: str) -> None:
@@ -161,6 +228,3 @@ def _name(name: str) -> None:
     except (OSError, AttributeError):
         pass
 
-
-if __name__ == "__main__":  # torchrun's ``--run-path`` runs this file in each forked rank
-    rank(sys.argv[1:])

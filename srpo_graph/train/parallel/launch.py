@@ -10,8 +10,9 @@ srpo_graph.train.parallel.launch``): a failed rank's own exit code, no torchrun 
 Note [Parent death]: a signal to the launcher is passed on, but ``kill -9`` cannot be: torchrun and
 the ranks once trained on without it, holding the run lock (issue 40). So each process of the job
 watches the parent that started it (:func:`stop_with_parent`): torchrun watches the launcher, each
-rank watches torchrun (the launcher and torchrun name themselves in :data:`PARENT_ENV`) -- or, forked
-(Note [Ranks forked from a preloaded server], forked.py), the forkserver, which ends with torchrun. When the
+rank watches torchrun (the launcher and torchrun name themselves in :data:`PARENT_ENV`; a rank forked
+from the preloaded forkserver watches its grandparent: Note [Ranks forked from a preloaded server],
+forked.py). When the
 parent is gone, the process sends itself SIGTERM -- once: a second would cut short the stop it
 starts -- and stops as if the launcher had passed one on: torchrun stops the ranks, a rank stops
 with the resume line. A thread polling the parent's pid, not ``PR_SET_PDEATHSIG``: the latter fires
@@ -64,7 +65,7 @@ def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_r
     ['--standalone', '--nproc_per_node=2', '-m', 'srpo_graph.train', 'a.wf']
     >>> torchrun_command(2, ["a.wf"], forked=True)[-5:-2]
     ['--nproc_per_node=2', '--run-path', '--start-method=forkserver']
-    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500")[-9:-4]
+    >>> torchrun_command(1, ["a.wf"], nnodes=2, node_rank=1, endpoint="10.0.0.1:29500", forked=False)[-9:-4]
     ['--nnodes=2', '--node_rank=1', '--master_addr=10.0.0.1', '--master_port=29500', '--rdzv_conf=timeout=600']
     """
     cmd = [sys.executable, "-m", "srpo_graph.train.parallel.launch"]
@@ -88,9 +89,9 @@ def torchrun_command(nproc: int, argv: Sequence[str], *, nnodes: int = 1, node_r
         ]
     if forked is None:
         forked = forked_ranks.enabled()
-    if forked:  # torchrun runs the file's ``__main__`` as each rank's function (forked.py)
-        return cmd + [f"--nproc_per_node={nproc}", "--run-path", "--start-method=forkserver", forked_ranks.__file__,
-                      *argv]
+    if forked:  # torchrun runs ``python -m srpo_graph.train``'s file as each rank's function (forked.py)
+        entry = os.path.join(os.path.dirname(os.path.dirname(__file__)), "__main__.py")
+        return cmd + [f"--nproc_per_node={nproc}", "--run-path", "--start-method=forkserver", entry, *argv]
     return cmd + [f"--nproc_per_node={nproc}", "-m", "srpo_graph.train", *argv]
 
 
@@ -266,7 +267,7 @@ def main(argv: Sequence[str]) -> int:
     os.environ[PARENT_ENV] = str(os.getpid())  # each rank stops when torchrun is gone
     args = parse_args(list(argv))
     if args.run_path and args.start_method == "forkserver":  # Note [Ranks forked from a preloaded server]
-        forked_ranks.prepare()
+        forked_ranks.prepare(int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1)
     try:
         run(args)
     # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
