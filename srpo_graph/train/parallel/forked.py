@@ -8,11 +8,14 @@ a process forked from multiprocessing's *forkserver* (``--run-path``: torchrun r
 calls :func:`rank`); :func:`prepare` has that server import
 :data:`PRELOAD` once (in torchrun's wrapper, ``launch.main``, before the ranks start), so a rank
 starts with them imported. A 2-rank, 2-step job on the tiny model (coord_seq, idle 2-core machine,
-two runs each, the machine's CPU from ``/proc/stat``): 11.1-12.0 CPU-s as new interpreters, 7.4-7.6
-CPU-s forked, in about the same time (6.6-7.2 s: the forkserver's imports are on the job's path once,
-where the interpreters imported side by side).
+three runs each, every process of the job counted in a cpuacct cgroup): 11.6-12.1 CPU-s as new
+interpreters, 8.8-10.4 CPU-s forked, in about the same time (7.0-8.4 s against 7.4-8.0 s: the
+forkserver's imports are on the job's path once, where the interpreters imported side by side). The
+forkserver's own imports cost more in a job than alone (4.9-5.4 against 3.8 CPU-s), so the saving is
+~2-3 CPU-s a job, not a rank's whole import.
 
-The forkserver imports modules, nothing more: no process group, no tensor and no thread of torch's
+The forkserver imports modules, nothing more: no process group, no tensor, no CUDA context (an import
+that asks whether CUDA is there asks NVML: ``PYTORCH_NVML_BASED_CUDA_CHECK``) and no thread of torch's
 or srpo-graph's is made there, whose state a fork would copy without the thread (with
 ``OMP_NUM_THREADS=1``, which torchrun sets for N ranks, it runs one thread; numpy's OpenBLAS, left
 more threads, stops and restarts its idle pool around a fork itself; the check:
@@ -100,6 +103,9 @@ def prepare(nproc: int) -> None:
     from multiprocessing import forkserver
 
     os.environ["PYTHONUNBUFFERED"] = "1"
+    # an import that asks whether CUDA is there must not initialise it in the server: a process forked
+    # after that cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess"); torch asks NVML instead
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     if nproc > 1:  # (torchrun's own rule, applied later than the server starts)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     multiprocessing.set_forkserver_preload(list(PRELOAD))
