@@ -295,7 +295,9 @@ def _ended(pid: int) -> Callable[[], bool]:
         return lambda: not _exists(pid)
     import select
 
-    return lambda: bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()  # (readable once the process has ended; poll: any descriptor number)
+    poller.register(fd, select.POLLIN)
+    return lambda: bool(poller.poll(0))
 
 
 def _exists(pid: int) -> bool:

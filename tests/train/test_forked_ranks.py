@@ -30,7 +30,7 @@ def test_the_forkserver_holds_the_preloaded_modules_and_no_thread(tmp_path):
     from its forkserver: the forkserver has imported every module of ``PRELOAD`` and runs one thread
     -- no OpenMP pool, no gloo or store thread, whose state a fork would copy without the thread -- and
     the forked process has the modules without importing them and unbuffered streams, as
-    ``python -u`` gave a rank; a SIGTERM and a SIGHUP (to torchrun's process group) leave it serving."""
+    ``python -u`` gave a rank; a SIGTERM, a SIGHUP and a SIGQUIT (to torchrun's process group) leave it serving."""
     out = tmp_path / "probe.json"
     script = textwrap.dedent(f"""
         import multiprocessing, os, signal, sys, time
@@ -43,9 +43,9 @@ def test_the_forkserver_holds_the_preloaded_modules_and_no_thread(tmp_path):
             p.start()
             p.join(120)
             assert p.exitcode == 0, p.exitcode
-            # a SIGTERM or SIGHUP to torchrun's whole process group: the server stays, and forks again
-            os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)
-            os.kill(forkserver._forkserver._forkserver_pid, signal.SIGHUP)
+            # a SIGTERM, SIGHUP or SIGQUIT to torchrun's whole process group: the server stays, and forks again
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                os.kill(forkserver._forkserver._forkserver_pid, sig)
             time.sleep(0.2)
     """)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

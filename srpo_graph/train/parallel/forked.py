@@ -35,10 +35,10 @@ each handled here:
   copy of the forkserver's "alive" pipe, and the server runs until every copy is closed: a rank closes
   its own, so the server ends with torchrun -- and a rank that has returned its value ends with the
   server (``PR_SET_PDEATHSIG`` again), should torchrun be killed before it has read it.
-* **The forkserver ignores SIGTERM and SIGHUP** (:func:`prepare`): it is in torchrun's process group,
-  and a scheduler's signal to the group would end it, and with it the pipes torchrun reads its ranks'
-  exits from (torchrun would take every rank for gone while they still stop). The ranks take the
-  defaults back.
+* **The forkserver never receives SIGTERM, SIGHUP or SIGQUIT** (blocked, :func:`prepare`): it is in
+  torchrun's process group, and a scheduler's signal to the group would end it, and with it the
+  pipes torchrun reads its ranks' exits from (torchrun would take every rank for gone while they still
+  stop). The ranks unblock them.
 * **It is in a session of its own** (``os.setsid``), as torchrun's subprocess ranks are: a signal
   to torchrun's process group (a terminal's Ctrl-C) reaches a rank once, passed on by torchrun.
 * **Its streams are unbuffered** (``PYTHONUNBUFFERED``, set before the forkserver starts), as
@@ -72,7 +72,8 @@ START_ENV = "SRPO_GRAPH_RANK_START"  # "exec": each rank a new interpreter; defa
 PRELOAD = ("torch", "torch.distributed", "transformers.modeling_utils", "srpo_graph.train.commands",
            "srpo_graph.train.trainer")
 __all__ = ["PRELOAD", "START_ENV", "enabled", "prepare", "rank"]
-_SERVER_IGNORES = ("SIGTERM", "SIGHUP")  # what the forkserver ignores, and its ranks take back (prepare)
+_SERVER_BLOCKS = ("SIGTERM", "SIGHUP", "SIGQUIT")  # what the forkserver never receives (prepare)
+_SERVER: list[int] = []  # in a rank: the forkserver it was forked from
 
 
 def enabled() -> bool:
@@ -92,11 +93,12 @@ def enabled() -> bool:
 def prepare(nproc: int) -> None:
     """In torchrun's process, before it starts ``nproc`` ranks: start the forkserver, which imports
     :data:`PRELOAD` while torchrun's rendezvous runs, with unbuffered streams (the ranks'), the
-    environment torchrun gives ranks (``OMP_NUM_THREADS=1`` for several, unless set), and SIGTERM and
-    SIGHUP ignored (a signal to torchrun's whole process group must not end the server whose pipes
-    torchrun reads its ranks' exits from; :func:`rank` takes the defaults back). torchrun's line for a
-    failed rank comes without the traceback of its own poll (as for a rank started as a new
-    interpreter: the rank has said why it stopped)."""
+    environment torchrun gives ranks (``OMP_NUM_THREADS=1`` for several, unless set), and SIGTERM,
+    SIGHUP and SIGQUIT blocked (a signal to torchrun's whole process group must not end the server
+    whose pipes torchrun reads its ranks' exits from; the mask is inherited across the server's exec,
+    as multiprocessing's resource tracker is started; :func:`rank` unblocks them, and one sent to a
+    rank before then is delivered there). torchrun's line for a failed rank comes without the traceback
+    of its own poll (as for a rank started as a new interpreter: the rank has said why it stopped)."""
     import logging
     import multiprocessing
     import signal
@@ -110,13 +112,12 @@ def prepare(nproc: int) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
-    ignored = [getattr(signal, name) for name in _SERVER_IGNORES]
-    kept = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignored}  # (an ignored signal stays so across exec)
+    # (blocked in this thread alone: one sent to torchrun meanwhile waits, or reaches another thread)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, name) for name in _SERVER_BLOCKS])
     try:
         forkserver.ensure_running()
     finally:
-        for sig, handler in kept.items():
-            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _without_traceback(record) -> bool:
@@ -133,8 +134,8 @@ def rank(main: Callable[[list[str]], None], argv: list[str], *, torchrun: int | 
     import multiprocessing
     import signal
 
-    for name in _SERVER_IGNORES:  # a rank's own defaults (prepare)
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    _SERVER[:] = [os.getppid()]
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [getattr(signal, name) for name in _SERVER_BLOCKS])  # (prepare)
     os.setsid()  # a session of its own, as torchrun's subprocess ranks
     _no_death_signal()
     _let_the_server_go()
@@ -197,15 +198,14 @@ def _no_death_signal() -> None:
 
 def _death_signal(signal_number: int) -> None:
     """``PR_SET_PDEATHSIG``: the signal this process gets when its parent (the forkserver) ends; 0, none.
-    Set when the parent has ended already, it is sent at once."""
+    Set when the forkserver has ended already (torchrun is gone), it is sent at once."""
     try:
         import ctypes
 
-        parent = os.getppid()
         ctypes.CDLL(None, use_errno=True).prctl(1, signal_number)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        return
-    if signal_number and os.getppid() != parent:
+        pass
+    if signal_number and _SERVER and os.getppid() != _SERVER[0]:
         os.kill(os.getpid(), signal_number)
 
 
