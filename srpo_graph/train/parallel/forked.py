@@ -102,7 +102,7 @@ def prepare(nproc: int) -> None:
     import logging
     import multiprocessing
     import signal
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     os.environ["PYTHONUNBUFFERED"] = "1"
     # an import that asks whether CUDA is there must not initialise it in the server: a process forked
@@ -112,6 +112,8 @@ def prepare(nproc: int) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
+    # (first: its start unblocks SIGINT and SIGTERM rather than restoring the mask)
+    resource_tracker.ensure_running()
     # (blocked in this thread alone: one sent to torchrun meanwhile waits, or reaches another thread)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, name) for name in _SERVER_BLOCKS])
     try:
