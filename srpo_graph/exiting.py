@@ -148,6 +148,13 @@ def end(code: int) -> None:
     Call it where the outcome is decided, after :func:`supervisor.finished`."""
     if not _GROUPS or not _ENTRY:  # in-process (a test, a notebook): never end the caller's process
         return
+    before_os_exit()
+    os._exit(code)
+
+
+def before_os_exit() -> None:
+    """What the interpreter's exit does before it finalizes, for a process about to ``os._exit``: the
+    ``atexit`` functions run (server stops, temporary folders, logging), the standard streams flushed."""
     import atexit
 
     try:
@@ -159,4 +166,3 @@ def end(code: int) -> None:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
             pass
-    os._exit(code)

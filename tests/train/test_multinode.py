@@ -247,9 +247,7 @@ def test_a_launcher_killed_by_sigkill_stops_torchrun_and_every_rank(tmp_path):
     SIGTERM on (Note [Parent death], train/parallel/launch.py); every rank and torchrun are gone within
     a deadline, rank 0 said how to resume, no traceback, and the run lock is free for the resume.
     (They used to train on to step 40 holding the lock.)"""
-    import fcntl
     import signal
-    import time
 
     with open(tmp_path / "err.txt", "w") as err:
         p, run, _ = _two_ranks_past_step_2(tmp_path, 40, err, wf=str(ROOT / "workflows" / "coord_par2.wf"), logged=1)
@@ -259,16 +257,8 @@ def test_a_launcher_killed_by_sigkill_stops_torchrun_and_every_rank(tmp_path):
         assert between, ranks
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)
-        deadline = time.monotonic() + 180  # a correctness bound: the job ends, it does not train on
-        while any(_running(pid) for pid in [*ranks, *between]):
-            assert time.monotonic() < deadline, [pid for pid in [*ranks, *between] if _running(pid)]
-            time.sleep(0.2)
-    text = (tmp_path / "err.txt").read_text()
-    assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
-    assert len(_rows(run)) < 40
-    with open(run / ".lock", "a+") as lock:  # the run lock was released with its holder
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _all_end([*ranks, *between])
+    _stopped_with_the_resume_line(tmp_path, run)
 
 
 @pytest.mark.slow
@@ -279,9 +269,7 @@ def test_torchrun_killed_by_sigkill_stops_every_rank(tmp_path):
     server]), which must not keep the ranks' parent alive either -- and stops as if torchrun had
     passed a SIGTERM on: every rank and the forkserver are gone within a deadline, rank 0 said how to
     resume, and the run lock is free."""
-    import fcntl
     import signal
-    import time
 
     with open(tmp_path / "err.txt", "w") as err:
         p, run, _ = _two_ranks_past_step_2(tmp_path, 40, err, wf=str(ROOT / "workflows" / "coord_par2.wf"), logged=1)
@@ -290,11 +278,25 @@ def test_torchrun_killed_by_sigkill_stops_every_rank(tmp_path):
         between = _ancestors(ranks[0], p.pid)  # [forkserver, torchrun] or [torchrun]
         torchrun, rest = between[-1], between[:-1]
         os.kill(torchrun, signal.SIGKILL)
-        deadline = time.monotonic() + 180  # a correctness bound: the job ends, it does not train on
-        while any(_running(pid) for pid in [*ranks, *rest]):
-            assert time.monotonic() < deadline, [pid for pid in [*ranks, *rest] if _running(pid)]
-            time.sleep(0.2)
+        _all_end([*ranks, *rest])
         p.wait(timeout=60)
+    _stopped_with_the_resume_line(tmp_path, run)
+
+
+def _all_end(pids: list[int]) -> None:
+    """Wait until none of ``pids`` runs, within a correctness bound: the job ends, it does not train on."""
+    import time
+
+    deadline = time.monotonic() + 180
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, [pid for pid in pids if _running(pid)]
+        time.sleep(0.2)
+
+
+def _stopped_with_the_resume_line(tmp_path: Path, run: Path) -> None:
+    """The job of 40 steps stopped early, rank 0 said how to resume, no traceback, the run lock free."""
+    import fcntl
+
     text = (tmp_path / "err.txt").read_text()
     assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]

@@ -164,7 +164,6 @@ def _return_to_torchrun(code: int) -> NoReturn:
 def _run(main: Callable[[list[str]], None], argv: list[str]) -> int:
     """``main(argv)`` in this process; its exit status, after what an interpreter's exit does but
     finalizing (``atexit``, flushed streams)."""
-    import atexit
     import traceback
 
     from srpo_graph import exiting
@@ -180,15 +179,7 @@ def _run(main: Callable[[list[str]], None], argv: list[str]) -> int:
         if not exiting.in_process_group():  # (main printed it already)
             traceback.print_exc()
         code = 1
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001 - the exit status of record stands
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
-            pass
+    exiting.before_os_exit()
     return code
 
 
