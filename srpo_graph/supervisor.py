@@ -216,7 +216,7 @@ def supervise(command: str, *, watch_parent: int | None = None, exit: Callable[[
         if own_group:
             os.setpgid(0, 0)
         _RECORD[:] = [page]
-        _die_with_parent(parent)
+        die_with_parent(parent)
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         return
     if own_group:
@@ -329,9 +329,10 @@ def _send(pid: int, sig: int) -> None:
         pass
 
 
-def _die_with_parent(parent: int) -> None:
-    """The child gets SIGTERM when the parent dies (Linux; elsewhere nothing): a killed parent must
-    not leave a command running unseen (``train`` stops with its resume line)."""
+def die_with_parent(parent: int) -> None:
+    """This process gets SIGTERM when its parent ``parent`` dies, at once if it has (Linux; elsewhere
+    nothing): a killed parent must not leave a command running unseen (``train`` stops with its resume
+    line). Also a forked rank that has returned its value to torchrun (train/parallel/forked.py)."""
     try:
         import ctypes
 
@@ -343,4 +344,4 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-__all__ = ["OFF_ENV", "USER_EXIT", "finished", "note_stop", "running", "supervise", "supervised"]
+__all__ = ["OFF_ENV", "USER_EXIT", "die_with_parent", "finished", "note_stop", "running", "supervise", "supervised"]

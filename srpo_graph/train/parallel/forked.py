@@ -157,7 +157,8 @@ def _return_to_torchrun(code: int) -> NoReturn:
     returned value there), another is the process's exit status (a status that is 0 modulo 256 would
     read as 0 without a returned value, and the job would wait for it: 1 instead). While the agent reads
     the value, the rank ends if the forkserver does (torchrun is gone: :func:`_let_the_server_go`)."""
-    _death_signal(signal_number=15)  # SIGTERM, default action
+    if _SERVER:  # SIGTERM (its default action) when the forkserver ends, or at once if it has
+        supervisor.die_with_parent(_SERVER[0])
     sys.exit(code if 0 <= code <= 255 else (code & 0xFF) or 1)
 
 
@@ -186,20 +187,12 @@ def _run(main: Callable[[list[str]], None], argv: list[str]) -> int:
 def _no_death_signal() -> None:
     """Clear the ``PR_SET_PDEATHSIG`` torch's multiprocessing wrapper set (SIGINT when the forkserver
     ends): while the rank works, its watch of torchrun sends the one signal (Note [Parent death])."""
-    _death_signal(0)
-
-
-def _death_signal(signal_number: int) -> None:
-    """``PR_SET_PDEATHSIG``: the signal this process gets when its parent (the forkserver) ends; 0, none.
-    Set when the forkserver has ended already (torchrun is gone), it is sent at once."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal_number)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, 0)  # PR_SET_PDEATHSIG, none
     except (OSError, AttributeError):
         pass
-    if signal_number and _SERVER and os.getppid() != _SERVER[0]:
-        os.kill(os.getpid(), signal_number)
 
 
 def _let_the_server_go() -> None:
