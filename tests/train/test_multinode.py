@@ -298,8 +298,9 @@ def _stopped_with_the_resume_line(tmp_path: Path, run: Path) -> None:
     import fcntl
 
     text = (tmp_path / "err.txt").read_text()
-    assert "newest complete checkpoint" in text and f"--resume {run}" in text, text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
+    # (killed after the first logged step: the first checkpoint may not be written yet)
+    assert ("newest complete checkpoint" in text or "no checkpoint yet" in text), text[-3000:]
+    assert f"--resume {run}" in text and "Traceback" not in text, text[-3000:]
     assert len(_rows(run)) < 40
     with open(run / ".lock", "a+") as lock:  # the run lock was released with its holder
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
