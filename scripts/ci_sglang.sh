@@ -80,11 +80,21 @@ _ci_sglang_not_ready() {
   echo "$1" >"$CI_LOGS/sglang.skipped"
 }
 
+# ci_sglang_install_key TARGET: what an install depends on -- every file of the sglang-cpu folder
+# (install.sh, its patches, its kernel wheels) and the kernel target -- as one line
+ci_sglang_install_key() {
+  echo "$1 $(cd "$SRPO_GRAPH_SGLANG_CPU" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+}
+
 # ci_sglang_start: install SGLang with the sglang-cpu folder's install.sh and check its imports;
 # 0 with $CI_LOGS/sglang.ready when a server can start, else 1 with the reason in
-# $CI_LOGS/sglang.skipped
+# $CI_LOGS/sglang.skipped. A venv that this same folder installed for this kernel target (its stamp,
+# $venv/.srpo-graph-install: the install key, then the install's lines naming the kernel build) and
+# that still imports is not installed again: install.sh re-checks every step of a finished install
+# (~25 s of CI before the suite can start); anything else -- a changed folder, another CPU, a venv
+# that no longer imports, a failed install -- installs as before.
 ci_sglang_start() {
-  local t0 log venv target why
+  local t0 log venv target why stamp key
   t0=$(date +%s)
   log="$CI_LOGS/sglang-install.log"
   rm -f "$CI_LOGS/sglang.skipped" "$CI_LOGS/sglang.ready"
@@ -96,6 +106,15 @@ ci_sglang_start() {
     _ci_sglang_not_ready "this CPU has neither AVX-512 + AMX nor AVX2: no SGLang CPU kernel build for it"; return 1
   fi
   venv="$(dirname "$(dirname "$SRPO_GRAPH_SGLANG_PYTHON")")"
+  stamp="$venv/.srpo-graph-install"
+  key="$(ci_sglang_install_key "$target")"
+  if [ -f "$stamp" ] && [ "$(head -1 "$stamp")" = "$key" ] && ci_sglang_imports >/dev/null; then
+    echo "ci: SGLang (CPU, kernel $target) is installed in $venv by this $SRPO_GRAPH_SGLANG_CPU/install.sh and imports: not installed again (its stamp: $stamp)"
+    tail -n +2 "$stamp" | sed 's/^/ci: /'
+    _ci_sglang_ready "$t0" "$log"
+    return 0
+  fi
+  rm -f "$stamp"
   echo "ci: installing SGLang (CPU, kernel $target) with $SRPO_GRAPH_SGLANG_CPU/install.sh (log $log)"
   if ! VENV="$venv" bash "$SRPO_GRAPH_SGLANG_CPU/install.sh" >"$log" 2>&1; then
     # a failed step may still leave a venv whose imports work (a later optional check): the
@@ -107,13 +126,22 @@ ci_sglang_start() {
     echo "ci: install.sh failed (see $log), but SGLang and its CPU kernels import: going on"
   elif ! why="$(ci_sglang_imports)"; then
     _ci_sglang_not_ready "$why (log $log)"; return 1
+  else  # a clean install that imports: stamp it
+    { echo "$key"; grep -E 'sglang-kernel-cpu for|kernel wheel:' "$log" || true; } >"$stamp"
   fi
   grep -E 'sglang-kernel-cpu for|kernel wheel:' "$log" | sed 's/^/ci: /' || true
+  _ci_sglang_ready "$t0" "$log"
+}
+
+# _ci_sglang_ready T0 LOG: the router package, then the ready line and $CI_LOGS/sglang.ready
+_ci_sglang_ready() {
+  local t0="$1" log="$2" venv
+  venv="$(dirname "$(dirname "$SRPO_GRAPH_SGLANG_PYTHON")")"
   # several servers behind one URL (tests/backends/test_sglang_real.py::test_router_...)
-  "$SRPO_GRAPH_SGLANG_PYTHON" -c "import sglang_router" >/dev/null 2>&1 ||
+  "$SRPO_GRAPH_SGLANG_PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('sglang_router') is None)" >/dev/null 2>&1 ||
     "$SRPO_GRAPH_SGLANG_PYTHON" -m pip install -q -c "$venv/sglang-cpu-constraints.txt" sglang-router >>"$log" 2>&1 ||
     echo "ci: pip install sglang-router failed (see $log); the router test will fail"
-  echo "ci: SGLang ready in $(( $(date +%s) - t0 )) s: $("$SRPO_GRAPH_SGLANG_PYTHON" -c 'import sglang; print("sglang", sglang.__version__)' 2>/dev/null)"
+  echo "ci: SGLang ready in $(( $(date +%s) - t0 )) s: $("$SRPO_GRAPH_SGLANG_PYTHON" -c 'from importlib.metadata import version; print("sglang", version("sglang"))' 2>/dev/null)"
   touch "$CI_LOGS/sglang.ready"
 }
 

@@ -192,6 +192,60 @@ def test_ready_install_sets_require_sglang(tmp_path):
     assert lines[-1].startswith("SGLang tests ran (kernel target x86-64-v3")
 
 
+def _sequence_again(tmp_path: Path) -> list[str]:
+    """SEQUENCE once more on run_sequence's folder, venv and cpuinfo (as the next CI run on this machine)."""
+    result = bash(
+        SEQUENCE, tmp_path,
+        SRPO_GRAPH_SGLANG_CPU=str(tmp_path / "sglang-cpu"),
+        SRPO_GRAPH_SGLANG_PYTHON=str(tmp_path / "venv" / "bin" / "python"),
+        SRPO_GRAPH_CPUINFO=str(tmp_path / "cpuinfo"), SRPO_GRAPH_REQUIRE_SGLANG="1",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.splitlines()
+
+
+KERNEL_LINE = "[install 10:00:00] sglang-kernel-cpu for x86-64-v3 (the CPU has AVX2)"
+COUNT = "#!/usr/bin/env bash\necho run >> \"$(dirname \"$0\")/../installs\"\n"  # an install.sh counting its runs
+COUNTING_INSTALL = COUNT + f"echo '{KERNEL_LINE}'\n"
+
+
+def test_a_venv_this_install_made_is_not_installed_again_until_something_changes(tmp_path):
+    """The second run finds the stamp of the first run's clean install: install.sh does not run, the
+    log still names the kernel build and the suite requires SGLang. A changed sglang-cpu folder, a
+    venv that no longer imports (the stand-in python then fails) or another kernel target installs
+    again; a failed install leaves no stamp."""
+    installs = tmp_path / "installs"
+    python = "#!/usr/bin/env bash\n[ -e \"$(dirname \"$0\")/broken\" ] && exit 1\nexit 0\n"
+    first = run_sequence(tmp_path, COUNTING_INSTALL, python)
+    assert installs.read_text().count("run") == 1 and "REQUIRE=1" in first
+    stamp = tmp_path / "venv" / ".srpo-graph-install"
+    assert stamp.read_text().splitlines()[1:] == [KERNEL_LINE]
+
+    again = _sequence_again(tmp_path)
+    assert installs.read_text().count("run") == 1, again  # not installed again
+    assert "REQUIRE=1" in again and again[-1].startswith("SGLang tests ran (kernel target x86-64-v3"), again
+    assert any("not installed again" in line for line in again), again
+    assert f"ci: {KERNEL_LINE}" in again  # the build it took
+
+    (tmp_path / "sglang-cpu" / "new.diff").write_text("a patch install.sh now applies\n")
+    assert "REQUIRE=1" in _sequence_again(tmp_path) and installs.read_text().count("run") == 2  # the folder changed
+
+    (tmp_path / "cpuinfo").write_text(cpuinfo(BASE + V3 + V4))
+    _sequence_again(tmp_path)
+    assert installs.read_text().count("run") == 3  # another kernel target
+    _sequence_again(tmp_path)
+    assert installs.read_text().count("run") == 3  # and stamped for it
+
+    (tmp_path / "venv" / "bin" / "broken").write_text("")
+    broken = _sequence_again(tmp_path)
+    assert installs.read_text().count("run") == 4 and "REQUIRE=unset" in broken  # checked, installed, still failing
+    assert not stamp.exists()
+    (tmp_path / "venv" / "bin" / "broken").unlink()
+    executable(tmp_path / "sglang-cpu" / "install.sh", COUNT + "exit 1\n")
+    assert "REQUIRE=1" in _sequence_again(tmp_path)  # install.sh failed but the venv imports: going on
+    assert installs.read_text().count("run") == 5 and not stamp.exists()  # ... unstamped
+
+
 def test_a_start_that_stopped_without_a_reason_still_skips(tmp_path):
     script = 'ci_sglang_outcome\necho "REQUIRE=${SRPO_GRAPH_REQUIRE_SGLANG:-unset}"\nci_sglang_last_line'
     result = bash(script, tmp_path, SRPO_GRAPH_REQUIRE_SGLANG="1")
