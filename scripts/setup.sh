@@ -10,6 +10,8 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e ".[dev,wandb,datasets,tokenizers]"  # the extras: their tests run in CI
 # The tiny default model is built in code (no hub): make it once so later commands start fast.
-"$PY" -c "from srpo_graph.models.tiny import ensure_tiny_model; print('setup: tiny model at', ensure_tiny_model())"
 # The released tokenizers are derived from their BPE ranks once (~20 s each), then cached.
-"$PY" -c "from srpo_graph.models.vocab import VOCABS, ensure_vocab_tokenizer; [print('setup: tokenizer', n, 'at', ensure_vocab_tokenizer(n)) for n in VOCABS]"
+# (one python for both: its imports are most of the set-up's time once they are made)
+"$PY" -c "from srpo_graph.models.tiny import ensure_tiny_model; print('setup: tiny model at', ensure_tiny_model())
+from srpo_graph.models.vocab import VOCABS, ensure_vocab_tokenizer
+for n in VOCABS: print('setup: tokenizer', n, 'at', ensure_vocab_tokenizer(n))"

@@ -128,7 +128,8 @@ def test_a_toy_backend_through_the_table_alone(tmp_path):
         return out
 
     wf, tasks = "workflows/coord_par2.wf", "workflows/tasks/coord.jsonl"
-    assert "counting" in cli("run", "--help").stdout and "--counting-log" in cli("run", "--help").stdout
+    run_help = cli("run", "--help").stdout
+    assert "counting" in run_help and "--counting-log" in run_help
     run_log = tmp_path / "run_calls.jsonl"
     cli("run", wf, "--tasks", tasks, "--limit", "2", "--samples", "2", "--backend", "counting",
         "--counting-log", str(run_log), "--out", str(tmp_path / "t.jsonl"), "--quiet")
