@@ -126,13 +126,7 @@ def run_sequence(tmp_path: Path, install: str | None, python: str | None, flags:
     if python is not None:
         executable(venv_python, python)
     (tmp_path / "cpuinfo").write_text(cpuinfo(flags))
-    result = bash(
-        SEQUENCE, tmp_path,
-        SRPO_GRAPH_SGLANG_CPU=str(sglang_cpu), SRPO_GRAPH_SGLANG_PYTHON=str(venv_python),
-        SRPO_GRAPH_CPUINFO=str(tmp_path / "cpuinfo"), SRPO_GRAPH_REQUIRE_SGLANG="1",
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
+    lines = _sequence_again(tmp_path)
     assert lines[-2:-1] == ["the suite runs"], lines
     return lines
 
@@ -193,7 +187,7 @@ def test_ready_install_sets_require_sglang(tmp_path):
 
 
 def _sequence_again(tmp_path: Path) -> list[str]:
-    """SEQUENCE once more on run_sequence's folder, venv and cpuinfo (as the next CI run on this machine)."""
+    """SEQUENCE on run_sequence's folder, venv and cpuinfo in ``tmp_path`` (again: the next CI run on this machine)."""
     result = bash(
         SEQUENCE, tmp_path,
         SRPO_GRAPH_SGLANG_CPU=str(tmp_path / "sglang-cpu"),
