@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+from concurrent.futures import Future, wait
 from typing import Any
 
 from srpo_graph import supervisor
@@ -113,6 +114,46 @@ def decided() -> None:
                 signal.signal(sig, _during_exit)
     elif signal.getsignal(signal.SIGTERM) is _terminated:  # in-process: the caller's handler again
         signal.signal(signal.SIGTERM, _BEFORE[0] if _BEFORE else signal.SIG_DFL)
+
+
+# Note [A signal reaches the main thread's waits]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Python runs signal handlers in the main thread only, and only between bytecodes. The kernel may
+# hand a signal sent to the process (a Ctrl-C, a SIGTERM passed on by the supervising parent) to any
+# thread that does not block it -- a hanging tool's, an HTTP pool's. The C-level handler then only
+# sets a flag: a main thread blocked on a lock (``concurrent.futures.wait``, ``queue.get``,
+# ``Condition.wait``) is not woken, and runs the handler when its wait ends -- at a tool's deadline,
+# 60 s by default, or never, for a wait without one. (Seen in CI: one SIGINT to `srpo-graph train`
+# while a tool hung took effect 60 s later; ``signal.pthread_kill`` to a worker thread does it every
+# time: tests/runtime/test_user_code_deadlines.py.) So every wait of the rollout's main thread --
+# the schedulers' (runtime/lockstep.py, runtime/streaming.py), a user call's (runtime/usercode.py),
+# a backend's on its requests (:func:`result`: backends/sglang.py, backends/openai.py) -- returns to
+# Python at least every SIGNAL_SLICE_S and waits again: one Ctrl-C stops a run within that, whichever
+# thread took the signal; the waits' own deadlines are unchanged. (The overlapped stage's
+# ``_cond.wait(0.5)``, train/rollout/overlapped.py, is the same rule.)
+SIGNAL_SLICE_S = 0.5
+
+
+def sliced(timeout: float | None) -> float:
+    """The seconds one wait of the main thread may block: ``timeout`` (None: no deadline), at most
+    :data:`SIGNAL_SLICE_S` (Note [A signal reaches the main thread's waits]).
+
+    >>> sliced(None), sliced(60.0), sliced(0.01)
+    (0.5, 0.5, 0.01)
+    """
+    return SIGNAL_SLICE_S if timeout is None else max(0.0, min(timeout, SIGNAL_SLICE_S))
+
+
+def result(fut: Future) -> Any:
+    """``fut.result()``, waited for in slices of :data:`SIGNAL_SLICE_S` (Note [A signal reaches the
+    main thread's waits]); the future's own deadline is its work's.
+
+    >>> f = Future(); f.set_result(3); result(f)
+    3
+    """
+    while not wait([fut], timeout=SIGNAL_SLICE_S)[0]:
+        pass
+    return fut.result()
 
 
 # Note [A process in a group ends without finalizing]

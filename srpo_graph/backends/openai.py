@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from srpo_graph.backends import bounded_http
 from srpo_graph.backends.base import Completion, GenerationRequest
 from srpo_graph.errors import BackendError
+from srpo_graph.exiting import result
 from srpo_graph.workflow import ExternalModel
 
 
@@ -148,13 +149,19 @@ class OpenAIChat:
         futures = [self._pool.submit(self._one, r) for r in requests]
         out: list[tuple[str, str] | None] = []
         errors: list[str | None] = []
-        for f in futures:
-            try:
-                out.append(f.result())
-                errors.append(None)
-            except BackendError as exc:
-                out.append(None)
-                errors.append(str(exc))
+        try:  # each waited for in slices: a Ctrl-C goes through (exiting.py, Note [A signal reaches the main
+            # thread's waits])
+            for f in futures:
+                try:
+                    out.append(result(f))
+                    errors.append(None)
+                except BackendError as exc:
+                    out.append(None)
+                    errors.append(str(exc))
+        except BaseException:
+            for f in futures:  # what has not started is not sent
+                f.cancel()
+            raise
         failed = [e for e in errors if e is not None]
         if failed:
             raise ChatError(f"{len(failed)} of {len(requests)} requests failed: {failed[0]}",

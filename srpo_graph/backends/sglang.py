@@ -66,6 +66,7 @@ from typing import Any, Sequence
 from srpo_graph.backends import bounded_http
 from srpo_graph.backends.base import Completion, FinishReason, GenerationRequest
 from srpo_graph.errors import BackendError
+from srpo_graph.exiting import result
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 # pickle protocol 4 of `sglang.srt.sampling.custom_logit_processor.DisallowedTokensLogitsProcessor`,
@@ -336,7 +337,14 @@ class SGLangBackend:
             except BackendError as exc:
                 return exc
 
-        results = list(self._pool.map(guarded, requests))
+        futures = [self._pool.submit(guarded, r) for r in requests]
+        try:  # waited for in slices: a Ctrl-C goes through (exiting.py, Note [A signal reaches the main thread's
+            # waits])
+            results = [result(f) for f in futures]
+        except BaseException:
+            for f in futures:  # what has not started is not sent (as Executor.map does)
+                f.cancel()
+            raise
         errors = [str(r) if isinstance(r, BackendError) else None for r in results]
         bad = [e for e in errors if e is not None]
         if bad:

@@ -25,6 +25,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Callable, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend
+from srpo_graph.exiting import sliced
 from srpo_graph.runtime.episode import EpisodeRun, ToolJob
 from srpo_graph.runtime.prompts import AgentPlan
 from srpo_graph.runtime.requests import batch_requests, hand_back, sample_batch, vocab_size_of
@@ -76,7 +77,9 @@ def run_lockstep(runs: Sequence[EpisodeRun], *, limit: int, plans: Mapping[str, 
         elif futures:
             now = time.monotonic()
             soonest = min(job.overdue.remaining(tool_seconds, now) for _, job in futures.values())
-            wait(list(futures), timeout=soonest + 0.001, return_when=FIRST_COMPLETED)
+            # in slices: a signal handed to another thread is still handled (exiting.py, Note [A signal
+            # reaches the main thread's waits]); the loop fails what is overdue and waits again
+            wait(list(futures), timeout=sliced(soonest + 0.001), return_when=FIRST_COMPLETED)
         still = []
         for i, ep in live:
             if not ep.done:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion
+from srpo_graph.exiting import sliced
 from srpo_graph.runtime.episode import EpisodeRun, ToolJob
 from srpo_graph.runtime.prompts import AgentPlan
 from srpo_graph.runtime.requests import Item, batch_requests, hand_back, sample_batch, vocab_size_of
@@ -155,9 +156,11 @@ def stream(runs: Sequence[EpisodeRun], *, limit: int, plans: Mapping[str, AgentP
             if not (calls or tools):
                 continue
             try:
-                fut, tag = answered.get(timeout=timeout)  # interruptible: one Ctrl-C stops the run
+                # interruptible, in slices: one Ctrl-C stops the run, whichever thread the kernel handed
+                # it to (exiting.py, Note [A signal reaches the main thread's waits])
+                fut, tag = answered.get(timeout=sliced(timeout))
             except queue.Empty:
-                continue  # a tool's deadline: failed at the top of the loop
+                continue  # a slice, or a tool's deadline: failed at the top of the loop
             if tag is None:  # a tool job (or the late answer of one already failed at its deadline)
                 t = tools.pop(fut, None)
                 if t is not None:

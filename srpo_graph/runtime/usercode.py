@@ -10,7 +10,8 @@ arguments; produces its value, or an exception that fails the episode (never the
   its thread is abandoned (Python cannot stop a thread), and being a daemon it never holds up the
   process's exit. The caller's wait is interruptible, so one Ctrl-C / SIGTERM stops ``run`` and
   ``train`` at once even while a tool hangs (before: the thread pool was joined on exit, and
-  three signals were needed);
+  three signals were needed) -- in slices, whichever thread the kernel hands the signal to (Note
+  [A signal reaches the main thread's waits], exiting.py);
 * whatever the user code raises -- any ``BaseException``, ``SystemExit(0)`` and a
   ``KeyboardInterrupt`` *raised by the code* included -- comes back as an ``Exception``
   (:class:`UserExit` for the non-``Exception`` ones), so the episode fails with the ``.wf``
@@ -32,6 +33,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from srpo_graph.exiting import sliced
 from srpo_graph.supervisor import running
 
 STD_MODULE = "srpo_graph.std"
@@ -143,9 +145,12 @@ def call(fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], *, mod
         return fn(*args, **kwargs)
     seconds = float(getattr(deadlines, kind))
     fut = start(_named(fn, described(what, module, span)), *args, name=f"srpo-{kind}", **kwargs)
-    done, _ = wait([fut], timeout=seconds)  # interruptible: a signal's KeyboardInterrupt goes through
-    if not done:
-        raise UserTimeout(what, kind, seconds)
+    deadline = time.monotonic() + seconds
+    # interruptible, in slices: a signal's KeyboardInterrupt goes through (exiting.py, Note [A signal reaches the
+    # main thread's waits])
+    while not wait([fut], timeout=sliced(deadline - time.monotonic()))[0]:
+        if time.monotonic() >= deadline:
+            raise UserTimeout(what, kind, seconds)
     return outcome(fut)
 
 

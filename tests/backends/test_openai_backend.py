@@ -19,6 +19,7 @@ from srpo_graph.backends.openai import ChatError, ChatRequest, OpenAIChat
 from srpo_graph.errors import BackendError
 from srpo_graph.workflow import ExternalModel
 from tests.support.http_servers import LocalServer
+from tests.support.signals import signal_to_a_worker_thread
 
 
 class _Server:
@@ -63,6 +64,22 @@ def server(request):
     s = _Server(request.param)
     yield s
     s.stop()
+
+
+@pytest.mark.parametrize("server", ["stall"], indirect=True)
+def test_a_signal_the_kernel_hands_to_a_request_thread_stops_the_wait_at_once(server):
+    """The caller (the main thread) waits on the pool's request threads; a signal that the kernel hands
+    to one of them is handled within a slice of that wait (srpo_graph/exiting.py, Note [A signal reaches
+    the main thread's waits]), not once the stalled request's 20 s deadline has passed."""
+    chat = OpenAIChat(ExternalModel(url=server.url, timeout=20, retries=0, concurrency=2), backoff=0.05)
+    try:
+        with signal_to_a_worker_thread("openai") as sent:
+            with pytest.raises(KeyboardInterrupt):
+                chat.chat([ChatRequest("a"), ChatRequest("b")])
+            stopped = time.monotonic()
+        assert sent and stopped - sent[0] < 10, (sent, stopped)  # a slice, not the 20 s deadline
+    finally:
+        chat.close()
 
 
 @pytest.mark.parametrize("server", ["stall"], indirect=True)

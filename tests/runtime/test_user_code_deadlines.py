@@ -6,7 +6,9 @@ issue 24 item 1): the attacks that found them, on the real tiny model.
 * ``SystemExit(0)`` / ``KeyboardInterrupt`` raised by a reward or a tool: the episode fails with its
   ``.wf`` location, the process goes on;
 * a reward returning ``"1.0"`` or ``True``: an error naming the reward, never 1.0;
-* one SIGINT / SIGTERM to a real ``srpo-graph run`` whose tool hangs: the process ends at once.
+* one SIGINT / SIGTERM to a real ``srpo-graph run`` whose tool hangs: the process ends at once;
+* a signal that the kernel hands to another thread than the main one (a tool's, a reward's) stops the
+  run at once too, under either scheduler (usercode.py, Note [A signal reaches the main thread's waits]).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from srpo_graph.lang import load_workflow
 from srpo_graph.runtime.executor import run
 from srpo_graph.runtime.tasks import Task
 from srpo_graph.runtime.usercode import Deadlines
+from tests.support.signals import signal_to_a_worker_thread
 from tests.support.user_code import make
 from tests.support.waiting import wait_for
 
@@ -114,6 +117,29 @@ def test_failures_of_every_kind_are_counted_with_the_first_of_each(tmp_path, tin
 
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+
+
+
+@pytest.mark.parametrize(
+    "user_code, thread, scheduler",
+    [({"tool": "hang"}, "srpo-tool", "lockstep"), ({"tool": "hang"}, "srpo-tool", "streaming"),
+     ({"reward": "sleepy_reward"}, "srpo-reward", "lockstep")],
+    ids=["tool-lockstep", "tool-streaming", "reward-call"],
+)
+def test_a_signal_the_kernel_hands_to_a_user_codes_thread_stops_the_run_at_once(tmp_path, tiny_backend, user_code,
+                                                                                 thread, scheduler):
+    """The handler runs in the main thread, which waits on the user code's thread: a tool's (the
+    schedulers' waits: runtime/lockstep.py, runtime/streaming.py) or a reward's (``usercode.call``).
+    Before their waits were sliced, the main thread slept on until the deadline (20 s here: a tool
+    that hangs for an hour, a reward that sleeps 60 s) and only then raised -- once seen in CI as a
+    Ctrl-C to `srpo-graph train` that took a minute (the default 60 s). Now: within a slice (0.5 s)."""
+    path, _, _ = make(tmp_path, **user_code)
+    with signal_to_a_worker_thread(thread) as sent:
+        with pytest.raises(KeyboardInterrupt):
+            _run(path, tiny_backend, deadlines=Deadlines(tool=20, reward=20), scheduler=scheduler)
+        stopped = time.monotonic()
+    assert sent, f"no thread {thread!r} ran"
+    assert stopped - sent[0] < 10, stopped - sent[0]  # a slice, not the 20 s deadline
 
 
 @pytest.mark.proc
