@@ -123,9 +123,10 @@ def decided() -> None:
 # thread that does not block it -- a hanging tool's, an HTTP pool's. The C-level handler then only
 # sets a flag: a main thread blocked on a lock (``concurrent.futures.wait``, ``queue.get``,
 # ``Condition.wait``) is not woken, and runs the handler when its wait ends -- at a tool's deadline,
-# 60 s by default, or never, for a wait without one. (Seen in CI: one SIGINT to `srpo-graph train`
-# while a tool hung took effect 60 s later; ``signal.pthread_kill`` to a worker thread does it every
-# time: tests/runtime/test_user_code_deadlines.py.) So every wait of the rollout's main thread --
+# 60 s by default, or never, for a wait without one. (A CI run once saw one SIGINT to `srpo-graph
+# train` take effect at a hanging tool's 60 s deadline, which is what this does; ``signal.pthread_kill``
+# to a worker thread does it every time: tests/runtime/test_user_code_deadlines.py.) So every wait of
+# the rollout's main thread --
 # the schedulers' (runtime/lockstep.py, runtime/streaming.py), a user call's (runtime/usercode.py),
 # a backend's on its requests (:func:`result`: backends/sglang.py, backends/openai.py) -- returns to
 # Python at least every SIGNAL_SLICE_S and waits again: one Ctrl-C stops a run within that, whichever
