@@ -126,8 +126,8 @@ def decided() -> None:
 # 60 s by default, or never, for a wait without one. (A CI run once saw one SIGINT to `srpo-graph
 # train` take effect at a hanging tool's 60 s deadline, which is what this does; ``signal.pthread_kill``
 # to a worker thread does it every time: tests/runtime/test_user_code_deadlines.py.) So every wait of
-# the rollout's main thread --
-# the schedulers' (runtime/lockstep.py, runtime/streaming.py), a user call's (runtime/usercode.py),
+# the rollout's main thread -- the schedulers' (runtime/lockstep.py, runtime/streaming.py), a user
+# call's (runtime/usercode.py),
 # a backend's on its requests (:func:`result`: backends/sglang.py, backends/openai.py) -- returns to
 # Python at least every SIGNAL_SLICE_S and waits again: one Ctrl-C stops a run within that, whichever
 # thread took the signal; the waits' own deadlines are unchanged. (The overlapped stage's
