@@ -15,6 +15,8 @@ How no server is ever left behind:
 * the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGTERM)``) to be sent SIGTERM when the
   process that started it dies, so even a trainer killed with SIGKILL takes its servers down
   (SGLang's launcher then stops its own children);
+* ``stop`` also removes the shared memory SGLang leaves in /dev/shm (a 270 MB buffer a server on
+  AMX machines: Note [A server's shared memory]);
 * a server that exits while starting is reported with the tail of its log and the class of its
   failure (a signal such as SIGILL, a missing venv, a taken port, a model it cannot load:
   ``sglang_start.py``).
@@ -207,6 +209,7 @@ class SGLangServer:
         self.log_path = Path(log_path) if log_path else Path(f"/tmp/srpo-graph-sglang-{self.port}.log")
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
+        self._shared: set[Path] = set()  # SGLang's /dev/shm files, noted once healthy (Note [A server's shared memory])
         self.token: str | None = None
         if TOKEN_FLAG in self.argv[:-1]:  # the template names the model itself: that name identifies it
             self.token = self.argv[self.argv.index(TOKEN_FLAG) + 1]
@@ -300,6 +303,7 @@ class SGLangServer:
                 text = answer.text
                 break
         if self.token in text:
+            self._shared = self.shared_memory()  # (noted now too: a server killed outside ``stop`` has no maps left)
             return self
         mine = "exited" if self.proc is not None and self.proc.poll() is not None else "was stopped"
         self.stop()
@@ -315,8 +319,20 @@ class SGLangServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def shared_memory(self) -> set[Path]:
+        """The files of SGLang's own under /dev/shm that this server's processes have mapped now
+        (Note [A server's shared memory]); empty when it is not running."""
+        if self.proc is None:
+            return set()
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except ProcessLookupError:
+            pgid = self.proc.pid
+        return _group_shared_memory(pgid)
+
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds. Idempotent."""
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds, then remove
+        the shared memory it leaves behind (Note [A server's shared memory]). Idempotent."""
         proc = self.proc
         if proc is None:
             release([self.port])  # never started: its claimed port is free to hand out again
@@ -325,6 +341,7 @@ class SGLangServer:
             pgid: int | None = os.getpgid(proc.pid)
         except ProcessLookupError:  # the launcher is gone; its session's group (id = its pid) may not be
             pgid = proc.pid if _group_alive(proc.pid) else None
+        shared = self._shared | (_group_shared_memory(pgid) if pgid is not None else set())
         for sig, wait_s in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             if pgid is not None:
                 try:
@@ -339,6 +356,8 @@ class SGLangServer:
                 continue
             if pgid is None or not _group_alive(pgid):
                 break
+        for path in shared:  # (a name unlinked while a dying process still maps it: its pages go with the mapping)
+            path.unlink(missing_ok=True)
         self._forget()
         release([self.port])  # a port this process claimed for it (launch_ports) is free to hand out again
 
@@ -352,6 +371,43 @@ class SGLangServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# Note [A server's shared memory]
+#     SGLang's CPU kernels keep a 270 MB all-reduce buffer in /dev/shm for each scheduler
+#     (``deepspeed_allreduce_buffer_*``, seen with the x86-64-v4 AMX build), beside small
+#     ``sglang_loads_*`` files, and never remove them: every start of a server left 270 MB in a
+#     tmpfs, which is memory. A machine that started ~80 servers (a few test runs) had 21 GB of them,
+#     and its next run was killed by the OOM killer. So ``stop`` notes the files of SGLang's own
+#     under /dev/shm (by name, directly in it) that the server's processes have mapped
+#     (/proc/PID/maps) once it is healthy and again at the stop (a server killed outside ``stop``
+#     has no maps left to read), and unlinks them once the group has been signalled (a group
+#     of zombies still counts as alive where PID 1 reaps late, as in these sandboxes). It removes only
+#     mapped files of these names: a user's weight folder under /dev/shm is never touched. A server
+#     whose trainer was killed with SIGKILL (PR_SET_PDEATHSIG stops it, not ``stop``) still leaves
+#     its files.
+_SHM = Path("/dev/shm")
+_SGLANG_SHM_PREFIXES = ("deepspeed_allreduce_buffer", "sglang_")
+
+
+def _group_shared_memory(pgid: int) -> set[Path]:
+    """SGLang's files directly under /dev/shm that a live process of group ``pgid`` has mapped."""
+    found: set[Path] = set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != pgid:
+                continue
+            with open(f"/proc/{entry}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    fields = line.rstrip("\n").split(maxsplit=5)
+                    path = Path(fields[5].removesuffix(" (deleted)")) if len(fields) == 6 else None
+                    if path is not None and path.parent == _SHM and path.name.startswith(_SGLANG_SHM_PREFIXES):
+                        found.add(path)
+        except (OSError, ValueError):  # a process that ended meanwhile, or one not ours to read
+            continue
+    return found
 
 
 def _group_alive(pgid: int) -> bool:

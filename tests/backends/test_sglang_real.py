@@ -194,7 +194,8 @@ def test_sync_while_requests_are_in_flight_loses_nothing(sglang_url, tiny_dir, t
 
 
 def test_qwen2_shaped_model_with_biased_layers_syncs(tmp_path, tiny_dir, tok):
-    """A locally built Qwen2-architecture model (qkv bias, as Qwen2.5) served, synced, compared."""
+    """A locally built Qwen2-architecture model (qkv bias, as Qwen2.5) served, synced, compared; stopped, it
+    leaves none of its shared memory in /dev/shm (Note [A server's shared memory])."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     require_sglang()
@@ -245,9 +246,12 @@ def test_qwen2_shaped_model_with_biased_layers_syncs(tmp_path, tiny_dir, tok):
             )
         assert to_old > 3 * ATOL  # the new weights (biases included) are what it samples from
         b.close()
+        shared = server.shared_memory()  # (a 270 MB all-reduce buffer with the AMX kernel build)
     finally:
         server.stop()
     assert not server.alive()
+    # Note [A server's shared memory]: what SGLang left in /dev/shm goes with the server
+    assert not [path for path in shared if path.exists()], shared
 
 
 def test_a_killed_server_fails_the_episodes_it_held_or_stops_a_raising_run(tmp_path, tiny_dir):
