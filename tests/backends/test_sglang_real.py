@@ -250,7 +250,7 @@ def test_qwen2_shaped_model_with_biased_layers_syncs(tmp_path, tiny_dir, tok):
     finally:
         server.stop()
     assert not server.alive()
-    # Note [A server's shared memory]: what SGLang left in /dev/shm goes with the server
+    # what SGLang left in /dev/shm goes with the server (Note [A server's shared memory])
     assert not [path for path in shared if path.exists()], shared
 
 
