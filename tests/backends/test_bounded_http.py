@@ -27,7 +27,12 @@ from tests.support.http_servers import LocalServer
 PKG = Path(__file__).resolve().parents[2] / "srpo_graph"
 HUGE = 200 << 20  # bytes a huge answer would be
 DRIP_S = 0.5  # seconds between two bytes of a dripping answer
-TIMEOUT = 2.0  # the deadline each call is given
+TIMEOUT = 2.0  # the deadline each call is given against a dripping server
+# ... and against a huge answer: a call there must stop at its size limit, not at its deadline. Under
+# CI load, with 30 cases reading at once, reading the ~1 MB up to a limit took over 2 s, and a deadline
+# that passes first is a different failure (a timeout, retried). The start-up probe keeps TIMEOUT: it
+# polls until its deadline, each probe reading a bounded answer, so a long one only makes it read more.
+HUGE_TIMEOUT = 60.0
 
 
 _BOMB: list[bytes] = []
@@ -123,11 +128,11 @@ class Hostile:
 # --------------------------------------------------------------------------- each remote call of the package
 
 
-def _openai_chat(url: str) -> None:
+def _openai_chat(url: str, timeout: float) -> None:
     from srpo_graph.backends.openai import ChatError, ChatRequest, OpenAIChat
     from srpo_graph.workflow import ExternalModel
 
-    chat = OpenAIChat(ExternalModel(url=url + "/v1", timeout=TIMEOUT, retries=1, concurrency=2), backoff=0.01)
+    chat = OpenAIChat(ExternalModel(url=url + "/v1", timeout=timeout, retries=1, concurrency=2), backoff=0.01)
     try:
         chat.chat([ChatRequest("hi", max_tokens=8)])
     except ChatError as exc:
@@ -136,11 +141,11 @@ def _openai_chat(url: str) -> None:
         chat.close()
 
 
-def _sglang_generate(url: str) -> None:
+def _sglang_generate(url: str, timeout: float) -> None:
     from srpo_graph.backends.base import GenerationRequest
     from srpo_graph.backends.sglang import BatchError, SGLangBackend
 
-    b = SGLangBackend(url, tokenizer=None, timeout=TIMEOUT, max_retries=1, backoff=0.01, check_health=False)
+    b = SGLangBackend(url, tokenizer=None, timeout=timeout, max_retries=1, backoff=0.01, check_health=False)
     try:
         b.generate([GenerationRequest((1, 2), 8)])
     except BatchError as exc:
@@ -149,33 +154,33 @@ def _sglang_generate(url: str) -> None:
         b.close()
 
 
-def _sglang_control(url: str) -> None:
+def _sglang_control(url: str, timeout: float) -> None:
     from srpo_graph.backends.sglang import SGLangBackend
 
-    b = SGLangBackend(url, tokenizer=None, timeout=TIMEOUT, max_retries=1, backoff=0.01, check_health=False)
+    b = SGLangBackend(url, tokenizer=None, timeout=timeout, max_retries=1, backoff=0.01, check_health=False)
     try:
         b._post(url, "/pause_generation", {"mode": "retract"})
     finally:
         b.close()
 
 
-def _sglang_health(url: str) -> None:
+def _sglang_health(url: str, timeout: float) -> None:
     from srpo_graph.backends.sglang import SGLangBackend
 
-    SGLangBackend(url, tokenizer=None, timeout=TIMEOUT).close()
+    SGLangBackend(url, tokenizer=None, timeout=timeout).close()
 
 
-def _server_start_up(url: str) -> None:
+def _server_start_up(url: str, timeout: float) -> None:
     from srpo_graph.backends.sglang_server import SGLangServer
 
     port = int(url.rsplit(":", 1)[1])
-    SGLangServer(["true"], port).wait_healthy(timeout=TIMEOUT)  # no process: only the probes
+    SGLangServer(["true"], port).wait_healthy(timeout=timeout)  # no process: only the probes
 
 
-def _weight_sync_call(url: str) -> None:
+def _weight_sync_call(url: str, timeout: float) -> None:
     from srpo_graph.backends.weight_sync import http_call
 
-    http_call(url, "/init_weights_update_group", {"x": 1}, TIMEOUT)
+    http_call(url, "/init_weights_update_group", {"x": 1}, timeout)
 
 
 CALLS = {"openai chat": (_openai_chat, "max_tokens 8"), "sglang /generate": (_sglang_generate, "max_new_tokens 8"),
@@ -189,6 +194,11 @@ DRIPS = ["drip_body", "drip_head"]
 HUGES = ["huge_json", "huge_junk", "gzip_bomb"]
 
 
+def deadline(site: str, mode: str) -> float:
+    """The deadline one case's call is given: HUGE_TIMEOUT where it must stop at a size limit."""
+    return HUGE_TIMEOUT if mode in HUGES and site != "server start-up" else TIMEOUT
+
+
 class Outcome:
     """What one remote call did against one hostile server: the error it raised (or None), the
     seconds it took, and what the server saw (bytes written, calls answered)."""
@@ -199,7 +209,7 @@ class Outcome:
         try:
             t0 = time.monotonic()
             try:
-                CALLS[site][0](server.url)
+                CALLS[site][0](server.url, deadline(site, mode))
             except Exception as exc:  # anything but a BackendError fails this case's test alone, named
                 self.error = exc
             self.took = time.monotonic() - t0
