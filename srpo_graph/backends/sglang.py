@@ -37,15 +37,16 @@ Note [Constrained outputs on SGLang]
 
 Note [Weight sync that loses nothing]
     ``sync_weights`` saves the model with ``save_pretrained`` into ``weight_dir/v<version>``
-    and calls ``/update_weights_from_disk {model_path, weight_version}`` on every worker, then
-    ``/flush_cache?timeout=T`` (the radix cache holds KV of the old weights). It does **not**
-    call ``/pause_generation`` (whose default mode aborts requests in flight): SGLang's update
-    takes the model-update writer lock, which waits for running ``/generate`` requests to
-    finish, and the trainer syncs only between rollouts anyway. The flush is asked separately
-    because SGLang 0.5.23 refuses an update's own flush, failing the call although the weights
-    were loaded, when requests are still queued; ``/flush_cache`` with a timeout waits for the
-    server to be idle (a busy answer is retried until ``timeout``; a server without the route
-    has nothing to flush).
+    and calls ``/update_weights_from_disk {model_path, weight_version, flush_cache: true}`` on
+    every worker: the radix cache holds KV of the old weights, and the update flushes it itself
+    (weight_sync.py, Note [The update flushes the cache]: the ``/flush_cache`` route costs a
+    ``gc.collect()`` of the server on CPU). It does **not** call ``/pause_generation`` (whose
+    default mode aborts requests in flight): SGLang's update takes the model-update writer lock,
+    which waits for running ``/generate`` requests to finish, and the trainer syncs only between
+    rollouts anyway. SGLang 0.5.23 refuses an update's own flush, failing the call although the
+    weights were loaded, when requests are still queued; then ``/flush_cache?timeout=T`` waits
+    for the server to be idle and flushes (a busy answer is retried until ``timeout``; a server
+    without the route has nothing to flush).
     Every answer's ``meta_info.weight_version`` (and ``weight_versions`` per token span) is
     read back: a completion spanning several versions reports the oldest. ``weight_dir`` follows
     the one ownership rule of ``weight_dir.py`` (a manifest naming the owning run and the folders
@@ -378,20 +379,30 @@ class SGLangBackend:
         Raises:
             BackendError: a worker that refuses, stalls or dies during the update (named).
         """
-        if self.sync != "disk" and not isinstance(model, (str, Path)) and self._stream(model, version):
-            for worker in self.worker_urls:
+        from srpo_graph.backends.weight_sync import UNFLUSHED
+
+        streamed = None if self.sync == "disk" or isinstance(model, (str, Path)) else self._stream(model, version)
+        if streamed is not None:
+            for worker in streamed:  # loaded, their own flush refused (requests queued): flushed once idle
                 self._flush_cache(worker)
             self.weight_version = int(version)
             return
         path = Path(model) if isinstance(model, (str, Path)) else self.save_weights(model, version)
+        unflushed = []
         for worker in self.worker_urls:
-            answer = self._post(worker, "/update_weights_from_disk", {
-                "model_path": str(path), "weight_version": str(int(version)), "flush_cache": False,
-                "abort_all_requests": False})
+            try:
+                answer = self._post(worker, "/update_weights_from_disk", {
+                    "model_path": str(path), "weight_version": str(int(version)), "flush_cache": True,
+                    "torch_empty_cache": False, "abort_all_requests": False})
+            except BackendError as exc:
+                if UNFLUSHED not in str(exc):
+                    raise
+                unflushed.append(worker)  # (Note [The update flushes the cache])
+                continue
             if not isinstance(answer, dict) or not answer.get("success", False):
                 msg = answer.get("message") if isinstance(answer, dict) else answer
                 raise BackendError(f"sglang: {worker} refused the weight update to {path}: {msg}")
-        for worker in self.worker_urls:
+        for worker in unflushed:
             self._flush_cache(worker)
         self.weight_version = int(version)
         if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
@@ -412,8 +423,9 @@ class SGLangBackend:
         for worker in self.worker_urls:
             self._post(worker, "/continue_generation", {})
 
-    def _stream(self, model: Any, version: int) -> bool:
-        """Stream ``model`` over the workers' weight-update groups; False: ``auto`` fell back to disk."""
+    def _stream(self, model: Any, version: int) -> list[str] | None:
+        """Stream ``model`` over the workers' weight-update groups: the workers whose cache still
+        needs a flush (:meth:`DistributedSync.push`); None: ``auto`` fell back to disk."""
         from srpo_graph.backends.weight_sync import DistributedSync
 
         if self._streamer is None:
@@ -430,9 +442,8 @@ class SGLangBackend:
 
                     warnings.warn(f"rollout.sglang.sync=auto: weights go by disk ({exc})", stacklevel=2)
                     self.sync = "disk"
-                    return False
-        self._streamer.push(self.worker_urls, model, version)
-        return True
+                    return None
+        return self._streamer.push(self.worker_urls, model, version)
 
     def _flush_cache(self, worker: str) -> None:
         """Empty ``worker``'s prefix cache once it is idle (Note [Weight sync that loses nothing])."""

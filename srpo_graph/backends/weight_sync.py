@@ -11,9 +11,10 @@ server of ``shared/sglang-cpu``):
    rank_offset: 1, world_size: 1 + tp, group_name, backend}`` while this process -- rank 0 of
    the group, the master of its TCP store -- joins the same group (:func:`join_group`);
 2. per sync: ``POST /begin_weight_update``; per bucket ``POST /update_weights_from_distributed
-   {names, dtypes, shapes, group_name, weight_version, load_format: "flattened_bucket"}`` while
-   rank 0 broadcasts the bucket (one flat byte tensor, the tensors' bytes back to back, which is
-   what SGLang's ``FlattenedTensorBucket`` reads); ``POST /end_weight_update``.
+   {names, dtypes, shapes, group_name, weight_version, load_format: "flattened_bucket",
+   flush_cache}`` while rank 0 broadcasts the bucket (one flat byte tensor, the tensors' bytes back
+   to back, which is what SGLang's ``FlattenedTensorBucket`` reads); ``POST /end_weight_update``.
+   The last bucket asks the server to flush its prefix cache (Note [The update flushes the cache]).
 
 Note [A broadcast never waits for ever]: a broadcast whose receiver never comes (the server
 refused the request, died, or stalls) would block rank 0 until the group's timeout, and a
@@ -22,6 +23,19 @@ rank 0 polls both ends: the HTTP answer (a refusal ends the sync at once, naming
 its message) and the broadcast's completion, against one deadline (``timeout``). A group that
 failed mid-update is marked broken and a new one (new name, new port) is made at the next sync.
 Every HTTP call has the same deadline.
+
+Note [The update flushes the cache]
+    After new weights the server's prefix cache holds KV of the old ones: it must be flushed. The
+    update routes flush it themselves when asked (``flush_cache: true``), without the allocator's
+    cache (``torch_empty_cache: false``, SGLang's default there): ~10 ms on the CPU server. The
+    ``/flush_cache`` route always empties that cache too, which on CPU is a ``gc.collect()`` of
+    the scheduler's heap: ~0.45 s a sync on the 2-core CI machine (a training step's whole sync
+    took longer than the update itself), measured against the real server. So the update asks
+    (the disk update; the last bucket of a streamed one), and ``/flush_cache?timeout=T`` is kept
+    for the one case it is for: SGLang loads the weights but refuses its own flush while requests
+    are still running or queued, answering HTTP 400 with :data:`UNFLUSHED` in its message
+    (0.5.23, ``flush_cache_after_weight_update``); the caller then waits for the server to be idle
+    and flushes (``SGLangBackend._flush_cache``). Any other refusal is an error, as before.
 """
 
 from __future__ import annotations
@@ -39,6 +53,10 @@ import torch
 
 from srpo_graph.backends.ports import free_port
 from srpo_graph.errors import BackendError
+
+UNFLUSHED = "the cache was not flushed"
+"""What SGLang's refusal says when an update loaded the weights but did not flush the cache
+(Note [The update flushes the cache])."""
 
 Post = Callable[[str, str, "dict[str, Any] | None", float], tuple[int, Any]]
 """``post(worker, route, payload, timeout) -> (HTTP status, decoded JSON answer or text)``; a
@@ -122,18 +140,31 @@ def buckets(pairs: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, dtype:
     >>> [[n for n, _ in b] for b in buckets(ts, 80, None)]
     [['w0', 'w1'], ['w2', 'w3'], ['w4']]
     """
+    return (bucket for bucket, _ in marked_buckets(pairs, bucket_bytes, dtype))
+
+
+def marked_buckets(pairs: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, dtype: torch.dtype | None
+                   ) -> Iterator[tuple[list[tuple[str, torch.Tensor]], bool]]:
+    """:func:`buckets`, each with whether it is the last. That is known without holding a second
+    bucket: a bucket is yielded when the next tensor (already in hand) does not fit, the last when
+    the pairs end.
+
+    >>> ts = [(f"w{i}", torch.zeros(10)) for i in range(5)]
+    >>> [([n for n, _ in b], last) for b, last in marked_buckets(ts, 80, None)]
+    [(['w0', 'w1'], False), (['w2', 'w3'], False), (['w4'], True)]
+    """
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in pairs:
         t = t.to(dtype) if dtype is not None and t.is_floating_point() else t
         n = t.numel() * t.element_size()
         if bucket and size + n > bucket_bytes:
-            yield bucket
+            yield bucket, False
             bucket, size = [], 0
         bucket.append((name, t.contiguous()))
         size += n
     if bucket:
-        yield bucket
+        yield bucket, True
 
 
 def flatten(bucket: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
@@ -274,8 +305,11 @@ class DistributedSync:
 
     # ------------------------------------------------------------------ updates
 
-    def _broadcast(self, worker: str, group: _Group, bucket: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """One bucket: the HTTP request and the broadcast together (Note [A broadcast never waits for ever])."""
+    def _broadcast(self, worker: str, group: _Group, bucket: list[tuple[str, torch.Tensor]], version: int,
+                   flush: bool = False) -> bool:
+        """One bucket: the HTTP request and the broadcast together (Note [A broadcast never waits for ever]).
+        ``flush``: the server flushes its prefix cache after loading it (Note [The update flushes the
+        cache]). True when it was asked to and loaded the bucket but refused the flush."""
         flat = flatten(bucket).to(self.device)
         answer: Future = self._http.submit(
             self._call,
@@ -286,7 +320,8 @@ class DistributedSync:
                 "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                 "shapes": [list(t.shape) for _, t in bucket],
                 "group_name": group.name,
-                "flush_cache": False,
+                "flush_cache": flush,
+                "torch_empty_cache": False,
                 "weight_version": str(int(version)),
                 "load_format": "flattened_bucket",
             },
@@ -295,10 +330,14 @@ class DistributedSync:
         opts.rootRank = 0
         work = group.pg.broadcast([flat], opts)
         deadline = time.monotonic() + self.timeout
+        def refused() -> BaseException | None:  # a refusal that is not the loaded-but-unflushed one
+            exc = answer.exception() if answer.done() else None
+            return None if exc is None or (flush and UNFLUSHED in str(exc)) else exc
+
         while not (work.is_completed() and answer.done()):
-            if answer.done() and answer.exception() is not None:
+            if (exc := refused()) is not None:
                 group.broken = True
-                raise answer.exception()  # type: ignore[misc]
+                raise exc
             if time.monotonic() > deadline:
                 group.broken = True
                 what = "the broadcast" if not work.is_completed() else "its answer"
@@ -310,12 +349,17 @@ class DistributedSync:
         if not work.is_success():
             group.broken = True
             raise BackendError(f"sglang: the broadcast to {worker} failed: {work.exception()}")
-        answer.result()
+        if (exc := refused()) is not None:
+            group.broken = True
+            raise exc
         self.stats["buckets"] += 1
         self.stats["bytes"] += flat.numel()
+        return answer.exception() is not None
 
-    def push(self, workers: Sequence[str], model: Any, version: int) -> None:
-        """Stream ``model``'s weights (see :func:`named_weights`) to every worker, tagged ``version``.
+    def push(self, workers: Sequence[str], model: Any, version: int) -> list[str]:
+        """Stream ``model``'s weights (see :func:`named_weights`) to every worker, tagged ``version``;
+        the workers that loaded them but refused to flush their cache (requests queued: flush them
+        once idle, Note [The update flushes the cache]).
 
         Buckets are made once and sent to each worker in turn, so an FSDP model is gathered once.
 
@@ -329,16 +373,19 @@ class DistributedSync:
             model.gather_dtype = dtype
         for w in workers:
             self._begin(w)
+        unflushed: list[str] = []
         try:
-            for bucket in buckets(named_weights(model), self.bucket_bytes, dtype):
+            for bucket, last in marked_buckets(named_weights(model), self.bucket_bytes, dtype):
                 for w in workers:
-                    self._broadcast(w, groups[w], bucket, version)
+                    if self._broadcast(w, groups[w], bucket, version, flush=last):
+                        unflushed.append(w)
         finally:
             for w in workers:
                 if not groups[w].broken:
                     self._call(w, "/end_weight_update", {})
         self.stats["syncs"] += 1
         self.stats["seconds"] += time.perf_counter() - t0
+        return unflushed
 
     def _begin(self, worker: str) -> None:
         try:

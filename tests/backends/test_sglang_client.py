@@ -168,20 +168,23 @@ def test_weight_sync_from_disk(tmp_path, tiny_dir):
         b = backend(server, weight_dir=tmp_path / "w")
         (tmp_path / "w" / "venv").mkdir(parents=True)  # someone else's folder: never touched
         (tmp_path / "w" / "v99").mkdir()
-        server.flush_busy = 2  # requests still queued: the flush waits and is asked again
+        server.flush_busy = 3  # requests still queued: the update's flush is refused, /flush_cache waits
         b.sync_weights(model, 3)
         paths = [p.split("?")[0] for p, _ in server.requests]
         # no /pause_generation (its default mode aborts requests); the prefix cache flushed once idle
         assert paths == ["/update_weights_from_disk", "/flush_cache", "/flush_cache", "/flush_cache"]
         assert server.flushes == 1 and all("?timeout=" in p for p, _ in server.requests[1:])
         body = server.requests[0][1]
-        assert body == {"model_path": str(tmp_path / "w" / "v3"), "weight_version": "3", "flush_cache": False,
-                        "abort_all_requests": False}
+        assert body == {"model_path": str(tmp_path / "w" / "v3"), "weight_version": "3", "flush_cache": True,
+                        "torch_empty_cache": False, "abort_all_requests": False}
         assert (tmp_path / "w" / "v3" / "model.safetensors").exists()
         assert b.weight_version == 3
         assert b.generate([GenerationRequest((1, 2), 1)])[0].weight_version == 3  # the server's tag
+        del server.requests[:]
         b.sync_weights(model, 4)
         b.sync_weights(model, 5)
+        # an idle server: the update flushed the cache itself, no /flush_cache (Note [The update flushes the cache])
+        assert [p for p, _ in server.requests] == ["/update_weights_from_disk"] * 2 and server.flushes == 3
         names = sorted(p.name for p in (tmp_path / "w").iterdir())
         assert names == [".srpo-graph-lease.json", ".srpo-graph-weights.json", "v4", "v5", "v99", "venv"]  # leased
         with pytest.raises(BackendError, match="v99: error: exists and was not written by srpo-graph"):

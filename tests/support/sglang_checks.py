@@ -12,9 +12,13 @@ ATOL = 0.03  # nats per token, bf16 server vs fp32 trainer
 
 
 def client(url, tiny_dir, **kw):
+    """A backend on a server its fixture already waited healthy for: no health check of its own
+    (SGLang's ``/health`` sleeps a whole second before it looks; ~20 clients of the real-server
+    tests, one after another on one worker, spent ~20 s there)."""
     from srpo_graph.backends import load_backend
 
     kw.setdefault("backoff", 0.05)
+    kw.setdefault("check_health", False)
     return load_backend("sglang", str(tiny_dir), url=url, **kw)
 
 

@@ -48,7 +48,7 @@ class FakeSGLang:
         self.pause_routes = pause_routes
         self.retraction_key = retraction_key
         self.weight_version = "default"
-        self.flush_busy = 0  # answer /flush_cache 400 ("requests still running") this many times
+        self.flush_busy = 0  # refuse this many flushes (an update's own, /flush_cache): "requests still running"
         self.flushes = 0
         self.lock = threading.Lock()
         double = self
@@ -161,4 +161,12 @@ class FakeSGLang:
     def update(self, body: dict):
         self.weight_version = body.get("weight_version", "default")
         ok = bool(body.get("model_path"))
+        if ok and body.get("flush_cache", True):  # SGLang's default: the update flushes the cache itself
+            with self.lock:
+                if self.flush_busy > 0:  # loaded, its flush refused (SGLang 0.5.23's answer, word for word)
+                    self.flush_busy -= 1
+                    return 400, {"success": False, "num_paused_requests": 0, "message": (
+                        "Weights were updated, but the cache was not flushed because requests are still running "
+                        "or queued. Retract or finish them, then call /flush_cache.")}
+                self.flushes += 1
         return 200, {"success": ok, "message": "ok" if ok else "no model_path", "num_paused_requests": 0}
