@@ -36,7 +36,7 @@ from typing import Any
 
 from srpo_graph.models.architectures import default_dir  # $SRPO_GRAPH_HOME/NAME, like the other local models
 
-VERSION = 2  # 2: the test size has one embedding row per token
+VERSION = 3  # 2: the test size has one embedding row per token; 3: the released tokenizer_class (vocab.py)
 MARKER = "srpo_graph_released.json"
 SEED = 4321
 

