@@ -8,13 +8,13 @@ measures what the per-call HTTP costs, on the tiny model that scripts/setup.sh b
 
 * **one per call**: ``--requests`` calls on ``--threads`` threads of one ``httpx`` client, as the
   backend sends them;
+* **a call per wave of 2**: the requests in pairs, one batched call each on the same threads --
+  what ``SGLangBackend.generate_together`` sends for coord_par2's waves of two agents (Note [A wave
+  in one call]);
 * **batched**: the same requests in one call.
 
 Per way, median of ``--repeats`` alternating rounds: the wall time, the client's CPU (this
-process) and the server's (every process of its process group, from /proc). It changes nothing in
-the backend: it is the measurement a batched ``generate`` would start from (the backend's questions
--- a router that spreads calls over workers, per-request failures and retries, the answer-size
-bound -- are not answered here).
+process) and the server's (every process of its process group, from /proc).
 
 Writes its section of docs/performance.md (``sglang-batch``) and benchmarks/results/sglang_batch.json.
 
@@ -59,7 +59,8 @@ def main() -> None:
     parser.add_argument("--model", default=str(Path.home() / ".cache" / "srpo-graph" / "tiny"))
     args = parser.parse_args()
     prompts = [[1, 5 + i % 10, 7] for i in range(args.requests)]
-    runs: dict[str, list[tuple[float, float, float]]] = {"one per call": [], "batched": []}
+    runs: dict[str, list[tuple[float, float, float]]] = {"one per call": [], "a call per wave of 2": [],
+                                                          "batched": []}
     with tempfile.TemporaryDirectory() as logs:
         (port,) = claim_ports(1)
         server = SGLangServer(launch_command("cpu", args.model, port), port, log_path=Path(logs) / "sglang.log",
@@ -77,12 +78,16 @@ def main() -> None:
             return list(pool.map(lambda p: post({"input_ids": p, "sampling_params": PARAMS, "return_logprob": True}),
                                  prompts))
 
-        def batched() -> list:
-            out = post({"input_ids": prompts, "sampling_params": [PARAMS] * len(prompts), "return_logprob": True})
-            assert isinstance(out, list) and len(out) == len(prompts), "a batched call answers one item per request"
+        def batch(group: list) -> list:
+            out = post({"input_ids": group, "sampling_params": [PARAMS] * len(group),
+                        "return_logprob": [True] * len(group)})
+            assert isinstance(out, list) and len(out) == len(group), "a batched call answers one item per request"
             return out
 
-        ways = {"one per call": one_per_call, "batched": batched}
+        def per_wave() -> list:
+            return [a for pair in pool.map(batch, [prompts[i:i + 2] for i in range(0, len(prompts), 2)]) for a in pair]
+
+        ways = {"one per call": one_per_call, "a call per wave of 2": per_wave, "batched": lambda: batch(prompts)}
         try:
             server.wait_healthy(300)
             for fn in ways.values():  # warm both paths once
@@ -109,8 +114,9 @@ def main() -> None:
         f"{machine()}; model `{Path(args.model).name}`, the cpu recipe; {args.requests} one-token requests (a "
         f"step of `coord_par2.wf`), median of {args.repeats} alternating rounds. **One per call**: a `/generate` "
         f"call per request on {args.threads} threads of one keep-alive client, as `SGLangBackend.generate` sends "
-        "them; **batched**: the same requests as lists in one call. Client CPU: this process; server CPU: its "
-        "process group.",
+        "them; **a call per wave of 2**: the requests in pairs, a batched call each on the same threads, as "
+        "`generate_together` sends coord_par2's waves; **batched**: the same requests as lists in one call. "
+        "Client CPU: this process; server CPU: its process group.",
         "",
         "| way | wall | client CPU | server CPU | vs one per call (wall, CPU) |",
         "|---|---:|---:|---:|---:|",
@@ -118,13 +124,18 @@ def main() -> None:
     for way, (wall, client_cpu, server_cpu) in med.items():
         lines.append(f"| {way} | {wall:.3f} s | {client_cpu:.3f} CPU-s | {server_cpu:.3f} CPU-s | "
                      f"{base[0] / wall:.2f}x, {(base[1] + base[2]) / (client_cpu + server_cpu):.2f}x |")
-    saved = (base[1] + base[2]) - (med["batched"][1] + med["batched"][2])
-    lines += ["", f"**Reading.** Batching would save ~{saved:.1f} CPU-s a step of this shape, ~{60 * saved:.0f} "
-              "CPU-s over the 60 steps of the suite's slowest test (coord_par2 on the session's server). Not "
-              "taken yet: the streaming scheduler sends each episode's wave as one `generate` call (Note [Waves], "
-              "runtime/streaming.py), two requests in coord_par2, so a batched call per wave halves the calls; the "
-              "rest needs the waves that are ready at one moment sent together. And a router in front of several "
-              "servers spreads calls, not the items of one call; a failed call fails every request in it."]
+    def cpu(way: str) -> float:
+        return med[way][1] + med[way][2]
+
+    lines += ["", f"**Reading.** The server's work is mostly per call: a call per wave of 2 saves "
+              f"~{cpu('one per call') - cpu('a call per wave of 2'):.1f} CPU-s a step of this shape (~"
+              f"{60 * (cpu('one per call') - cpu('a call per wave of 2')):.0f} CPU-s over the 60 steps of the "
+              "suite's slowest test, coord_par2 on the session's server); that is what the streaming scheduler "
+              "sends now (Note [A wave in one call]). One call for the whole step would save "
+              f"~{cpu('one per call') - cpu('batched'):.1f} CPU-s, but the waves of different episodes are not "
+              "ready at one moment (an episode advances as soon as its own wave returns), a router in front of "
+              "several servers spreads calls, not the items of one call, and a failed call fails every request "
+              "in it: not taken."]
     write_section("sglang-batch", "\n".join(lines), after="sglang-start")
     write_result("sglang_batch", {way: {"wall_s": m[0], "client_cpu_s": m[1], "server_cpu_s": m[2]}
                                   for way, m in med.items()})

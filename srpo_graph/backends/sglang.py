@@ -5,7 +5,9 @@ objects, through SGLang's native ``POST /generate`` API (token ids in, token ids
 out; see docs/sglang.md and shared/reference/sglang.md for the wire format):
 
 * one HTTP request per sample, sent concurrently from a thread pool (a router spreads them
-  over its workers; a batched ``/generate`` would go to one worker);
+  over its workers; a batched ``/generate`` would go to one worker) -- but one call per wave
+  where the caller uses the answers together (:meth:`SGLangBackend.generate_together`, Note [A
+  wave in one call]);
 * sampling parameters always explicit: ``max_new_tokens``, ``temperature``, ``top_p``,
   ``top_k`` (``-1`` = off), ``stop_token_ids``, ``skip_special_tokens: false``,
   ``no_stop_trim: true`` -- and nothing else unless asked (0.5.23 rejects unknown keys);
@@ -35,23 +37,23 @@ Note [Constrained outputs on SGLang]
     (``{"callable": ..., "srpo_graph_allow": <digest>}``; SGLang reads only ``callable``):
     requests with different ``allow:`` lists never share a group.
 
-Note [Weight sync that loses nothing]
-    ``sync_weights`` saves the model with ``save_pretrained`` into ``weight_dir/v<version>``
-    and calls ``/update_weights_from_disk {model_path, weight_version, flush_cache: true}`` on
-    every worker: the radix cache holds KV of the old weights, and the update flushes it itself
-    (weight_sync.py, Note [The update flushes the cache]: the ``/flush_cache`` route costs a
-    ``gc.collect()`` of the server on CPU). It does **not** call ``/pause_generation`` (whose
-    default mode aborts requests in flight): SGLang's update takes the model-update writer lock,
-    which waits for running ``/generate`` requests to finish, and the trainer syncs only between
-    rollouts anyway. SGLang 0.5.23 refuses an update's own flush, failing the call although the
-    weights were loaded, when requests are still queued; then ``/flush_cache?timeout=T`` waits
-    for the server to be idle and flushes (a busy answer is retried until ``timeout``; a server
-    without the route has nothing to flush).
-    Every answer's ``meta_info.weight_version`` (and ``weight_versions`` per token span) is
-    read back: a completion spanning several versions reports the oldest. ``weight_dir`` follows
-    the one ownership rule of ``weight_dir.py`` (a manifest naming the owning run and the folders
-    it wrote; only those are ever replaced or deleted, the newest two kept; a second live run on
-    the same folder is refused).
+Note [A wave in one call]
+    The streaming scheduler sends an episode's pending agents -- a wave -- together and hands
+    their answers back together, when the last returns (runtime/streaming.py, Note [Waves]). So
+    nothing waits longer if the wave is one batched ``/generate`` call (``input_ids`` a list of
+    lists, every other field a list with one entry per request; the answer a list in the same
+    order), and the server's per-call work -- its HTTP and request parsing, ~6 ms of CPU a call
+    on the 2-core machine, more than the ~1 ms of each request in it -- is paid once a wave
+    (benchmarks/bench_sglang_batch.py: coord_par2's 256 requests a step as 128 calls of two, 1.7x
+    less CPU and wall time than 256 calls). Not where the call would change what happens: behind a
+    router (several ``worker_urls``) each request stays a call of its own, so the router can
+    spread them; and ``generate`` (the lockstep scheduler's, one call for many episodes) keeps
+    one call per request, so a failed request loses only its own episode. In a wave a failed
+    call fails every request in it, which fails the same single episode a failed request would;
+    its deadline and retries are the call's, its size bound the sum of its requests'.
+
+The weight routes (``sync_weights``, ``pause_generation``, ``continue_generation``) are
+``sglang_weights.py``'s (Note [Weight sync that loses nothing]).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 # by reference (= DisallowedTokensLogitsProcessor.to_str() in sglang 0.5.23); see Note above.
 _DISALLOW_CALLABLE = ("80049552000000000000008c2a73676c616e672e7372742e73616d706c696e672e637573746f6d5f6c6f6769745f"
                       "70726f636573736f72948c1f446973616c6c6f776564546f6b656e734c6f6769747350726f636573736f729493942e")
+from srpo_graph.backends.sglang_weights import ServerWeights  # noqa: E402
 from srpo_graph.backends.weight_dir import MANIFEST, WeightFolder  # noqa: E402,F401 - MANIFEST: re-exported
 
 
@@ -102,7 +105,7 @@ def allow_processor(allowed: Sequence[int]) -> str:
     return json.dumps({"callable": _DISALLOW_CALLABLE, "srpo_graph_allow": digest})
 
 
-class SGLangBackend:
+class SGLangBackend(ServerWeights):
     """Sample from an SGLang server over HTTP.
 
     A server batches continuously, so the executor's ``auto`` scheduler streams episodes to it
@@ -178,14 +181,20 @@ class SGLangBackend:
         return answer.status, answer.body
 
     def _post(self, base: str, route: str, payload: dict[str, Any], *, tolerate_404: bool = False,
-              max_tokens: int | None = None) -> Any:
+              max_tokens: int | Sequence[int] | None = None) -> Any:
         """POST with retries (connection errors, 5xx); the decoded JSON answer, at most
-        ``answer_limit(max_tokens)`` bytes (a control route's limit without ``max_tokens``)."""
+        ``answer_limit(max_tokens)`` bytes (the sum over a batch's requests; a control route's limit
+        without ``max_tokens``)."""
         import httpx
 
         url = f"{base}{route}"
-        limit, why = ((bounded_http.answer_limit(max_tokens), f"max_new_tokens {max_tokens}") if max_tokens is not None
-                      else (bounded_http.CONTROL_LIMIT, f"the route {route}"))
+        if max_tokens is None:
+            limit, why = bounded_http.CONTROL_LIMIT, f"the route {route}"
+        elif isinstance(max_tokens, int):
+            limit, why = bounded_http.answer_limit(max_tokens), f"max_new_tokens {max_tokens}"
+        else:
+            limit = sum(bounded_http.answer_limit(m) for m in max_tokens)
+            why = f"{len(max_tokens)} requests of max_new_tokens {max(max_tokens)} or fewer"
         for attempt in range(self.max_retries + 1):
             try:
                 status, body = self._read(url, payload, self.timeout, limit, why)
@@ -346,6 +355,42 @@ class SGLangBackend:
             for f in futures:  # what has not started is not sent (as Executor.map does)
                 f.cancel()
             raise
+        return self._collect(requests, results)
+
+    def generate_together(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """:meth:`generate` for requests whose answers are used together -- an episode's wave -- in
+        one batched ``/generate`` call where the server is one worker (Note [A wave in one call]).
+
+        Raises:
+            BackendError: a request that cannot be sent (checked before anything is sent).
+            BatchError: the call failed (every request with it), or some answers were malformed.
+        """
+        if len(requests) < 2 or len(self.worker_urls) > 1:
+            return self.generate(requests)
+        payloads = [self.payload(r) for r in requests]
+        body = {key: [p.get(key) for p in payloads] for key in dict.fromkeys(k for p in payloads for k in p)}
+        results: list[Completion | BackendError]
+        try:
+            answer = self._post(self.url, "/generate", body, max_tokens=[int(r.max_new_tokens) for r in requests])
+            if not isinstance(answer, list) or len(answer) != len(requests):
+                got = f"{len(answer)} answers" if isinstance(answer, list) else f"a {type(answer).__name__}"
+                raise BackendError(f"sglang: {self.url}/generate answered {got} to a call of {len(requests)} requests")
+        except BackendError as exc:
+            results = [exc] * len(requests)
+        else:
+            with self._lock:
+                self.stats["requests"] += len(requests)
+            results = []
+            for req, item in zip(requests, answer):
+                try:
+                    results.append(self._parse(req, item))
+                except BackendError as exc:
+                    results.append(exc)
+        return self._collect(requests, results)
+
+    def _collect(self, requests: Sequence[GenerationRequest], results: Sequence[Completion | BackendError],
+                 ) -> list[Completion]:
+        """The completions, or a :class:`BatchError` carrying those that came back."""
         errors = [str(r) if isinstance(r, BackendError) else None for r in results]
         bad = [e for e in errors if e is not None]
         if bad:
@@ -355,119 +400,6 @@ class SGLangBackend:
             raise BatchError(f"{bad[0]}" + (f" (and {len(bad) - 1} more of {len(requests)} requests failed)"
                                             if len(bad) > 1 else ""), partial, errors)
         return [r for r in results if not isinstance(r, BackendError)]  # all of them: none failed
-
-    # ------------------------------------------------------------------ weights
-
-    def save_weights(self, model: Any, version: int) -> Path:
-        """Save ``model`` (and the tokenizer) as ``weight_dir/v<version>``; record it in the manifest.
-
-        Raises:
-            BackendError: that folder exists but was not written by srpo-graph (it is left alone), or
-                another live run owns the weight folder (``weight_dir.WeightFolder``).
-        """
-        path = self.weights.claim(f"v{int(version)}")
-        model.save_pretrained(path, safe_serialization=True)
-        if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
-            self.tokenizer.save_pretrained(path)
-        return path
-
-    def sync_weights(self, model: Any, version: int) -> None:
-        """Load ``model``'s weights into every worker, tagged ``version``: streamed over a
-        process group (``sync="distributed"``, or ``"auto"`` where the workers join one), or
-        saved into ``weight_dir`` and loaded from there (``"disk"``; also for a directory path).
-
-        Raises:
-            BackendError: a worker that refuses, stalls or dies during the update (named).
-        """
-        from srpo_graph.backends.weight_sync import UNFLUSHED
-
-        streamed = None if self.sync == "disk" or isinstance(model, (str, Path)) else self._stream(model, version)
-        if streamed is not None:
-            for worker in streamed:  # loaded, their own flush refused (requests queued): flushed once idle
-                self._flush_cache(worker)
-            self.weight_version = int(version)
-            return
-        path = Path(model) if isinstance(model, (str, Path)) else self.save_weights(model, version)
-        unflushed = []
-        for worker in self.worker_urls:
-            try:
-                answer = self._post(worker, "/update_weights_from_disk", {
-                    "model_path": str(path), "weight_version": str(int(version)), "flush_cache": True,
-                    "torch_empty_cache": False, "abort_all_requests": False})
-            except BackendError as exc:
-                if UNFLUSHED not in str(exc):
-                    raise
-                unflushed.append(worker)  # (Note [The update flushes the cache])
-                continue
-            if not isinstance(answer, dict) or not answer.get("success", False):
-                msg = answer.get("message") if isinstance(answer, dict) else answer
-                raise BackendError(f"sglang: {worker} refused the weight update to {path}: {msg}")
-        for worker in unflushed:
-            self._flush_cache(worker)
-        self.weight_version = int(version)
-        if not isinstance(model, (str, Path)):  # keep the new and the previous version on disk
-            self.weights.keep_only({f"v{int(version)}", f"v{int(version) - 1}"})
-
-    def pause_generation(self) -> None:
-        """Pause every worker, its running requests retracted to its queue (``/pause_generation``,
-        ``mode = "retract"``: KV recomputed on resume): a weight update then runs at once instead of
-        waiting for them, and they go on with the new weights (partial rollouts: their
-        ``meta_info.weight_versions`` then has a span per version; the version of record is the oldest)."""
-        for worker in self.worker_urls:
-            self._post(worker, "/pause_generation", {"mode": "retract"})
-        self._paused = True  # _flush_cache: a paused server is flushed at once (its queue is ignored)
-
-    def continue_generation(self) -> None:
-        """Resume every worker paused by :meth:`pause_generation` (``/continue_generation``)."""
-        self._paused = False
-        for worker in self.worker_urls:
-            self._post(worker, "/continue_generation", {})
-
-    def _stream(self, model: Any, version: int) -> list[str] | None:
-        """Stream ``model`` over the workers' weight-update groups: the workers whose cache still
-        needs a flush (:meth:`DistributedSync.push`); None: ``auto`` fell back to disk."""
-        from srpo_graph.backends.weight_sync import DistributedSync
-
-        if self._streamer is None:
-            device = next(iter(model.parameters())).device if hasattr(model, "parameters") else None
-            on_gpu = device is not None and device.type == "cuda"  # NCCL from the GPU, gloo from the CPU: one path
-            self._streamer = DistributedSync(**{"backend": "nccl" if on_gpu else "gloo",
-                                                "device": str(device) if on_gpu else "cpu", **self.sync_options})
-            if self.sync == "auto":
-                try:
-                    for worker in self.worker_urls:
-                        self._streamer.connect(worker)
-                except BackendError as exc:
-                    import warnings
-
-                    warnings.warn(f"rollout.sglang.sync=auto: weights go by disk ({exc})", stacklevel=2)
-                    self.sync = "disk"
-                    return None
-        return self._streamer.push(self.worker_urls, model, version)
-
-    def _flush_cache(self, worker: str) -> None:
-        """Empty ``worker``'s prefix cache once it is idle (Note [Weight sync that loses nothing])."""
-        import httpx
-
-        deadline = time.monotonic() + self.timeout
-        url, attempt = f"{worker}/flush_cache", 0
-        while True:
-            # paused (partial rollouts): timeout 0 flushes at once, ignoring the retracted requests queued
-            # (SGLang defers a flush with a timeout until the queue is empty too, which a pause never reaches)
-            wait = 0.0 if self._paused else max(0.0, deadline - time.monotonic())
-            try:
-                status, body = self._read(f"{url}?timeout={wait:.1f}", {}, max(0.0, deadline - time.monotonic()) + 5.0)
-            except (httpx.HTTPError, BackendError) as exc:
-                raise BackendError(f"sglang: {url} failed after the weight update ({type(exc).__name__}: {exc}); "
-                                   "the new weights are loaded, its prefix cache may hold KV of the old ones") from None
-            if status < 300 or status == 404:  # flushed, or a server without the route (nothing to flush)
-                return
-            if status != 400 or time.monotonic() >= deadline:
-                raise BackendError(f"sglang: {url} answered HTTP {status} after the weight update: "
-                                   f"{body.decode('utf-8', errors='replace')[:300]} (still busy after "
-                                   f"{self.timeout:g}s?)")
-            time.sleep(min(self.backoff * 2**attempt, 2.0))  # busy (or another flush running): ask again
-            attempt += 1
 
     def close(self) -> None:
         self.weights.close()  # the weight folder's lease, if this backend took it (weight_lease.py)

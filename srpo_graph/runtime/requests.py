@@ -16,7 +16,7 @@ never of the batch it happened to be in.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from srpo_graph.backends.base import Backend, Completion, GenerationRequest
 from srpo_graph.errors import BackendError, SrpoGraphError
@@ -108,16 +108,32 @@ def over_context(ep: EpisodeRun, plan: AgentPlan, req: GenerationRequest, backen
                       "; shorten the prompt or lower `max_tokens`"))
 
 
-def sample_batch(backend: Backend, items: Sequence[Item], on_backend_error: str,
-            ) -> tuple[list[Completion | None], list[str | None]]:
+def generate_for_waves(backend: Backend) -> Callable[[Sequence[Any]], Sequence[Completion]]:
+    """``backend.generate_together`` where the class that gives the backend its ``generate`` gives
+    that too (sglang.py, Note [A wave in one call]), else ``backend.generate``: a wrapper that
+    delegates other names by ``__getattr__`` (a recorder, a rate limit) or a subclass that overrides
+    ``generate`` keeps every request going through its own ``generate``."""
+    def owner(name: str) -> type | None:
+        return next((c for c in type(backend).__mro__ if name in vars(c)), None)
+
+    together = owner("generate_together")
+    return getattr(backend, "generate_together") if together is not None and together is owner("generate") \
+        else backend.generate
+
+
+def sample_batch(backend: Backend, items: Sequence[Item], on_backend_error: str, together: bool = False,
+                 ) -> tuple[list[Completion | None], list[str | None]]:
     """``backend.generate`` on the items' requests: (completions, errors), aligned with ``items``.
+    ``together``: the answers are used together (an episode's wave), so a backend's
+    ``generate_together`` may send them as one call (sglang.py, Note [A wave in one call]).
 
     Safe to call from a worker thread (touches no episode). A failed request is None with its
     error when ``on_backend_error == "fail"``; otherwise the BackendError propagates.
     """
     policy0 = items[0][1].agent.policy
+    generate = generate_for_waves(backend) if together else backend.generate
     try:
-        completions: list[Completion | None] = list(backend.generate([req for _, _, req in items]))
+        completions: list[Completion | None] = list(generate([req for _, _, req in items]))
         errors: list[str | None] = [None] * len(items)
     except BackendError as exc:
         partial = getattr(exc, "partial", None)  # sglang's BatchError: what did come back

@@ -5,7 +5,8 @@ makes every live episode's pending agents one batch and waits for the slowest an
 episode moves on: right for one forward per batch, wrong for a server that batches continuously
 (SGLang), where an episode whose answer came back could already send its next turn. Here every
 request is sent as soon as its episode wants it: an episode's requests to one backend are one
-``backend.generate`` call on a thread pool per backend object, with up to the backend's
+``backend.generate`` call (``generate_together`` where the backend has it: SGLang then sends the
+wave as one HTTP call, Note [A wave in one call]) on a thread pool per backend object, with up to the backend's
 ``concurrency`` calls in flight (1 when it has none; a server client sends a call's requests
 concurrently). The main thread alone touches episodes, so an episode's state is never shared
 between threads.
@@ -128,7 +129,7 @@ def stream(runs: Sequence[EpisodeRun], *, limit: int, plans: Mapping[str, AgentP
                 wave = _Wave(i, ep, batches, order)
                 for key, items in batches.items():  # one call per backend: the wave is handed back whole anyway
                     calls += 1
-                    post(pools[key].submit(sample_batch, by_key[key], items, on_error), (wave, key))
+                    post(pools[key].submit(sample_batch, by_key[key], items, on_error, True), (wave, key))
                 return
         if not ep.done:  # nothing to wait for (advance fails a stalled episode; this is a guard)
             ep.fail("episode stalled: nothing pending and no tool running (streaming scheduler)", "workflow")

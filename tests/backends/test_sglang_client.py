@@ -134,6 +134,88 @@ def test_a_failed_request_keeps_the_others():
         assert [c is not None for c in info.value.partial] == [True, True, True, False, False]
 
 
+def test_a_wave_is_one_call_with_the_answers_of_one_call_each():
+    """``generate_together`` sends the requests as one batched ``/generate`` (every field a list, one
+    entry per request; a constrained request's processor beside unconstrained ones) and answers
+    exactly what ``generate`` answers, request by request (Note [A wave in one call])."""
+    with FakeSGLang() as server:
+        b = backend(server, vocab_size=73)
+        reqs = [GenerationRequest((1, 4, 14 + i), max_new_tokens=2 + i, temperature=0.7, stop_token_ids=(2,))
+                for i in range(3)] + [GenerationRequest((9, 9), 3, allowed_token_ids=(3, 4))]
+        apart = b.generate(reqs)
+        del server.requests[:]
+        together = b.generate_together(reqs)
+        [(path, body)] = server.requests
+        assert path == "/generate" and body["input_ids"] == [list(r.prompt_ids) for r in reqs]
+        assert body == {k: [b.payload(r).get(k) for r in reqs] for k in body}  # each field, request by request
+        assert body["custom_logit_processor"][:3] == [None] * 3 and body["custom_logit_processor"][3]
+        assert together == apart and b.stats["requests"] == 2 * len(reqs)
+        del server.requests[:]
+        assert b.generate_together(reqs[:1]) == apart[:1] and len(server.requests) == 1  # one request: a call
+        b.close()
+
+
+def test_a_wave_goes_as_one_call_only_where_the_backends_own_generate_is_skipped_by_nothing():
+    """The streaming scheduler's choice (runtime/requests.py ``generate_for_waves``): SGLangBackend's
+    ``generate_together``; but a wrapper that delegates by ``__getattr__`` (this one records what it
+    sees, as tests/runtime/test_chat_agents.py's Recorder does) or a subclass that overrides
+    ``generate`` keeps its ``generate``: it would not see the requests otherwise."""
+    from srpo_graph.backends.sglang import SGLangBackend
+    from srpo_graph.runtime.requests import generate_for_waves
+
+    class Wrapper:
+        def __init__(self, inner):
+            self.inner, self.seen = inner, []
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def generate(self, requests):
+            self.seen += requests
+            return self.inner.generate(requests)
+
+    class Counting(SGLangBackend):
+        def generate(self, requests):
+            return super().generate(requests)
+
+    class Adapted(SGLangBackend):  # a subclass that changes the payload only (as sglang_lora.py's)
+        pass
+
+    with FakeSGLang() as server:
+        b, c, a = backend(server), Counting(server.url, None), Adapted(server.url, None)
+        assert generate_for_waves(b) == b.generate_together and generate_for_waves(a) == a.generate_together
+        w = Wrapper(b)
+        assert generate_for_waves(w) == w.generate and generate_for_waves(c) == c.generate
+        for x in (b, c, a):
+            x.close()
+
+
+def test_a_wave_behind_a_router_is_a_call_per_request():
+    """Several workers (a router in front): each request stays a call, for the router to spread."""
+    with FakeSGLang() as server:
+        b = backend(server, worker_urls=[server.url, server.url + "/other"])
+        comps = b.generate_together([GenerationRequest((1, i), 2) for i in range(3)])
+        gens = [body for path, body in server.requests if path == "/generate"]
+        assert len(gens) == 3 and all(isinstance(g["input_ids"][0], int) for g in gens) and len(comps) == 3
+        b.close()
+
+
+def test_a_failed_wave_call_fails_every_request_in_it_with_its_error():
+    from srpo_graph.backends.sglang import BatchError
+
+    with FakeSGLang() as server:
+        b = backend(server, max_retries=1)
+        server.fail_next = 1  # a 503, then an answer: the call is asked again, whole
+        assert len(b.generate_together([GenerationRequest((1, i), 2) for i in range(3)])) == 3
+        assert [p for p, _ in server.requests].count("/generate") == 2
+        server.drop_next = 2  # every try dropped
+        with pytest.raises(BatchError, match=r"\(and 2 more of 3 requests failed\)") as info:
+            b.generate_together([GenerationRequest((1, i), 2) for i in range(3)])
+        assert info.value.partial == [None] * 3 and len(set(info.value.errors)) == 1
+        assert "connection error" in info.value.errors[0] and b.stats["failed"] == 3
+        b.close()
+
+
 def test_deadline_cuts_off_a_server_that_drips_bytes():
     with FakeSGLang() as server:
         server.drip = 0.2  # one byte every 0.2 s: each read is quick, the answer takes ~minutes

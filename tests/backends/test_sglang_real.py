@@ -44,11 +44,16 @@ def model(tiny_dir):
     return AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
 
 
-def test_generate_ids_and_logprobs_match_a_transformers_forward(sglang_url, tiny_dir, tok, model):
+# a call per request, and a wave in one batched call (Note [A wave in one call])
+WAYS = ["generate", "generate_together"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_generate_ids_and_logprobs_match_a_transformers_forward(sglang_url, tiny_dir, tok, model, way):
     b = client(sglang_url, tiny_dir)
     prompts = [tuple(tok(f"<a>{i}")["input_ids"]) for i in range(8)]
     reqs = [GenerationRequest(p, max_new_tokens=6, temperature=t) for p in prompts for t in (1.0, 0.6)]
-    comps = b.generate(reqs)
+    comps = getattr(b, way)(reqs)
     gaps = []
     for r, c in zip(reqs, comps):
         assert 1 <= len(c.completion_ids) <= 6 and len(c.logprobs) == len(c.completion_ids)
@@ -65,7 +70,8 @@ def test_generate_ids_and_logprobs_match_a_transformers_forward(sglang_url, tiny
     b.close()
 
 
-def test_allow_samples_only_allowed_tokens_with_renormalized_logprobs(sglang_url, tiny_dir, tok, model):
+@pytest.mark.parametrize("way", WAYS)
+def test_allow_samples_only_allowed_tokens_with_renormalized_logprobs(sglang_url, tiny_dir, tok, model, way):
     """`allow:` through SGLang's DisallowedTokensLogitsProcessor: only allowed ids come back, and
     their log-probs are renormalized over the allowed set -- what the trainer recomputes."""
     b = client(sglang_url, tiny_dir)
@@ -82,7 +88,7 @@ def test_allow_samples_only_allowed_tokens_with_renormalized_logprobs(sglang_url
                 allowed_token_ids=allowed,
             )
         )
-    comps = b.generate(reqs)
+    comps = getattr(b, way)(reqs)
     worst_renorm, best_full = 0.0, float("inf")
     for r, c in zip(reqs, comps):
         assert set(c.completion_ids) <= set(r.allowed_token_ids), (r.allowed_token_ids, c.completion_ids)
@@ -96,14 +102,15 @@ def test_allow_samples_only_allowed_tokens_with_renormalized_logprobs(sglang_url
     b.close()
 
 
-def test_unconstrained_and_constrained_requests_share_a_batch(sglang_url, tiny_dir, tok):
+@pytest.mark.parametrize("way", WAYS)
+def test_unconstrained_and_constrained_requests_share_a_batch(sglang_url, tiny_dir, tok, way):
     b = client(sglang_url, tiny_dir)
     digits = tuple(tok.convert_tokens_to_ids(str(d)) for d in range(10))
     reqs = [
         GenerationRequest(tuple(tok("<a>3")["input_ids"]), 4, allowed_token_ids=digits if i % 2 else None)
         for i in range(16)
     ]
-    comps = b.generate(reqs)
+    comps = getattr(b, way)(reqs)  # generate_together: one call, a processor for every other request
     assert all(set(c.completion_ids) <= set(digits) for c in comps[1::2])
     assert any(not set(c.completion_ids) <= set(digits) for c in comps[0::2])
     b.close()
@@ -114,7 +121,9 @@ def test_samples_follow_the_policy_distribution_at_each_temperature(sglang_url, 
     (and the trainer recomputes). 1,000 one-token draws per (prompt, temperature) against the fp32
     softmax over the allowed digits: total variation within sampling noise (expected ~0.04 at the
     flattest row; 0.09 is ~5 of its standard deviations), and at T=0.25 far from the T=1 distribution
-    (a server that ignored the temperature would land there: TV 0.4-0.6 apart)."""
+    (a server that ignored the temperature would land there: TV 0.4-0.6 apart). The draws of a row go
+    as one batched call (``generate_together``): the same prompt 1,000 times in one batch, sampled
+    independently (correlated draws would widen the distance), where a call each was 4,000 calls."""
     b = client(sglang_url, tiny_dir)
     digits = tuple(tok.convert_tokens_to_ids(str(d)) for d in range(10))
     n = 1000
@@ -123,7 +132,7 @@ def test_samples_follow_the_policy_distribution_at_each_temperature(sglang_url, 
         with torch.no_grad():
             logits = model(torch.tensor([prompt])).logits[0, -1, list(digits)].double()
         for temperature in (1.0, 0.25):
-            comps = b.generate(
+            comps = b.generate_together(
                 [GenerationRequest(prompt, 1, temperature=temperature, allowed_token_ids=digits) for _ in range(n)]
             )
             counts = torch.zeros(len(digits), dtype=torch.float64)

@@ -20,7 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KNOWN_PARAMS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "stop_token_ids",
-                "skip_special_tokens", "no_stop_trim", "ignore_eos", "sampling_seed"}
+                "skip_special_tokens", "no_stop_trim", "ignore_eos", "sampling_seed", "custom_params"}
 VOCAB = 73
 
 
@@ -133,6 +133,20 @@ class FakeSGLang:
         return 200, {}
 
     def generate(self, body: dict):
+        """One request, or a batch (``input_ids`` a list of lists, every other field a list with one
+        entry per request, as SGLang takes it): a list of answers in order, or the first refusal."""
+        ids = body.get("input_ids")
+        if not (isinstance(ids, list) and ids and isinstance(ids[0], list)):
+            return self._generate_one(body)
+        answers = []
+        for i in range(len(ids)):
+            code, answer = self._generate_one({k: v[i] for k, v in body.items() if v[i] is not None})
+            if code != 200:
+                return code, answer
+            answers.append(answer)
+        return 200, answers
+
+    def _generate_one(self, body: dict):
         params = body.get("sampling_params", {})
         unknown = set(params) - KNOWN_PARAMS
         if unknown or "input_ids" not in body:
