@@ -3,7 +3,8 @@
 Real hostile servers on 127.0.0.1 (``http.server`` in a thread): one that drips the answer's body a
 byte at a time, one that drips its status line and headers, one that sends 200 MB of JSON, one
 that sends 200 MB of junk, one whose 200 MB hide behind a small gzip body. Each remote call of
-the package -- an ``openai(...)`` chat request, SGLang's ``/generate`` and control routes, its
+the package -- an ``openai(...)`` chat request, SGLang's ``/generate`` (a request, and a wave in
+one call) and control routes, its
 health check, a launched server's start-up probe, the weight-sync control calls -- meets each of
 them: it fails naming the URL, within its deadline (a generous bound: the point is not minutes),
 having read a bounded number of bytes (the server could not write its 200 MB). A static check
@@ -154,6 +155,19 @@ def _sglang_generate(url: str, timeout: float) -> None:
         b.close()
 
 
+def _sglang_wave(url: str, timeout: float) -> None:
+    from srpo_graph.backends.base import GenerationRequest
+    from srpo_graph.backends.sglang import BatchError, SGLangBackend
+
+    b = SGLangBackend(url, tokenizer=None, timeout=timeout, max_retries=1, backoff=0.01, check_health=False)
+    try:
+        b.generate_together([GenerationRequest((1, 2), 8), GenerationRequest((3,), 4)])  # one batched call
+    except BatchError as exc:
+        raise BackendError(exc.errors[0] or str(exc)) from None
+    finally:
+        b.close()
+
+
 def _sglang_control(url: str, timeout: float) -> None:
     from srpo_graph.backends.sglang import SGLangBackend
 
@@ -184,6 +198,7 @@ def _weight_sync_call(url: str, timeout: float) -> None:
 
 
 CALLS = {"openai chat": (_openai_chat, "max_tokens 8"), "sglang /generate": (_sglang_generate, "max_new_tokens 8"),
+         "sglang /generate, a wave": (_sglang_wave, "2 requests of max_new_tokens 8"),
          "sglang control": (_sglang_control, "/pause_generation"), "sglang /health": (_sglang_health, "health"),
          "server start-up": (_server_start_up, "healthy"), "weight sync": (_weight_sync_call, "update_weights")}
 # the start-up probe waits 5 s per probe and then the start-up deadline: its bound is its own
@@ -220,10 +235,10 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def outcomes():
-    """Every (site, mode) case -- 6 sites x 5 modes -- each on a hostile server of its own, all at once:
+    """Every (site, mode) case -- 7 sites x 5 modes -- each on a hostile server of its own, all at once:
     a case mostly waits out its deadline (a dripping server: 2-5 s asleep), and one after another
     they left both workers idle for ~25 s of a CI run. Each case is still its own test below (the
-    fixture runs all 30 even for one selected with -k: ~7 s)."""
+    fixture runs all 35 even for one selected with -k: ~7 s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     _bomb()  # once, before the clocks start
@@ -261,7 +276,7 @@ def test_a_huge_answer_is_cut_off_at_its_size_limit(outcomes, site, mode):
     else:
         assert out.url in str(out.error) and "bytes" in str(out.error), str(out.error)
     assert out.written < 48 << 20, out.written  # far from 200 MB: the rest was never read
-    if site in ("openai chat", "sglang /generate"):
+    if site in ("openai chat", "sglang /generate", "sglang /generate, a wave"):
         assert CALLS[site][1] in str(out.error) and out.calls == 1  # a too-large answer is not asked twice
 
 
