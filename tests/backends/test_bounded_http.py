@@ -142,26 +142,17 @@ def _openai_chat(url: str, timeout: float) -> None:
         chat.close()
 
 
-def _sglang_generate(url: str, timeout: float) -> None:
+def _sglang_sample(url: str, timeout: float, wave: bool = False) -> None:
+    """``generate`` of one request, or (``wave``) ``generate_together`` of two: one batched call."""
     from srpo_graph.backends.base import GenerationRequest
     from srpo_graph.backends.sglang import BatchError, SGLangBackend
 
     b = SGLangBackend(url, tokenizer=None, timeout=timeout, max_retries=1, backoff=0.01, check_health=False)
     try:
-        b.generate([GenerationRequest((1, 2), 8)])
-    except BatchError as exc:
-        raise BackendError(exc.errors[0] or str(exc)) from None
-    finally:
-        b.close()
-
-
-def _sglang_wave(url: str, timeout: float) -> None:
-    from srpo_graph.backends.base import GenerationRequest
-    from srpo_graph.backends.sglang import BatchError, SGLangBackend
-
-    b = SGLangBackend(url, tokenizer=None, timeout=timeout, max_retries=1, backoff=0.01, check_health=False)
-    try:
-        b.generate_together([GenerationRequest((1, 2), 8), GenerationRequest((3,), 4)])  # one batched call
+        if wave:
+            b.generate_together([GenerationRequest((1, 2), 8), GenerationRequest((3,), 4)])
+        else:
+            b.generate([GenerationRequest((1, 2), 8)])
     except BatchError as exc:
         raise BackendError(exc.errors[0] or str(exc)) from None
     finally:
@@ -197,8 +188,9 @@ def _weight_sync_call(url: str, timeout: float) -> None:
     http_call(url, "/init_weights_update_group", {"x": 1}, timeout)
 
 
-CALLS = {"openai chat": (_openai_chat, "max_tokens 8"), "sglang /generate": (_sglang_generate, "max_new_tokens 8"),
-         "sglang /generate, a wave": (_sglang_wave, "2 requests of max_new_tokens 8"),
+CALLS = {"openai chat": (_openai_chat, "max_tokens 8"), "sglang /generate": (_sglang_sample, "max_new_tokens 8"),
+         "sglang /generate, a wave": (lambda url, timeout: _sglang_sample(url, timeout, wave=True),
+                                      "2 requests of max_new_tokens 8"),
          "sglang control": (_sglang_control, "/pause_generation"), "sglang /health": (_sglang_health, "health"),
          "server start-up": (_server_start_up, "healthy"), "weight sync": (_weight_sync_call, "update_weights")}
 # the start-up probe waits 5 s per probe and then the start-up deadline: its bound is its own
