@@ -25,19 +25,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.proc
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads are counted in /proc")
-def test_the_forkserver_holds_the_preloaded_modules_and_no_thread(tmp_path):
+@pytest.mark.parametrize("server", ["fork", "exec"])
+def test_the_forkserver_holds_the_preloaded_modules_and_no_thread(tmp_path, server):
     """``forked.prepare()`` in a fresh interpreter (as torchrun's wrapper calls it), then one process
     from its forkserver: the forkserver has imported every module of ``PRELOAD`` and runs one thread
     -- no OpenMP pool, no gloo or store thread, whose state a fork would copy without the thread -- and
     the forked process has the modules without importing them and unbuffered streams, as
-    ``python -u`` gave a rank; a SIGTERM, a SIGHUP and a SIGQUIT (to torchrun's process group) leave it serving."""
+    ``python -u`` gave a rank; a SIGTERM, a SIGHUP and a SIGQUIT (to torchrun's process group) leave it
+    serving. Both ways of starting the server: forked from the wrapper (the default, Note [The forkserver
+    is forked]) and multiprocessing's own, a new interpreter (``SRPO_GRAPH_FORKSERVER=exec``); the
+    forked one has the wrapper's command line, and nothing the wrapper had buffered is printed twice."""
     out = tmp_path / "probe.json"
     script = textwrap.dedent(f"""
         import multiprocessing, os, signal, sys, time
         from multiprocessing import forkserver
         from srpo_graph.train.parallel import forked
         from tests.support import forkserver_probe
+        print("before the fork", flush=False)  # (buffered: the fork must not print it twice)
         forked.prepare(2)
+        assert forkserver._forkserver._forkserver_pid is not None
+        pid = forkserver._forkserver._forkserver_pid
+        same = open(f"/proc/{{pid}}/cmdline", "rb").read() == open("/proc/self/cmdline", "rb").read()
+        print("the server is", "a fork of this process" if same else "another interpreter")
         for path in ({str(out)!r}, {str(out) + ".2"!r}):
             p = multiprocessing.get_context("forkserver").Process(target=forkserver_probe.report, args=(path,))
             p.start()
@@ -48,12 +57,14 @@ def test_the_forkserver_holds_the_preloaded_modules_and_no_thread(tmp_path):
                 os.kill(forkserver._forkserver._forkserver_pid, sig)
             time.sleep(0.2)
     """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), forked.SERVER_ENV: server}
     for var in ("PYTHONUNBUFFERED", "OMP_NUM_THREADS"):  # (prepare sets both: OMP_NUM_THREADS=1 for 2 ranks)
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("before the fork") == 1, proc.stdout
+    assert ("a fork of this process" in proc.stdout) == (server == "fork"), proc.stdout
     got = json.loads(out.read_text())
     assert got["preloaded"] == {m: True for m in forked.PRELOAD}
     assert got["server_threads"] == 1

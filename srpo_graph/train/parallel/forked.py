@@ -12,7 +12,9 @@ three runs each, every process of the job counted in a cpuacct cgroup): 11.6-12.
 interpreters, 8.8-10.4 CPU-s forked, in about the same time (7.0-8.4 s against 7.4-8.0 s: the
 forkserver's imports are on the job's path once, where the interpreters imported side by side). The
 forkserver's own imports cost more in a job than alone (4.9-5.4 against 3.8 CPU-s), so the saving is
-~2-3 CPU-s a job, not a rank's whole import.
+~2-3 CPU-s a job, not a rank's whole import. The server itself is now forked from the wrapper once the
+wrapper has imported PRELOAD, not started as a new interpreter that imports torch a second time
+(Note [The forkserver is forked], below).
 
 The forkserver imports modules, nothing more: no process group, no tensor, no CUDA context (an import
 that asks whether CUDA is there asks NVML: ``PYTORCH_NVML_BASED_CUDA_CHECK``) and no thread of torch's
@@ -91,14 +93,16 @@ def enabled() -> bool:
 
 
 def prepare(nproc: int) -> None:
-    """In torchrun's process, before it starts ``nproc`` ranks: start the forkserver, which imports
-    :data:`PRELOAD` while torchrun's rendezvous runs, with unbuffered streams (the ranks'), the
-    environment torchrun gives ranks (``OMP_NUM_THREADS=1`` for several, unless set), and SIGTERM,
-    SIGHUP and SIGQUIT blocked (a signal to torchrun's whole process group must not end the server
-    whose pipes torchrun reads its ranks' exits from; the mask is inherited across the server's exec,
-    as multiprocessing's resource tracker is started; :func:`rank` unblocks them, and one sent to a
-    rank before then is delivered there). torchrun's line for a failed rank comes without the traceback
-    of its own poll (as for a rank started as a new interpreter: the rank has said why it stopped)."""
+    """In torchrun's process, before it imports torch or starts a thread: import :data:`PRELOAD` here
+    and fork the forkserver from this process (:func:`_fork_server`; Note [The forkserver is forked]),
+    with unbuffered streams (the ranks'), the environment torchrun gives ranks (``OMP_NUM_THREADS=1``
+    for several, unless set), and SIGTERM, SIGHUP and SIGQUIT blocked (a signal to torchrun's whole
+    process group must not end the server whose pipes torchrun reads its ranks' exits from; the mask is
+    inherited across the fork, as multiprocessing's resource tracker is started; :func:`rank` unblocks
+    them, and one sent to a rank before then is delivered there). torchrun's line for a failed rank
+    comes without the traceback of its own poll (as for a rank started as a new interpreter: the rank
+    has said why it stopped)."""
+    import importlib
     import logging
     import multiprocessing
     import signal
@@ -108,18 +112,129 @@ def prepare(nproc: int) -> None:
     # an import that asks whether CUDA is there must not initialise it in the server: a process forked
     # after that cannot use CUDA ("Cannot re-initialize CUDA in forked subprocess"); torch asks NVML instead
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    if nproc > 1:  # (torchrun's own rule, applied later than the server starts)
+    if nproc > 1:  # (torchrun's own rule, applied later than the server starts; read as torch loads OpenMP)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_traceback)
     # (first: its start unblocks SIGINT and SIGTERM rather than restoring the mask)
     resource_tracker.ensure_running()
+    forkable = _forkable()
+    if forkable:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    else:  # a Python whose forkserver protocol is not 3.10-3.13's: its own server, a new interpreter
+        multiprocessing.set_forkserver_preload(list(PRELOAD))
     # (blocked in this thread alone: one sent to torchrun meanwhile waits, or reaches another thread)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, name) for name in _SERVER_BLOCKS])
     try:
-        forkserver.ensure_running()
+        if forkable:
+            _fork_server()
+        else:
+            forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+# Note [The forkserver is forked]
+#     multiprocessing starts its forkserver as a new interpreter (``python -c 'from
+#     multiprocessing.forkserver import main; main(...)'``), which imported torch, transformers'
+#     modeling code and the trainer (:data:`PRELOAD`) while torchrun's wrapper, the process that starts
+#     it, had imported torch for torchrun already: torch twice, and an interpreter's start, in every
+#     job on every node. So :func:`prepare` imports PRELOAD in the wrapper itself, which needs torch
+#     anyway, and forks the server from it, before torchrun runs: one thread then (no store, timer or
+#     parent watch yet; the wrapper starts them after), nothing buffered in its streams (flushed before
+#     the fork), and the server runs multiprocessing's own loop, ``forkserver.main``, on a listener and
+#     "alive" pipe made as ``ForkServer.ensure_running`` makes them, which are then recorded where
+#     ``ensure_running`` records its server -- so torchrun's ``ensure_running`` finds it running, and
+#     its ranks are forked from it as before. The server's streams are made unbuffered, as the new
+#     interpreter's were (``PYTHONUNBUFFERED``), and it ends by ``os._exit``: the wrapper's ``atexit``
+#     work is the wrapper's. A 2-rank, 2-step job: benchmarks/bench_forkserver.py (docs/performance.md);
+#     see the docs for what it saves. Only where ``forkserver.main`` has the signature of Python
+#     3.10-3.13 (3.14 adds an authentication key), and not with ``SRPO_GRAPH_FORKSERVER=exec`` (the
+#     benchmark's baseline): elsewhere multiprocessing's own server, a new interpreter.
+SERVER_ENV = "SRPO_GRAPH_FORKSERVER"  # "exec": multiprocessing's own forkserver, a new interpreter
+_MAIN_PARAMS = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
+
+
+def _forkable() -> bool:
+    """Whether this Python's forkserver can be forked here (Note [The forkserver is forked])."""
+    import inspect
+    from multiprocessing import forkserver
+
+    if os.environ.get(SERVER_ENV) == "exec":
+        return False
+    server = getattr(forkserver, "_forkserver", None)
+    try:
+        params = list(inspect.signature(forkserver.main).parameters)
+    except (TypeError, ValueError):
+        return False
+    return (
+        hasattr(os, "fork")
+        and params == _MAIN_PARAMS
+        and all(hasattr(server, a) for a in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"))
+        and getattr(server, "_forkserver_pid", 0) is None
+    )
+
+
+def _fork_server() -> None:
+    """Fork multiprocessing's forkserver from this process and record it as multiprocessing's own
+    (Note [The forkserver is forked])."""
+    import socket
+    from multiprocessing import connection, forkserver, util
+
+    address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # (not in the stubs)
+    listener = socket.socket(socket.AF_UNIX)
+    alive_r, alive_w = os.pipe()
+    try:
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the server
+            code = 1
+            try:
+                os.close(alive_w)
+                _unbuffered_streams()
+                forkserver.main(listener.fileno(), alive_r, [])  # (PRELOAD is imported: nothing more)
+            except SystemExit:  # every process it served has ended (its own way out)
+                code = 0
+            except BaseException:  # noqa: BLE001 - said, then the server's status
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+    except BaseException:
+        os.close(alive_w)
+        raise
+    finally:
+        os.close(alive_r)
+        listener.close()
+    server = forkserver._forkserver
+    setattr(server, "_forkserver_address", address)  # (what ensure_running records; not in the type stubs)
+    setattr(server, "_forkserver_alive_fd", alive_w)
+    setattr(server, "_forkserver_pid", pid)
+
+
+def _unbuffered_streams() -> None:
+    """Standard output and error as ``python -u`` makes them: written through to the file at once."""
+    import io
+
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        if old is None:
+            continue
+        try:
+            fd = old.fileno()
+        except (OSError, ValueError, AttributeError):
+            continue
+        new = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=old.encoding, errors=old.errors,
+                               write_through=True)
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
 
 
 def _without_traceback(record) -> bool:

@@ -142,26 +142,27 @@ PARENT_ENV = "SRPO_GRAPH_PARENT_PID"  # the pid of the process that started this
 PARENT_POLL_S = 0.5  # seconds between two looks at the parent
 
 
-def stop_with_parent(interval: float = PARENT_POLL_S) -> int | None:
-    """SIGTERM this process once when the parent named in :data:`PARENT_ENV` is gone (Note [Parent
-    death]); the variable is removed, so this process's own children do not watch its parent.
-    Nothing without the variable (not started by the launcher, or by torchrun under it).
+def stop_with_parent(interval: float = PARENT_POLL_S, parent: str | None = None) -> int | None:
+    """SIGTERM this process once when the parent named in :data:`PARENT_ENV` (or ``parent``, its value
+    taken from there already) is gone (Note [Parent death]); the variable is removed, so this process's
+    own children do not watch its parent. Nothing without the variable (not started by the launcher,
+    or by torchrun under it).
 
     Returns:
         the pid watched, or None.
     """
     try:
-        parent = int(os.environ.pop(PARENT_ENV, ""))
+        watched = int(os.environ.pop(PARENT_ENV, "") if parent is None else parent)
     except ValueError:
         return None
 
     def watch() -> None:
-        while os.getppid() == parent:  # once the parent dies, the process has a new one (init, a subreaper)
+        while os.getppid() == watched:  # once the parent dies, the process has a new one (init, a subreaper)
             time.sleep(interval)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="srpo-graph-parent-watch", daemon=True).start()
-    return parent
+    return watched
 
 
 def _descendants(pid: int) -> list[int]:
@@ -256,18 +257,43 @@ def cause_of(failures: dict[int, Any]) -> tuple[int, Any]:
     return rank, failure
 
 
+def _forked_ranks(argv: Sequence[str]) -> int:
+    """How many ranks torchrun forks from the preloaded forkserver (Note [Ranks forked from a preloaded
+    server]) by the command line :func:`torchrun_command` wrote (``--run-path``, ``--start-method=
+    forkserver``, ``--nproc_per_node=N``; 1 where N is not a number), read before torch is imported;
+    0 where its ranks are not forked, or the options are written another way (``main`` then reads
+    them with torchrun's parser).
+
+    >>> _forked_ranks(torchrun_command(2, ["a.wf"], forked=True)[3:]), _forked_ranks(torchrun_command(2, ["a.wf"])[3:5])
+    (2, 0)
+    """
+    options = list(argv)
+    for i, arg in enumerate(options):  # torchrun's own options end where the script's path begins
+        if not arg.startswith("-"):
+            options = options[:i]
+            break
+    if "--run-path" not in options or "--start-method=forkserver" not in options:
+        return 0
+    nproc = [a.split("=", 1)[1] for a in options if a.startswith("--nproc_per_node=")]
+    return int(nproc[-1]) if nproc and nproc[-1].isdigit() else 1
+
+
 def main(argv: Sequence[str]) -> int:
     """torchrun with ``argv``; a failed rank's exit code, without torchrun's own traceback."""
+    launcher = os.environ.pop(PARENT_ENV, "")  # watched below: its death stops torchrun, which stops the ranks
+    os.environ[PARENT_ENV] = str(os.getpid())  # each rank stops when torchrun is gone (the forkserver's too)
+    nproc = _forked_ranks(argv)
+    if nproc:  # first, in one thread and before torch: Note [The forkserver is forked] (forked.py)
+        forked_ranks.prepare(nproc)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    stop_with_parent()  # the launcher's death stops torchrun, which stops the ranks
-    os.environ[PARENT_ENV] = str(os.getpid())  # each rank stops when torchrun is gone
     args = parse_args(list(argv))
-    if args.run_path and args.start_method == "forkserver":  # Note [Ranks forked from a preloaded server]
+    if not nproc and args.run_path and args.start_method == "forkserver":  # (options written another way)
         forked_ranks.prepare(int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1)
+    stop_with_parent(parent=launcher)  # (after the fork: the server runs no thread)
     try:
         run(args)
     # SIGTERM / Ctrl-C: torchrun has passed it to the ranks, which said where the run stands
