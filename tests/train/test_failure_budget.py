@@ -170,3 +170,39 @@ def test_ctrl_c_in_the_first_seconds_prints_one_line_and_no_traceback(tmp_path, 
     assert "Traceback" not in err and "Aborted" not in err, err[-2000:]
     assert len(err.strip().splitlines()) <= 3, err
     assert "interrupted" in err
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone
+        return b""
+
+
+@pytest.mark.proc
+def test_ctrl_c_to_the_group_while_torchruns_wrapper_imports_prints_no_traceback(tmp_path):
+    """A terminal's Ctrl-C -- SIGINT to the whole foreground process group -- while an ``--nproc 2``
+    job's torchrun wrapper imports torch, transformers' modeling code and the trainer (before it forks
+    the ranks' forkserver: Note [The forkserver is forked], train/parallel/forked.py): exit 130, no
+    traceback from any process, the launcher's few lines; nothing of the job is left running. (The
+    wrapper's imports now take the seconds the forkserver's took: this is the window that grew.)"""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "srpo_graph.cli", "train", "workflows/coord_seq.wf", "--nproc",
+                             "2", "--run-dir", str(run), "--steps", "2", *SMALL], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def wrapper_importing() -> bool:
+        wrappers = [p for p in _descendants(proc.pid) if b"srpo_graph.train.parallel.launch" in _cmdline(p)]
+        return any("libtorch" in _maps(p) for p in wrappers)
+
+    wait_for(lambda: wrapper_importing() or proc.poll() is not None, what="torchrun's wrapper to import torch",
+             interval=0.005)
+    job = _descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal")
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert len(err.strip().splitlines()) <= 3 and "interrupted" in err, err
+    wait_for(lambda: not any(_cmdline(p) for p in job), what="the job's processes to end")

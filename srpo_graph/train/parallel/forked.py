@@ -120,7 +120,10 @@ def prepare(nproc: int) -> None:
     forkable = _forkable()
     if forkable:
         for name in PRELOAD:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError:  # (as multiprocessing's own server: the rank that needs it says so)
+                pass
     else:  # a Python whose forkserver protocol is not 3.10-3.13's: its own server, a new interpreter
         multiprocessing.set_forkserver_preload(list(PRELOAD))
     # (blocked in this thread alone: one sent to torchrun meanwhile waits, or reaches another thread)
