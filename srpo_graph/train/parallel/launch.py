@@ -264,8 +264,10 @@ def _forked_ranks(argv: Sequence[str]) -> int:
     0 where its ranks are not forked, or the options are written another way (``main`` then reads
     them with torchrun's parser).
 
-    >>> _forked_ranks(torchrun_command(2, ["a.wf"], forked=True)[3:]), _forked_ranks(torchrun_command(2, ["a.wf"])[3:5])
-    (2, 0)
+    >>> _forked_ranks(torchrun_command(2, ["a.wf"], forked=True)[3:])
+    2
+    >>> _forked_ranks(torchrun_command(2, ["a.wf"], forked=False)[3:])
+    0
     """
     options = list(argv)
     for i, arg in enumerate(options):  # torchrun's own options end where the script's path begins
