@@ -116,13 +116,14 @@ def main(argv: list[str] | None = None) -> None:
         code = supervisor.exit_status(exc.code)
         raise
     except BaseException:  # a bug's traceback: Python's exit status 1
-        if exiting.in_process_group():  # (exiting.end below skips Python's own printing of it)
+        if exiting.ends_without_finalizing():  # (exiting.end below skips Python's own printing of it)
             traceback.print_exc()
         raise
     finally:  # the outcome is decided: a signal must not raise into the exit (exiting.py)
         exiting.decided()
         supervisor.finished(code)
-        exiting.end(code)  # Note [A process in a group ends without finalizing] (exiting.py)
+        # exiting.py: Note [A process in a group ends without finalizing], Note [A daemon thread at finalization]
+        exiting.end(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

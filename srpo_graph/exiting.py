@@ -39,6 +39,7 @@ _BEFORE: list[Any] = []  # the SIGTERM handler stop_on_sigterm replaced
 _ENTRY: list[bool] = []  # set by as_entry_point: this process is a command's
 _SEEN: list[int] = []  # signals received once the outcome was decided
 _GROUPS: list[bool] = []  # set by joined_process_group: this process joined a torch.distributed group
+_ENDING: list[bool] = []  # ends_without_finalizing's answer, once given
 
 
 class Interrupted(KeyboardInterrupt):
@@ -174,6 +175,25 @@ def result(fut: Future) -> Any:
 # finalization, where the abort happens. A process that never joined a group exits as before.
 
 
+# Note [A daemon thread at finalization]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Python up to 3.13 ends a daemon thread that wants the GIL during finalization with
+# pthread_exit, which unwinds its C stack. Where that stack holds a Rust or C++ frame that calls
+# back into Python -- pydantic-core running a Python validator, tokenizers, torch importing or
+# running an op -- the unwind meets a catch that does not rethrow and glibc aborts the process:
+# "FATAL: exception not rethrown", SIGABRT, exit 134 (CPython gh-87135; 3.14 leaves such threads
+# hanging instead). Our commands leave daemon threads running on purpose: user code past its
+# deadline is abandoned (runtime/usercode.py), and the language server's warm-up threads import
+# pydantic models and transformers while an editor may already have said exit. `srpo-graph run`
+# with a reward stuck in pydantic-core ended 134 after printing its result; `srpo-graph lsp` did
+# so once in a CI run when exit came while its warm-up validated the grammar's models. So a
+# command's process with a daemon thread still alive at its end takes the way out of Note [A
+# process in a group ends without finalizing] -- after joining its non-daemon threads, as the
+# interpreter's exit does first: atexit functions, flushed streams, os._exit with the status
+# decided. A thread that is only waiting (a parent watch, a heartbeat) costs nothing
+# on that way, and a process with no daemon thread left finalizes as before.
+
+
 def joined_process_group() -> None:
     """This process joined a torch.distributed group: its command ends through :func:`end`."""
     _GROUPS[:] = [True]
@@ -184,12 +204,35 @@ def in_process_group() -> bool:
     return bool(_GROUPS)
 
 
+def _daemon_thread_alive() -> bool:
+    """Whether a daemon thread other than this one is alive (threads started outside Python that
+    called into it count: they are daemons too)."""
+    me = threading.current_thread()
+    return any(t.daemon and t is not me and t.is_alive() for t in threading.enumerate())
+
+
+def ends_without_finalizing() -> bool:
+    """Whether :func:`end` ends this command's process, decided once (a traceback is printed by the
+    caller when it does): it joined a process group (Note [A process in a group ends without
+    finalizing]), or a daemon thread is still alive (Note [A daemon thread at finalization]).
+    Never in-process (a test, a notebook): the caller's process is not ours to end."""
+    if not _ENTRY:
+        return False
+    if not _ENDING:
+        _ENDING.append(bool(_GROUPS) or _daemon_thread_alive())
+    return _ENDING[0]
+
+
 def end(code: int) -> None:
-    """End a command's process that joined a process group now, with exit status ``code`` (Note [A
-    process in a group ends without finalizing]); otherwise return, and the caller exits as usual.
-    Call it where the outcome is decided, after :func:`supervisor.finished`."""
-    if not _GROUPS or not _ENTRY:  # in-process (a test, a notebook): never end the caller's process
+    """End a command's process now with exit status ``code`` when it must not finalize
+    (:func:`ends_without_finalizing`); otherwise return, and the caller exits as usual. Call it
+    where the outcome is decided, after :func:`supervisor.finished`."""
+    if not ends_without_finalizing():
         return
+    if not _GROUPS:  # as the interpreter's exit does first: join the other non-daemon threads
+        shutdown = getattr(threading, "_shutdown", None)  # (what Py_FinalizeEx calls; in every 3.x)
+        if shutdown is not None:
+            shutdown()
     before_os_exit()
     os._exit(code)
 

@@ -1,6 +1,7 @@
-"""A process that joined a process group ends with the status it decided, without the interpreter's
-finalization (srpo_graph/exiting.py, Note [A process in a group ends without finalizing]): its
-``atexit`` functions still run and its output is flushed; one that never joined exits as before."""
+"""A process that joined a process group, or that still has a daemon thread at its end, ends with the
+status it decided, without the interpreter's finalization (srpo_graph/exiting.py, Notes [A process
+in a group ends without finalizing] and [A daemon thread at finalization]): its ``atexit``
+functions still run and its output is flushed; any other process exits as before."""
 
 from __future__ import annotations
 
@@ -64,3 +65,57 @@ def test_end_never_ends_the_callers_process_in_process(monkeypatch):
     monkeypatch.setattr(exiting, "_ENTRY", [])
     exiting.end(5)  # still here
     assert exiting.in_process_group()
+
+
+# A daemon thread inside pydantic-core (Rust) calling a Python validator that keeps computing: the
+# way a reward abandoned at its deadline, or the language server's warm-up, is left at the end.
+DAEMON_CHILD = r"""
+import atexit, sys, threading, time
+
+from pydantic import BaseModel, field_validator
+
+from srpo_graph import exiting
+
+
+class Checked(BaseModel):
+    value: int
+
+    @field_validator("value")
+    @classmethod
+    def slow(cls, v):
+        started.set()
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            v = (v * 31 + 7) % 1_000_003
+        return v
+
+
+started = threading.Event()
+exiting.as_entry_point()
+atexit.register(lambda: open(sys.argv[2], "w").write("atexit ran"))
+if sys.argv[1] == "daemon":
+    threading.Thread(target=Checked, kwargs={"value": 1}, daemon=True).start()
+    started.wait(30)
+# a non-daemon thread still working: joined before the end, as the interpreter's exit joins it
+threading.Thread(target=lambda: (time.sleep(0.5), open(sys.argv[2] + ".joined", "w").close())).start()
+sys.stdout.write("decided, not yet flushed")
+exiting.end(3)
+sys.exit(4)  # (the interpreter's own exit, through its finalization)
+"""
+
+
+@pytest.mark.proc
+@pytest.mark.parametrize("thread", ["daemon", "none"])
+def test_a_command_with_a_daemon_thread_inside_an_extension_ends_with_its_status(tmp_path, thread):
+    """Finalizing would unwind the daemon thread through pydantic-core's frames and abort ("FATAL:
+    exception not rethrown", 134); end() joins the non-daemon threads and takes the way without
+    finalization instead. With no daemon thread left, end() returns and the process finalizes as
+    before."""
+    marker = tmp_path / "atexit.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", DAEMON_CHILD, thread, str(marker)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == (3 if thread == "daemon" else 4), proc.stderr[-2000:]
+    assert proc.stdout == "decided, not yet flushed" and not proc.stderr
+    assert marker.read_text() == "atexit ran"
+    assert marker.with_name(marker.name + ".joined").exists()  # the non-daemon thread finished its work

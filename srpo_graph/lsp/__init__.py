@@ -16,11 +16,12 @@ process), ``framing.py`` (the stdio transport, which survives framing faults), `
 from __future__ import annotations
 
 
-def serve() -> None:
-    """Run the language server on stdin/stdout (what ``srpo-graph lsp`` does)."""
+def serve() -> int:
+    """Run the language server on stdin/stdout (what ``srpo-graph lsp`` does); returns the exit
+    status the protocol asks for (0 after ``shutdown`` then ``exit``, 1 on ``exit`` alone)."""
     from srpo_graph.lsp.server import serve as _serve
 
-    _serve()
+    return _serve()
 
 
 __all__ = ["serve"]

@@ -23,7 +23,11 @@ def lsp_cmd(stdio: bool) -> None:
                              fix='pip install "srpo-graph[lsp]"') from None
     from srpo_graph.lsp import serve
 
-    serve()
+    code = serve()
+    if code:
+        raise click.exceptions.Exit(code)
+    # (the warm-up threads may still be importing: the CLI ends the process without finalizing,
+    # Note [A daemon thread at finalization] in srpo_graph/exiting.py)
 
 
 COMMANDS: list = [lsp_cmd]

@@ -203,8 +203,10 @@ async def read_messages(stdin: BinaryIO, protocol: Any, stop: threading.Event) -
                 log.exception("unable to handle a message")
 
 
-def serve_stdio(ls: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
-    """Run the pygls server ``ls`` on stdio with this reader (as ``ls.start_io()`` does with pygls's)."""
+def serve_stdio(ls: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
+    """Run the pygls server ``ls`` on stdio with this reader (as ``ls.start_io()`` does with pygls's);
+    returns the process's exit status: the protocol's on ``exit`` (0 after ``shutdown``, else 1), 0
+    when the input ends, 1 when the client is gone."""
     from pygls.io_ import StdoutWriter
 
     ls._stop_event = stop = threading.Event()
@@ -213,7 +215,11 @@ def serve_stdio(ls: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None 
         asyncio.run(read_messages(stdin or sys.stdin.buffer, ls.protocol, stop))
     except BrokenPipeError:
         log.error("the connection to the client is lost: shutting down")
-    except (KeyboardInterrupt, SystemExit):
+        return 1
+    except KeyboardInterrupt:
         pass
+    except SystemExit as exc:  # pygls's `exit` handler
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     finally:
         ls.shutdown()
+    return 0

@@ -426,6 +426,7 @@ def make_server() -> LanguageServer:
     return ls
 
 
-def serve() -> None:
-    """Run the server on stdin/stdout until the client says exit (or closes stdin)."""
-    serve_stdio(make_server())
+def serve() -> int:
+    """Run the server on stdin/stdout until the client says exit (or closes stdin); returns the
+    exit status (:func:`~srpo_graph.lsp.framing.serve_stdio`)."""
+    return serve_stdio(make_server())

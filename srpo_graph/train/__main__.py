@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         code = supervisor.exit_status(exc.code)
         raise
     except BaseException:
-        if exiting.in_process_group():  # (exiting.end below skips Python's own printing of it)
+        if exiting.ends_without_finalizing():  # (exiting.end below skips Python's own printing of it)
             traceback.print_exc()
         raise
     finally:  # the outcome is decided: a signal must not raise into the exit (srpo_graph/exiting.py)

@@ -49,6 +49,22 @@ def test_the_process_answers_initialize_and_exits_on_exit():
 
 
 @pytest.mark.proc
+def test_exit_without_shutdown_ends_with_status_1():
+    """The protocol's rule (pygls's ``exit`` handler chooses it): ``exit`` before ``shutdown`` ends
+    the server with 1. The status used to be lost (the server's loop swallowed the SystemExit), so
+    every exit was 0."""
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"processId": None, "rootUri": None,
+                                                                         "capabilities": {}}},
+        {"jsonrpc": "2.0", "method": "exit"},
+    ]
+    run = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "lsp"], input=b"".join(map(_frame, messages)),
+                         capture_output=True, timeout=60, env=ENV)
+    assert run.returncode == 1, run.stderr.decode()
+    assert b'"id": 1' in run.stdout and not run.stderr
+
+
+@pytest.mark.proc
 def test_a_refused_rename_is_an_error_answer_without_a_traceback_and_a_broken_file_keeps_its_outline(tmp_path):
     """Issue 39, item 5: refused renames printed tracebacks on the server's stderr, and the outline was
     empty on any syntax error. The real process over stdio: the rename is answered with an error

@@ -182,6 +182,28 @@ def test_one_signal_stops_run_while_a_tool_hangs(tmp_path, sig):
     assert "Traceback" not in err, err[-2000:]
 
 
+@pytest.mark.proc
+def test_run_ends_with_its_status_while_a_reward_past_its_deadline_is_inside_an_extension(tmp_path):
+    """A reward abandoned at its deadline while pydantic-core (Rust) runs its Python validator: the
+    real ``srpo-graph run`` prints its result and exits 5 (every episode failed). Before, the
+    interpreter's finalization unwound that thread through the Rust frames and glibc aborted the
+    process after the result: "FATAL: exception not rethrown", exit 134 (exiting.py, Note [A daemon
+    thread at finalization])."""
+    path, _, line = make(tmp_path, reward="stuck_in_a_library_reward")
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "target": 3}\n', encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "srpo_graph.cli", "run", str(path), "--tasks", str(tasks),
+                           "--samples", "1", "--out", str(out), "--quiet", "--deadline", "reward=1"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    assert "exception not rethrown" not in proc.stderr
+    assert f"{path}:{line}:9: error: terminal reward mine.stuck_in_a_library_reward did not return within 1 s" \
+        in proc.stderr.replace("\n", " ")
+    assert "every one of the 1 episodes failed" in proc.stderr
+    assert len(out.read_text().splitlines()) == 1  # flushed before the process ended
+
+
 def test_run_command_reports_each_kind_once_and_fails_when_every_episode_failed(tmp_path):
     from click.testing import CliRunner
 

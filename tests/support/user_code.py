@@ -87,6 +87,24 @@ def segfault_reward(target: int, a: int, b: int) -> float:
 def exit0_tool(a: int) -> str:
     return str(_end("exit0"))
 
+def stuck_in_a_library_reward(target: int, a: int, b: int) -> float:
+    """Past its deadline inside an extension's frames: pydantic-core (Rust) calling a Python
+    validator that keeps computing (bounded, so a failed test leaves no process behind)."""
+    from pydantic import BaseModel, field_validator
+
+    class Checked(BaseModel):
+        value: int
+
+        @field_validator("value")
+        @classmethod
+        def slow(cls, v: int) -> int:
+            end = time.monotonic() + 60
+            while time.monotonic() < end:
+                v = (v * 31 + 7) % 1_000_003
+            return v
+
+    return float(Checked(value=target).value > -1)
+
 def sleepy_digit(text: str) -> int:
     time.sleep(60)
     return 1

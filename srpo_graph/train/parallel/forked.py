@@ -295,7 +295,7 @@ def _run(main: Callable[[list[str]], None], argv: list[str]) -> int:
     except SystemExit as exc:
         code = supervisor.exit_status(exc.code)
     except BaseException:  # noqa: BLE001 - printed as the interpreter would, the process's status stands
-        if not exiting.in_process_group():  # (main printed it already)
+        if not exiting.ends_without_finalizing():  # (main printed it already)
             traceback.print_exc()
         code = 1
     exiting.before_os_exit()
