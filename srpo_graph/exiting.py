@@ -199,11 +199,6 @@ def joined_process_group() -> None:
     _GROUPS[:] = [True]
 
 
-def in_process_group() -> bool:
-    """Whether :func:`joined_process_group` was called in this process."""
-    return bool(_GROUPS)
-
-
 def _daemon_thread_alive() -> bool:
     """Whether a daemon thread other than this one is alive (threads started outside Python that
     called into it count: they are daemons too)."""
